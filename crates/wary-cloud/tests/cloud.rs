@@ -1,0 +1,446 @@
+//! End-to-end tests of the test cloud over raw HTTP/1.1 on loopback.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use wary_cloud::{Cloud, Fault, Faults};
+
+const LOOPBACK: &str = "127.0.0.1:0";
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str()).collect()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+}
+
+fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// Sends one request on a fresh connection; `None` if the server closed it without a byte.
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Option<Resp> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(&request_bytes(method, path, headers, body)).await.expect("write");
+    let mut raw = Vec::new();
+    tokio::time::timeout(IO_TIMEOUT, stream.read_to_end(&mut raw))
+        .await
+        .expect("response within timeout")
+        .expect("read");
+    if raw.is_empty() {
+        return None;
+    }
+    Some(parse(&raw))
+}
+
+fn parse(raw: &[u8]) -> Resp {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("end of head");
+    let head = std::str::from_utf8(&raw[..split]).expect("ASCII head");
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().expect("status line");
+    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status code");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    Resp { status, headers, body: raw[split + 4..].to_vec() }
+}
+
+async fn post_keyed(addr: SocketAddr, key: &str, body: &[u8]) -> Option<Resp> {
+    send(addr, "POST", "/readings", &[("Idempotency-Key", key)], body).await
+}
+
+async fn post_legacy(addr: SocketAddr, reading_id: &str, body: &[u8]) -> Option<Resp> {
+    send(addr, "POST", "/legacy/readings", &[("X-Reading-Id", reading_id)], body).await
+}
+
+async fn probe(addr: SocketAddr, reading_id: &str) -> u16 {
+    send(addr, "GET", &format!("/legacy/readings/{reading_id}"), &[], b"")
+        .await
+        .expect("probe answered")
+        .status
+}
+
+async fn start(spec: &str) -> Cloud {
+    Cloud::start(LOOPBACK, spec.parse().expect("fault spec")).await.expect("cloud starts")
+}
+
+#[tokio::test]
+async fn keyed_replay_applies_nothing_and_returns_first_response() {
+    let cloud = start("").await;
+    let first = post_keyed(cloud.addr(), "key-1", b"{\"t\":21.5}").await.unwrap();
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    // A different body under the same key must still get the first result.
+    let replay = post_keyed(cloud.addr(), "key-1", b"{\"t\":99}").await.unwrap();
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+
+    let other = post_keyed(cloud.addr(), "key-2", b"{}").await.unwrap();
+    assert_ne!(other.json()["id"], first.json()["id"]);
+
+    let k = cloud.key_stats("key-1").unwrap();
+    assert_eq!((k.effects, k.replays, k.body_len), (1, 1, 10));
+    assert_eq!(k.id, first.json()["id"].as_u64());
+    let stats = cloud.stats();
+    assert_eq!(stats.effects_total, 2);
+    assert_eq!(stats.replays, 1);
+    assert_eq!(stats.duplicates.keys, 0);
+    assert_eq!(stats.effects_per_key.get("1"), Some(&2));
+    assert_eq!(stats.requests_by_status.get("201"), Some(&3));
+
+    // The same numbers over HTTP.
+    let over_http = send(cloud.addr(), "GET", "/stats", &[], b"").await.unwrap();
+    assert_eq!(over_http.json()["effects_total"], 2);
+    assert_eq!(over_http.json()["replays"], 1);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn keyed_without_key_is_400_and_applies_nothing() {
+    let cloud = start("").await;
+    let resp = send(cloud.addr(), "POST", "/readings", &[], b"{}").await.unwrap();
+    assert_eq!(resp.status, 400);
+    let resp = post_keyed(cloud.addr(), &"x".repeat(300), b"{}").await.unwrap();
+    assert_eq!(resp.status, 400);
+    assert_eq!(cloud.stats().effects_total, 0);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn legacy_endpoint_double_applies_and_probe_sees_it() {
+    let cloud = start("").await;
+    assert_eq!(probe(cloud.addr(), "r-1").await, 404);
+    let a = post_legacy(cloud.addr(), "r-1", b"{}").await.unwrap();
+    let b = post_legacy(cloud.addr(), "r-1", b"{}").await.unwrap();
+    assert_eq!((a.status, b.status), (201, 201));
+    assert_ne!(a.json()["id"], b.json()["id"], "each copy does the work again");
+    assert_eq!(cloud.reading_effects("r-1"), 2);
+    assert_eq!(probe(cloud.addr(), "r-1").await, 200);
+    assert_eq!(probe(cloud.addr(), "r-2").await, 404);
+    let stats = cloud.stats();
+    assert_eq!(stats.legacy_effects, 2);
+    assert_eq!(stats.duplicates.reading_ids, 1);
+    assert_eq!(stats.duplicates.reading_id_sample, vec!["r-1".to_owned()]);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn drop_after_effect_applies_but_sends_nothing() {
+    let cloud = start("drop_after_effect=1,seed=1").await;
+    assert!(post_keyed(cloud.addr(), "k-drop", b"{}").await.is_none());
+    assert_eq!(cloud.key_stats("k-drop").unwrap().effects, 1);
+    assert!(post_legacy(cloud.addr(), "r-drop", b"{}").await.is_none());
+    assert_eq!(cloud.reading_effects("r-drop"), 1);
+    assert_eq!(cloud.stats().requests_by_status.get("dropped"), Some(&2));
+
+    cloud.set_faults(Faults::none()).unwrap();
+    // The keyed retry is safe: it gets the stored result and applies nothing.
+    let retry = post_keyed(cloud.addr(), "k-drop", b"{}").await.unwrap();
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(cloud.key_stats("k-drop").unwrap().effects, 1);
+    // The legacy write landed although its client saw nothing: the probe says so.
+    assert_eq!(probe(cloud.addr(), "r-drop").await, 200);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn drop_before_effect_applies_nothing() {
+    let cloud = start("drop_before_effect=1").await;
+    assert!(post_legacy(cloud.addr(), "r-early", b"{}").await.is_none());
+    assert!(post_keyed(cloud.addr(), "k-early", b"{}").await.is_none());
+    cloud.set_faults(Faults::none()).unwrap();
+    assert_eq!(probe(cloud.addr(), "r-early").await, 404);
+    assert_eq!(cloud.stats().effects_total, 0);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn error_after_effect_is_500_and_keyed_retry_gets_stored_success() {
+    let cloud = start("500=1").await;
+    let resp = post_keyed(cloud.addr(), "k-500", b"{}").await.unwrap();
+    assert_eq!(resp.status, 500);
+    assert_eq!(cloud.key_stats("k-500").unwrap().effects, 1);
+    cloud.set_faults(Faults::none()).unwrap();
+    let retry = post_keyed(cloud.addr(), "k-500", b"{}").await.unwrap();
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.json()["id"].as_u64(), cloud.key_stats("k-500").unwrap().id);
+    assert_eq!(cloud.stats().effects_total, 1);
+    cloud.shutdown().await;
+}
+
+/// Statuses of a fixed request sequence: 8 keys, 4 attempts each, then 16 legacy writes.
+async fn status_sequence(spec: &str) -> Vec<Option<u16>> {
+    let cloud = start(spec).await;
+    let mut seen = Vec::new();
+    for _attempt in 0..4 {
+        for k in 0..8 {
+            let r = post_keyed(cloud.addr(), &format!("key-{k}"), b"{}").await;
+            seen.push(r.map(|r| r.status));
+        }
+    }
+    for n in 0..16 {
+        let r = post_legacy(cloud.addr(), &format!("r-{n}"), b"{}").await;
+        seen.push(r.map(|r| r.status));
+    }
+    cloud.shutdown().await;
+    seen
+}
+
+#[tokio::test]
+async fn seeded_fault_choice_is_reproducible() {
+    let spec = "503=0.3,429=0.2:ra=1,drop_after_effect=0.1,500=0.1,seed=42";
+    let a = status_sequence(spec).await;
+    let b = status_sequence(spec).await;
+    assert_eq!(a, b, "same seed, same faults");
+    for expected in [Some(201), Some(503), Some(429), Some(500), None] {
+        assert!(a.contains(&expected), "{expected:?} missing from {a:?}");
+    }
+    let c = status_sequence(&spec.replace("seed=42", "seed=43")).await;
+    assert_ne!(a, c, "another seed, another sequence");
+
+    // The library's own choice predicts the server, stream by stream (`k:<key>`).
+    let f: Faults = spec.parse().unwrap();
+    for k in 0..8 {
+        for attempt in 0..4u64 {
+            let expected = match f.pick(&format!("k:key-{k}"), attempt).map(Fault::name) {
+                None => Some(201),
+                Some("drop_after_effect") => None,
+                Some(code) => Some(code.parse().unwrap()),
+            };
+            assert_eq!(a[attempt as usize * 8 + k], expected, "key-{k} attempt {attempt}");
+        }
+    }
+    // A stream's n-th request gets the same fault whatever other streams do.
+    let lone = start(spec).await;
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(post_keyed(lone.addr(), "key-5", b"{}").await.map(|r| r.status));
+    }
+    let from_full: Vec<_> = (0..4).map(|attempt| a[attempt * 8 + 5]).collect();
+    assert_eq!(got, from_full);
+    lone.shutdown().await;
+}
+
+#[tokio::test]
+async fn retry_after_forms_and_hostile_headers() {
+    let cloud = start("429=1:ra=date+120").await;
+    let resp = post_keyed(cloud.addr(), "k-ra", b"{}").await.unwrap();
+    assert_eq!(resp.status, 429);
+    let date = httpdate::parse_http_date(resp.header("date").expect("Date header")).unwrap();
+    let ra = httpdate::parse_http_date(resp.header("retry-after").expect("Retry-After")).unwrap();
+    assert_eq!(ra.duration_since(date).unwrap(), Duration::from_secs(120));
+    let skew = SystemTime::now().duration_since(date).unwrap_or_else(|e| e.duration());
+    assert!(skew < Duration::from_secs(5), "Date is the server's now");
+    assert!(resp.header("retry-after").unwrap().ends_with(" GMT"));
+    assert_eq!(cloud.stats().effects_total, 0, "429 comes before any effect");
+
+    let expect = [
+        ("429=1:ra=2", vec!["2"]),
+        ("503=1:ra=year", vec!["31536000"]),
+        ("429=1:ra=garbage", vec!["soon-ish, maybe -1"]),
+        ("429=1:ra=dup", vec!["1", "3600"]),
+    ];
+    for (spec, values) in expect {
+        cloud.set_faults(spec.parse().unwrap()).unwrap();
+        let resp = post_keyed(cloud.addr(), "k-ra", b"{}").await.unwrap();
+        assert_eq!(resp.all("retry-after"), values, "{spec}");
+    }
+    cloud.set_faults("429=1:ra=garbage_date".parse().unwrap()).unwrap();
+    let resp = post_keyed(cloud.addr(), "k-ra", b"{}").await.unwrap();
+    assert!(httpdate::parse_http_date(resp.header("date").unwrap()).is_err());
+    assert!(httpdate::parse_http_date(resp.header("retry-after").unwrap()).is_ok());
+    assert_eq!(cloud.stats().effects_total, 0);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_duplicate_gets_409_while_first_is_in_flight() {
+    let cloud = start("slow=1:ms=1000,scope=keyed").await;
+    let addr = cloud.addr();
+    let first = tokio::spawn(async move { post_keyed(addr, "k-busy", b"{}").await });
+    // Wait until the first request holds the key, not for a guessed time.
+    let t0 = Instant::now();
+    while cloud.key_stats("k-busy").is_none() {
+        assert!(t0.elapsed() < IO_TIMEOUT, "first request never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = post_keyed(addr, "k-busy", b"{}").await.unwrap();
+    assert_eq!(second.status, 409);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status, 201);
+    let k = cloud.key_stats("k-busy").unwrap();
+    assert_eq!((k.effects, k.conflicts), (1, 1));
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_hanging_up_mid_flight_does_not_wedge_the_key() {
+    let cloud = start("slow=1:ms=300:before=true").await;
+    let mut stream = TcpStream::connect(cloud.addr()).await.unwrap();
+    stream
+        .write_all(&request_bytes("POST", "/readings", &[("Idempotency-Key", "k-gone")], b"{}"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cloud.set_faults(Faults::none()).unwrap();
+    let retry = post_keyed(cloud.addr(), "k-gone", b"{}").await.unwrap();
+    assert_eq!(retry.status, 201, "the key is no longer in flight");
+    assert_eq!(cloud.key_stats("k-gone").unwrap().effects, 1);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn slow_response_takes_at_least_the_delay() {
+    let cloud = start("slow=1:ms=300").await;
+    let t0 = Instant::now();
+    let resp = post_legacy(cloud.addr(), "r-slow", b"{}").await.unwrap();
+    assert_eq!(resp.status, 201);
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_bodies_with_and_without_effect() {
+    let cloud = start("bad_body=1").await;
+    let resp = post_keyed(cloud.addr(), "k-bad", b"{}").await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("content-type"), Some("application/json"));
+    assert!(serde_json::from_slice::<serde_json::Value>(&resp.body).is_err());
+    assert_eq!(cloud.key_stats("k-bad").unwrap().effects, 1);
+
+    cloud.set_faults("bad_body=1:form=wrong_type:effect=false".parse().unwrap()).unwrap();
+    let resp = post_legacy(cloud.addr(), "r-bad", b"{}").await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("content-type"), Some("text/html"));
+    assert_eq!(cloud.reading_effects("r-bad"), 0);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn endless_body_trickles_until_the_client_gives_up() {
+    let cloud = start("endless_body=1:ms=50,scope=legacy").await;
+    let mut stream = TcpStream::connect(cloud.addr()).await.unwrap();
+    stream.write_all(&request_bytes("POST", "/legacy/readings", &[], b"{}")).await.unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // Still trickling after several periods: a client needs its own deadline.
+    let mut sink = Vec::new();
+    let outcome = tokio::time::timeout(Duration::from_millis(500), reader.read_to_end(&mut sink)).await;
+    assert!(outcome.is_err(), "body must not end");
+    assert!(sink.len() >= 5, "got {} bytes", sink.len());
+    assert_eq!(cloud.stats().legacy_effects, 1);
+    // Shutdown closes the open connection instead of waiting for the body.
+    tokio::time::timeout(Duration::from_secs(5), cloud.shutdown()).await.expect("shutdown is prompt");
+}
+
+#[tokio::test]
+async fn faults_change_at_runtime_over_http() {
+    let cloud = start("").await;
+    let set = send(
+        cloud.addr(),
+        "POST",
+        "/admin/faults",
+        &[("Content-Type", "application/json")],
+        br#"{"seed":3,"rules":[{"kind":"503","p":1.0,"retry_after":"5"}],"scope":{"keyed":true,"legacy":false,"read":false}}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(set.status, 200);
+    let resp = post_keyed(cloud.addr(), "k-admin", b"{}").await.unwrap();
+    assert_eq!((resp.status, resp.header("retry-after")), (503, Some("5")));
+    assert_eq!(post_legacy(cloud.addr(), "r-admin", b"{}").await.unwrap().status, 201);
+    assert_eq!(cloud.stats().faults_injected.get("503"), Some(&1));
+
+    let set = send(cloud.addr(), "POST", "/admin/faults", &[], b"400=1").await.unwrap();
+    assert_eq!(set.status, 200);
+    assert_eq!(cloud.faults().rules.len(), 1);
+    let resp = post_keyed(cloud.addr(), "k-admin", b"{}").await.unwrap();
+    assert_eq!(resp.status, 400);
+
+    let rejected = send(cloud.addr(), "POST", "/admin/faults", &[], b"503=2").await.unwrap();
+    assert_eq!(rejected.status, 400);
+    let current = send(cloud.addr(), "GET", "/admin/faults", &[], b"").await.unwrap();
+    assert_eq!(current.json()["rules"][0]["kind"], "400");
+    assert_eq!(cloud.stats().effects_total, 1);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_stops_listening() {
+    let cloud = start("").await;
+    let addr = cloud.addr();
+    assert!(addr.ip().is_loopback());
+    cloud.shutdown().await;
+    assert!(TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn binary_prints_address_and_serves_faults() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wary-cloud"))
+        .args(["--listen", "127.0.0.1:0", "--faults", "503=1:ra=7,seed=1"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn wary-cloud");
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(IO_TIMEOUT, BufReader::new(stdout).read_line(&mut line))
+        .await
+        .expect("address line in time")
+        .unwrap();
+    let addr: SocketAddr = line.trim().parse().expect("first line is the address");
+    let resp = post_keyed(addr, "k-bin", b"{}").await.unwrap();
+    assert_eq!((resp.status, resp.header("retry-after")), (503, Some("7")));
+    child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn binary_rejects_bad_fault_spec() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_wary-cloud"))
+        .args(["--faults", "503=1.5"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+}

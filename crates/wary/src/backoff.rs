@@ -1,0 +1,254 @@
+//! Backoff ceilings and jitter, from injected draws, in saturating integer ticks.
+//!
+//! Retry `k` (1-based) starts from the ceiling `c = min(cap, base·2^(k−1))`. The jitter then
+//! picks the wait from the ceiling and a draw the caller supplies, so a schedule is a pure
+//! function that a test can fix and a field incident can replay.
+//!
+//! ```
+//! use wary::{Draw, Jitter};
+//! use wary::backoff::{Backoff, ceiling};
+//! assert_eq!(ceiling(2, 60, 1), 2);
+//! assert_eq!(ceiling(2, 60, 6), 60);
+//! let b = Backoff::new(2, 60, Jitter::Equal);
+//! // Seed 000: c // 2 + (c - c // 2) * draw // 100.
+//! assert_eq!(b.wait(6, 0, Draw::percent(99).unwrap()), 59);
+//! assert_eq!(b.wait(6, 0, Draw::percent(0).unwrap()), 30);
+//! ```
+
+use crate::error::DrawError;
+
+/// How a wait is drawn below its ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Jitter {
+    /// Half fixed, half drawn: `c/2 + draw·(c − c/2)`. The fixed half means every retry spends
+    /// budget, so the budget bounds the attempts (seed 000). wary's default.
+    Equal,
+    /// Anywhere in `[0, c)`: the fewest calls under contention (seeds 001, 004), but a draw
+    /// near 0 spends no budget, so a policy with it needs an attempt cap.
+    Full,
+    /// `base + draw·(min(cap, 3·previous) − base)`: each wait grows from the last one drawn.
+    Decorrelated,
+    /// Exactly the ceiling: a synchronised herd if many clients fail together. For tests and
+    /// comparisons.
+    None,
+}
+
+impl Jitter {
+    /// The name used in configuration and `wary explain`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Jitter::Equal => "equal",
+            Jitter::Full => "full",
+            Jitter::Decorrelated => "decorrelated",
+            Jitter::None => "none",
+        }
+    }
+
+    /// Parses [`Jitter::name`] back.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "equal" => Some(Jitter::Equal),
+            "full" => Some(Jitter::Full),
+            "decorrelated" => Some(Jitter::Decorrelated),
+            "none" => Some(Jitter::None),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+enum DrawKind {
+    Percent,
+    Unit,
+}
+
+/// One random draw in `[0, 1)`, supplied by the caller.
+///
+/// Two forms: a whole percentage 0..=99 (seed 000's exercise and `wary plan`), or a 32-bit
+/// fraction of 2³² (production, from a `rand_core::RngCore` seeded per device — never one fixed
+/// seed for a whole fleet, or every device draws the same waits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Draw {
+    kind: DrawKind,
+    value: u32,
+}
+
+impl Draw {
+    /// The smallest draw (0).
+    pub const ZERO: Draw = Draw { kind: DrawKind::Unit, value: 0 };
+
+    /// A whole-percent draw; refused outside 0..=99.
+    pub const fn percent(p: u8) -> Result<Draw, DrawError> {
+        if p > 99 {
+            return Err(DrawError::OutOfRange);
+        }
+        Ok(Draw { kind: DrawKind::Percent, value: p as u32 })
+    }
+
+    /// A fraction `x / 2³²`.
+    pub const fn unit(x: u32) -> Draw {
+        Draw { kind: DrawKind::Unit, value: x }
+    }
+
+    /// The next draw from a random number generator.
+    pub fn from_rng<R: rand_core::RngCore + ?Sized>(rng: &mut R) -> Draw {
+        Draw::unit(rng.next_u32())
+    }
+
+    /// The percentage, if this is a percent draw.
+    pub const fn as_percent(&self) -> Option<u8> {
+        match self.kind {
+            DrawKind::Percent => Some(self.value as u8),
+            DrawKind::Unit => None,
+        }
+    }
+
+    /// The 32-bit fraction, if this is a unit draw.
+    pub const fn as_unit(&self) -> Option<u32> {
+        match self.kind {
+            DrawKind::Percent => None,
+            DrawKind::Unit => Some(self.value),
+        }
+    }
+
+    /// `x · draw`, rounded down: always below `x` unless `x` is 0.
+    pub const fn scale(&self, x: u64) -> u64 {
+        // u128 so that no u64 product can wrap.
+        let product = (x as u128).saturating_mul(self.value as u128);
+        let scaled = match self.kind {
+            DrawKind::Percent => product / 100,
+            DrawKind::Unit => product >> 32,
+        };
+        scaled as u64
+    }
+}
+
+/// `min(cap, base·2^(k−1))` for retry `k` ≥ 1, saturating; retry 0 is treated as retry 1.
+pub const fn ceiling(base: u64, cap: u64, k: u32) -> u64 {
+    let shift = k.saturating_sub(1);
+    let grown = if shift >= 64 {
+        u64::MAX
+    } else {
+        match base.checked_mul(1u64 << shift) {
+            Some(v) => v,
+            None => u64::MAX,
+        }
+    };
+    if grown < cap { grown } else { cap }
+}
+
+/// Exponential backoff with jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Backoff {
+    /// The first ceiling, in ticks.
+    pub base: u64,
+    /// The largest ceiling, in ticks.
+    pub cap: u64,
+    /// How the wait is drawn under the ceiling.
+    pub jitter: Jitter,
+}
+
+impl Backoff {
+    /// A backoff; validation happens in [`crate::PolicyBuilder::build`].
+    pub const fn new(base: u64, cap: u64, jitter: Jitter) -> Self {
+        Backoff { base, cap, jitter }
+    }
+
+    /// The ceiling of retry `k`.
+    pub const fn ceiling(&self, k: u32) -> u64 {
+        ceiling(self.base, self.cap, k)
+    }
+
+    /// The wait before retry `k`, given the previous wait (decorrelated jitter only) and a draw.
+    pub const fn wait(&self, k: u32, previous: u64, draw: Draw) -> u64 {
+        let c = self.ceiling(k);
+        match self.jitter {
+            Jitter::Equal => {
+                let fixed = c / 2;
+                fixed.saturating_add(draw.scale(c.saturating_sub(fixed)))
+            }
+            Jitter::Full => draw.scale(c),
+            Jitter::Decorrelated => {
+                let prev = if previous < self.base { self.base } else { previous };
+                let tripled = prev.saturating_mul(3);
+                let hi = if tripled < self.cap { tripled } else { self.cap };
+                let hi = if hi < self.base { self.base } else { hi };
+                self.base.saturating_add(draw.scale(hi.saturating_sub(self.base)))
+            }
+            Jitter::None => c,
+        }
+    }
+
+    /// The shortest wait retry `k` can draw (every draw at 0), given the previous wait.
+    pub const fn min_wait(&self, k: u32, previous: u64) -> u64 {
+        self.wait(k, previous, Draw::ZERO)
+    }
+
+    /// The longest wait retry `k` can draw, given the previous wait.
+    pub const fn max_wait(&self, k: u32, previous: u64) -> u64 {
+        self.wait(k, previous, Draw::unit(u32::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pct(p: u8) -> Draw {
+        Draw::percent(p).unwrap()
+    }
+
+    #[test]
+    fn ceiling_doubles_then_caps_and_saturates() {
+        let c: Vec<u64> = (1..=8).map(|k| ceiling(2, 60, k)).collect();
+        assert_eq!(c, [2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(ceiling(3, u64::MAX, 200), u64::MAX);
+        assert_eq!(ceiling(u64::MAX / 2, u64::MAX, 3), u64::MAX);
+        assert_eq!(ceiling(5, 100, 0), 5);
+    }
+
+    #[test]
+    fn equal_jitter_matches_seed_000() {
+        let b = Backoff::new(2, 60, Jitter::Equal);
+        let waits: Vec<u64> = (1..=7).map(|k| b.wait(k, 0, pct(0))).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        let waits: Vec<u64> = (1..=6).map(|k| b.wait(k, 0, pct(99))).collect();
+        assert_eq!(waits, [1, 3, 7, 15, 31, 59]);
+        assert_eq!(b.wait(2, 0, pct(50)), 3);
+    }
+
+    #[test]
+    fn full_jitter_stays_below_the_ceiling() {
+        let b = Backoff::new(100, 1000, Jitter::Full);
+        assert_eq!(b.wait(1, 0, Draw::ZERO), 0);
+        assert_eq!(b.wait(1, 0, Draw::unit(u32::MAX)), 99);
+        assert_eq!(b.wait(4, 0, Draw::unit(1 << 31)), 400);
+    }
+
+    #[test]
+    fn decorrelated_grows_from_the_previous_wait() {
+        let b = Backoff::new(10, 1000, Jitter::Decorrelated);
+        assert_eq!(b.wait(1, 0, Draw::ZERO), 10);
+        // hi = min(1000, 3·100) = 300; 10 + (290·½) = 155
+        assert_eq!(b.wait(2, 100, Draw::unit(1 << 31)), 155);
+        assert!(b.wait(9, 900, Draw::unit(u32::MAX)) < 1000);
+    }
+
+    #[test]
+    fn no_jitter_is_the_ceiling() {
+        let b = Backoff::new(5, 2000, Jitter::None);
+        assert_eq!(b.wait(3, 0, pct(77)), 20);
+    }
+
+    #[test]
+    fn draws_are_validated() {
+        assert_eq!(Draw::percent(100), Err(DrawError::OutOfRange));
+        assert_eq!(pct(99).as_percent(), Some(99));
+        assert_eq!(Draw::unit(7).as_unit(), Some(7));
+        assert_eq!(pct(50).scale(u64::MAX), u64::MAX / 2);
+    }
+}

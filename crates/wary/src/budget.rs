@@ -1,0 +1,254 @@
+//! Per-call stop rules and the decision after each attempt.
+//!
+//! A call's whole state is a small `Copy` value: the attempts made, the ticks waited and the
+//! last wait. After each attempt, [`Policy::decide`] classifies the outcome and either ends the
+//! call with a verdict or returns the wait before the next attempt, having checked every stop
+//! rule: the attempt cap, a Retry-After longer than the call can afford, the wait budget and the
+//! deadline. Waits are integer ticks, so seed 003's `.1 + .2` fits a `.3` budget exactly.
+//!
+//! ```
+//! use wary::{CallState, Decision, Draw, GiveUp, Operation, Outcome, Policy, Preset, Verdict};
+//! let p = Policy::builder(Preset::Strict).build().unwrap();
+//! let mut s = CallState::new();
+//! let d = Draw::ZERO;
+//! assert_eq!(p.decide(&mut s, Operation::Read, &Outcome::status(503), d, None), Decision::Retry { wait: 100 });
+//! assert_eq!(p.decide(&mut s, Operation::Read, &Outcome::status(503), d, None), Decision::Retry { wait: 200 });
+//! assert_eq!(s.waited(), 300);
+//! assert_eq!(p.decide(&mut s, Operation::Read, &Outcome::status(503), d, None),
+//!            Decision::Done(Verdict::GaveUp(GiveUp::Attempts)));
+//! ```
+
+use crate::backoff::Draw;
+use crate::classify::{Class, Operation, Outcome};
+use crate::policy::{Policy, RetryAfterMode};
+use crate::{GiveUp, Verdict};
+
+/// One call's progress: `Copy`, a few words, no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct CallState {
+    attempts: u32,
+    waited: u64,
+    last_wait: u64,
+}
+
+impl CallState {
+    /// A call that has made no attempt.
+    pub const fn new() -> Self {
+        CallState { attempts: 0, waited: 0, last_wait: 0 }
+    }
+
+    /// Attempts decided so far.
+    pub const fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Ticks waited so far.
+    pub const fn waited(&self) -> u64 {
+        self.waited
+    }
+
+    /// The last wait, in ticks.
+    pub const fn last_wait(&self) -> u64 {
+        self.last_wait
+    }
+}
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Decision {
+    /// The call is over.
+    Done(Verdict),
+    /// Wait this many ticks, then attempt again.
+    Retry {
+        /// The wait, in ticks.
+        wait: u64,
+    },
+}
+
+impl Policy {
+    /// The class of `outcome` for `op` under this policy's table.
+    pub const fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
+        self.table.classify(outcome, op)
+    }
+
+    /// The wait before the next attempt of a call whose last outcome was retryable, or why the
+    /// call must stop. Does not change `state`; `elapsed` is the call's time so far (attempts
+    /// and waits), when a clock is available, for the deadline.
+    pub const fn next_wait(
+        &self,
+        state: &CallState,
+        outcome: &Outcome,
+        draw: Draw,
+        elapsed: Option<u64>,
+    ) -> Result<u64, GiveUp> {
+        let k = state.attempts.saturating_add(1);
+        if let Some(cap) = self.max_attempts {
+            if k >= cap {
+                return Err(GiveUp::Attempts);
+            }
+        }
+        let backoff = self.backoff.wait(k, state.last_wait, draw);
+        let left = self.budget.saturating_sub(state.waited);
+        let deadline_left = match (self.deadline, elapsed) {
+            (Some(d), Some(e)) => Some(d.saturating_sub(e).saturating_sub(self.min_attempt)),
+            _ => None,
+        };
+        let wait = match outcome.retry_after() {
+            None => backoff,
+            Some(secs) => {
+                let asked = self.secs_to_ticks(secs);
+                // A server that asks for longer than the call can afford gets an answer now,
+                // with what it asked, so the caller can reschedule instead of holding the run.
+                let too_long = asked > left
+                    || match self.max_retry_after {
+                        Some(m) => asked > m,
+                        None => false,
+                    }
+                    || match deadline_left {
+                        Some(d) => asked > d,
+                        None => false,
+                    };
+                if too_long {
+                    return Err(GiveUp::RetryAfterTooLong { asked });
+                }
+                let raised = match self.retry_after_mode {
+                    RetryAfterMode::Max => asked,
+                    RetryAfterMode::Spread => asked.saturating_add(draw.scale(self.backoff.ceiling(k))),
+                };
+                if raised > backoff { raised } else { backoff }
+            }
+        };
+        if wait > left {
+            return Err(GiveUp::Budget);
+        }
+        if let Some(d) = deadline_left {
+            // Don't start a sleep the caller won't wait out.
+            if wait > d {
+                return Err(GiveUp::Deadline);
+            }
+        }
+        Ok(wait)
+    }
+
+    /// Decides after an attempt and records it in `state`: the verdict, or the wait before the
+    /// next attempt. `draw` is used only if the call retries.
+    pub const fn decide(
+        &self,
+        state: &mut CallState,
+        op: Operation,
+        outcome: &Outcome,
+        draw: Draw,
+        elapsed: Option<u64>,
+    ) -> Decision {
+        let class = self.classify(op, outcome);
+        let verdict = match class {
+            Class::Ok => Verdict::Ok,
+            Class::Failed => Verdict::Failed,
+            Class::Unknown => Verdict::Unknown,
+            Class::Cancelled => Verdict::Cancelled,
+            Class::Retry => match self.next_wait(state, outcome, draw, elapsed) {
+                Ok(wait) => {
+                    state.attempts = state.attempts.saturating_add(1);
+                    state.waited = state.waited.saturating_add(wait);
+                    state.last_wait = wait;
+                    return Decision::Retry { wait };
+                }
+                Err(why) => Verdict::GaveUp(why),
+            },
+        };
+        state.attempts = state.attempts.saturating_add(1);
+        Decision::Done(verdict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Preset;
+
+    fn decide_all(p: &Policy, op: Operation, outcomes: &[Outcome]) -> (Vec<u64>, Verdict) {
+        let mut s = CallState::new();
+        let mut waits = Vec::new();
+        for o in outcomes {
+            match p.decide(&mut s, op, o, Draw::ZERO, None) {
+                Decision::Retry { wait } => waits.push(wait),
+                Decision::Done(v) => return (waits, v),
+            }
+        }
+        (waits, Verdict::GaveUp(GiveUp::OutcomesExhausted))
+    }
+
+    #[test]
+    fn seed_003_exact_cumulative_wait_and_attempt_exhaustion() {
+        // 100 + 200 ms = 300 ms fits a 300 ms budget exactly: no float error stops it early.
+        let p = Policy::builder(Preset::Strict).max_attempts(10).build().unwrap();
+        let o = [Outcome::ResponseTimeout; 4];
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![100, 200], Verdict::GaveUp(GiveUp::Budget)));
+        let p = Policy::builder(Preset::Strict).build().unwrap();
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![100, 200], Verdict::GaveUp(GiveUp::Attempts)));
+    }
+
+    #[test]
+    fn seed_003_retry_after_past_the_budget_stops_before_any_wait() {
+        let p = Policy::builder(Preset::Strict).budget(500).build().unwrap();
+        let o = [Outcome::status_after(503, 2), Outcome::Ok];
+        assert_eq!(
+            decide_all(&p, Operation::Read, &o),
+            (vec![], Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 2000 }))
+        );
+    }
+
+    #[test]
+    fn seed_003_posts_and_bad_data_are_not_retried() {
+        let p = Policy::builder(Preset::Strict).build().unwrap();
+        assert_eq!(decide_all(&p, Operation::Write, &[Outcome::ResponseTimeout]), (vec![], Verdict::Unknown));
+        assert_eq!(decide_all(&p, Operation::Write, &[Outcome::status(429)]), (vec![], Verdict::Failed));
+        assert_eq!(decide_all(&p, Operation::Read, &[Outcome::BadBody]), (vec![], Verdict::Failed));
+    }
+
+    #[test]
+    fn seed_001_long_retry_after_fails_at_once() {
+        // max_delay 20 s, Retry-After 120 s: no sleep at all.
+        let p = Policy::builder(Preset::Default).max_attempts(5).max_retry_after(20_000).build().unwrap();
+        let o = [Outcome::status_after(429, 120), Outcome::Ok];
+        assert_eq!(
+            decide_all(&p, Operation::Read, &o),
+            (vec![], Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 120_000 }))
+        );
+    }
+
+    #[test]
+    fn deadline_counts_attempt_time() {
+        let p = Policy::builder(Preset::Exercise)
+            .tick_hz(1)
+            .base(2)
+            .cap(60)
+            .budget(120)
+            .deadline(10)
+            .min_attempt(3)
+            .build()
+            .unwrap();
+        let mut s = CallState::new();
+        let o = Outcome::status(503);
+        // 4 ticks elapsed, wait 1, then an attempt of at least 3: ends at 8 ≤ 10.
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(4)), Decision::Retry { wait: 1 });
+        // 6 elapsed, wait 2 + attempt 3 = 11 > 10: not started.
+        assert_eq!(
+            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(6)),
+            Decision::Done(Verdict::GaveUp(GiveUp::Deadline))
+        );
+    }
+
+    #[test]
+    fn spread_retry_after_is_never_below_the_server_value() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let s = CallState::new();
+        let o = Outcome::status_after(429, 2);
+        let low = p.next_wait(&s, &o, Draw::ZERO, None).unwrap();
+        let high = p.next_wait(&s, &o, Draw::unit(u32::MAX), None).unwrap();
+        assert_eq!(low, 2000);
+        assert!(high > low && high < 2000 + 100, "{high}");
+    }
+}

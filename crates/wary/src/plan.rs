@@ -1,0 +1,138 @@
+//! A pure plan: the waits and verdict a policy gives a known sequence of outcomes and draws.
+//!
+//! Nothing sleeps and nothing is random, so a failing schedule reproduces exactly; this is seed
+//! 000's `solve`, and `wary plan` is a line-by-line front end to it. The waits go into a
+//! fixed-capacity array; where the policy bounds its retries, [`plan_static`] checks at compile
+//! time that the capacity holds them.
+//!
+//! ```
+//! use wary::{Draw, Operation, Outcome, Policy, Preset, Verdict, plan::plan};
+//! let p = Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build().unwrap();
+//! let outcomes = [Outcome::status(503); 10];
+//! let draws = [Draw::percent(99).unwrap(); 9];
+//! let r = plan::<8>(&p, Operation::Read, &outcomes, &draws).unwrap();
+//! assert_eq!(r.waits.as_slice(), &[1, 3, 7, 15, 31, 59]);
+//! assert_eq!(r.verdict.name(), "gave_up");
+//! ```
+
+use heapless::Vec;
+
+use crate::backoff::Draw;
+use crate::budget::{CallState, Decision};
+use crate::classify::{Class, Operation, Outcome};
+use crate::error::PlanError;
+use crate::policy::{Policy, StaticPolicy};
+use crate::{GiveUp, Verdict};
+
+/// The waits before each retry, in order, and how the call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Plan<const N: usize> {
+    /// Ticks waited before each retry.
+    pub waits: Vec<u64, N>,
+    /// The verdict.
+    pub verdict: Verdict,
+}
+
+/// Plans a call: `outcomes[i]` is what attempt `i + 1` returns, `draws[k - 1]` the draw for
+/// retry `k`. A draw is needed only for a retry the call actually reaches, as in seed 000.
+pub fn plan<const N: usize>(
+    policy: &Policy,
+    op: Operation,
+    outcomes: &[Outcome],
+    draws: &[Draw],
+) -> Result<Plan<N>, PlanError> {
+    let mut waits = Vec::new();
+    let mut state = CallState::new();
+    let mut rest = outcomes.iter().peekable();
+    while let Some(outcome) = rest.next() {
+        let last = rest.peek().is_none();
+        let draw = if policy.classify(op, outcome) == Class::Retry {
+            if last {
+                // No attempt left to wait for: the call ran out while still failing.
+                return Ok(Plan { waits, verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) });
+            }
+            let retry = state.attempts().saturating_add(1);
+            let index = usize::try_from(state.attempts()).map_err(|_| PlanError::TooFewDraws { retry })?;
+            *draws.get(index).ok_or(PlanError::TooFewDraws { retry })?
+        } else {
+            Draw::ZERO
+        };
+        match policy.decide(&mut state, op, outcome, draw, None) {
+            Decision::Done(verdict) => return Ok(Plan { waits, verdict }),
+            Decision::Retry { wait } => {
+                waits.push(wait).map_err(|_| PlanError::CapacityExceeded { capacity: N })?;
+            }
+        }
+    }
+    // No outcomes at all: nothing was attempted.
+    Ok(Plan { waits, verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) })
+}
+
+/// [`plan`] for a policy known at compile time, with a capacity the compiler has checked holds
+/// every retry the policy can make: a plan from it never fails with
+/// [`PlanError::CapacityExceeded`].
+///
+/// ```
+/// use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
+/// struct Seed000;
+/// impl StaticPolicy for Seed000 {
+///     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
+///         Ok(p) => p,
+///         Err(_) => panic!(),
+///     };
+/// }
+/// let r = plan_static::<Seed000, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
+/// assert_eq!(r.waits.as_slice(), &[1, 2, 4, 8, 16, 30, 30]);
+/// ```
+///
+/// A capacity of 6 for the same policy does not compile:
+///
+/// ```compile_fail
+/// # use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
+/// # struct Seed000;
+/// # impl StaticPolicy for Seed000 {
+/// #     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
+/// #         Ok(p) => p,
+/// #         Err(_) => panic!(),
+/// #     };
+/// # }
+/// let r = plan_static::<Seed000, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
+/// ```
+pub fn plan_static<P: StaticPolicy, const N: usize>(
+    op: Operation,
+    outcomes: &[Outcome],
+    draws: &[Draw],
+) -> Result<Plan<N>, PlanError> {
+    const { assert!(P::MAX_RETRIES <= N, "plan capacity is smaller than the policy's most retries") };
+    plan::<N>(&P::POLICY, op, outcomes, draws)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Preset;
+
+    fn p() -> Policy {
+        Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build().unwrap()
+    }
+
+    #[test]
+    fn errors_for_missing_draws_and_capacity() {
+        let o = [Outcome::status(500); 4];
+        assert_eq!(
+            plan::<8>(&p(), Operation::Read, &o, &[Draw::ZERO]),
+            Err(PlanError::TooFewDraws { retry: 2 })
+        );
+        assert_eq!(
+            plan::<1>(&p(), Operation::Read, &o, &[Draw::ZERO; 3]),
+            Err(PlanError::CapacityExceeded { capacity: 1 })
+        );
+        // The last outcome needs no draw: there is no attempt after it.
+        assert!(plan::<8>(&p(), Operation::Read, &o, &[Draw::ZERO; 3]).is_ok());
+        assert_eq!(
+            plan::<8>(&p(), Operation::Read, &[], &[]).unwrap().verdict,
+            Verdict::GaveUp(GiveUp::OutcomesExhausted)
+        );
+    }
+}

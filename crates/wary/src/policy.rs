@@ -1,0 +1,505 @@
+//! A policy: a classification table, a backoff, Retry-After handling and the stop rules.
+//! Built once and checked when built, so a bad setting is refused before any call runs.
+//!
+//! ```
+//! use wary::{Jitter, Policy, PolicyError, Preset};
+//! // Milliseconds: 100 ms base, 2 s cap, 5 s of waiting per call at most.
+//! let p = Policy::builder(Preset::Default).base(100).cap(2_000).budget(5_000).build().unwrap();
+//! assert_eq!(p.max_retries(), Some(8));
+//! // Full jitter can draw waits of 0, so the budget alone does not bound the attempts.
+//! let e = Policy::builder(Preset::Default).jitter(Jitter::Full).build();
+//! assert_eq!(e, Err(PolicyError::Unbounded));
+//! ```
+
+use crate::backoff::{Backoff, Jitter};
+use crate::classify::Table;
+use crate::error::PolicyError;
+use crate::retry_after::Rules;
+
+/// The largest duration a policy accepts, in ticks (2⁴⁸: about 8,900 years of milliseconds).
+/// Any sum of a few such values stays far from wrapping a `u64`.
+pub const MAX_TICKS: u64 = 1 << 48;
+
+/// A starting point for a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Preset {
+    /// wary's default: seed 001's table, equal jitter, both Retry-After forms, callers told the
+    /// same Retry-After spread past it. Milliseconds: base 100, cap 10 s, budget 30 s.
+    Default,
+    /// Seed 000 exactly: its table, equal jitter, Retry-After raises the wait to
+    /// `max(wait, retry_after)`. Milliseconds: base 2 s, cap 60 s, budget 120 s.
+    Exercise,
+    /// Seed 003: only reads retried, integer-second Retry-After only, duplicates refused, three
+    /// attempts, no jitter. Milliseconds: base 100, cap 400, budget 300.
+    Strict,
+}
+
+impl Preset {
+    /// The name used in configuration.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Preset::Default => "default",
+            Preset::Exercise => "exercise",
+            Preset::Strict => "strict",
+        }
+    }
+
+    /// Parses [`Preset::name`] back.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "default" => Some(Preset::Default),
+            "exercise" => Some(Preset::Exercise),
+            "strict" => Some(Preset::Strict),
+            _ => None,
+        }
+    }
+}
+
+/// How a Retry-After combines with the backoff's own wait. Either way it raises the wait and
+/// never lowers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum RetryAfterMode {
+    /// `max(wait, retry_after)` (seed 000).
+    Max,
+    /// `max(wait, retry_after + draw·ceiling)`: clients told the same value do not all come
+    /// back in the same instant (seed 001).
+    Spread,
+}
+
+impl RetryAfterMode {
+    /// The name used in configuration.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            RetryAfterMode::Max => "max",
+            RetryAfterMode::Spread => "spread",
+        }
+    }
+}
+
+/// A checked retry policy. Small and `Copy`: keep one in flash as a `const`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Policy {
+    pub(crate) table: Table,
+    pub(crate) backoff: Backoff,
+    pub(crate) budget: u64,
+    pub(crate) deadline: Option<u64>,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) min_attempt: u64,
+    pub(crate) max_retry_after: Option<u64>,
+    pub(crate) retry_after_mode: RetryAfterMode,
+    pub(crate) retry_after_rules: Rules,
+    pub(crate) tick_hz: u32,
+}
+
+/// Builds a [`Policy`]; [`PolicyBuilder::build`] refuses bad settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[must_use]
+pub struct PolicyBuilder {
+    p: Policy,
+}
+
+impl Policy {
+    /// A builder starting from `preset`.
+    pub const fn builder(preset: Preset) -> PolicyBuilder {
+        let p = match preset {
+            Preset::Default => Policy {
+                table: Table::DEFAULT,
+                backoff: Backoff::new(100, 10_000, Jitter::Equal),
+                budget: 30_000,
+                deadline: None,
+                max_attempts: None,
+                min_attempt: 0,
+                max_retry_after: None,
+                retry_after_mode: RetryAfterMode::Spread,
+                retry_after_rules: Rules::LENIENT,
+                tick_hz: 1000,
+            },
+            Preset::Exercise => Policy {
+                table: Table::EXERCISE,
+                backoff: Backoff::new(2_000, 60_000, Jitter::Equal),
+                budget: 120_000,
+                deadline: None,
+                max_attempts: None,
+                min_attempt: 0,
+                max_retry_after: None,
+                retry_after_mode: RetryAfterMode::Max,
+                retry_after_rules: Rules::LENIENT,
+                tick_hz: 1000,
+            },
+            Preset::Strict => Policy {
+                table: Table::STRICT,
+                backoff: Backoff::new(100, 400, Jitter::None),
+                budget: 300,
+                deadline: None,
+                max_attempts: Some(3),
+                min_attempt: 0,
+                max_retry_after: None,
+                retry_after_mode: RetryAfterMode::Max,
+                retry_after_rules: Rules::STRICT,
+                tick_hz: 1000,
+            },
+        };
+        PolicyBuilder { p }
+    }
+
+    /// The classification table.
+    pub const fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// The backoff.
+    pub const fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// The wait budget per call, in ticks: the most the waits between attempts may add up to.
+    pub const fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The deadline per call, in ticks from the call's start, counting attempt time.
+    pub const fn deadline(&self) -> Option<u64> {
+        self.deadline
+    }
+
+    /// The attempt cap (the first attempt included).
+    pub const fn max_attempts(&self) -> Option<u32> {
+        self.max_attempts
+    }
+
+    /// The shortest time an attempt takes, in ticks: a wait is not started if an attempt after
+    /// it could not finish before the deadline.
+    pub const fn min_attempt(&self) -> u64 {
+        self.min_attempt
+    }
+
+    /// The longest single wait the caller accepts from a server's Retry-After, if limited
+    /// beyond the remaining budget.
+    pub const fn max_retry_after(&self) -> Option<u64> {
+        self.max_retry_after
+    }
+
+    /// How a Retry-After combines with the backoff.
+    pub const fn retry_after_mode(&self) -> RetryAfterMode {
+        self.retry_after_mode
+    }
+
+    /// Which Retry-After values are accepted.
+    pub const fn retry_after_rules(&self) -> &Rules {
+        &self.retry_after_rules
+    }
+
+    /// Ticks per second (1000 for milliseconds).
+    pub const fn tick_hz(&self) -> u32 {
+        self.tick_hz
+    }
+
+    /// Seconds to ticks, saturating.
+    pub const fn secs_to_ticks(&self, secs: u64) -> u64 {
+        secs.saturating_mul(self.tick_hz as u64)
+    }
+
+    /// The most retries this policy can make on one call, whatever the draws: the attempt cap,
+    /// or how many of the shortest waits fit in the budget (and the deadline), whichever is
+    /// less. `None` if nothing bounds them (only possible with no floor on the waits and no
+    /// cap, which [`PolicyBuilder::build`] refuses).
+    pub const fn max_retries(&self) -> Option<u32> {
+        let by_cap = match self.max_attempts {
+            Some(n) => Some(n.saturating_sub(1)),
+            None => None,
+        };
+        let limit = match self.deadline {
+            Some(d) if d < self.budget => d,
+            _ => self.budget,
+        };
+        let by_time = self.retries_within(limit);
+        match (by_cap, by_time) {
+            (Some(a), Some(b)) => Some(if a < b { a } else { b }),
+            (Some(a), None) => Some(a),
+            (None, b) => b,
+        }
+    }
+
+    /// How many retries of the shortest possible waits fit in `limit` ticks of waiting (each
+    /// retry also costs `min_attempt` against a deadline; counted only when it is the limit).
+    const fn retries_within(&self, limit: u64) -> Option<u32> {
+        let per_attempt = match self.deadline {
+            Some(d) if d <= self.budget => self.min_attempt,
+            _ => 0,
+        };
+        let mut spent: u64 = 0;
+        let mut previous: u64 = 0;
+        let mut k: u32 = 1;
+        // While the ceiling still grows (at most 64 doublings), count one retry at a time; once
+        // it is at the cap every further retry costs the same, so divide.
+        loop {
+            let wait = self.backoff.min_wait(k, previous);
+            let cost = wait.saturating_add(per_attempt);
+            let at_cap = self.backoff.ceiling(k) >= self.backoff.cap
+                && !matches!(self.backoff.jitter, Jitter::Decorrelated);
+            if at_cap || k >= 64 {
+                let more = match limit.saturating_sub(spent).checked_div(cost) {
+                    Some(n) => n,
+                    // Waits of 0 at the cap: the budget never runs out.
+                    None => return None,
+                };
+                let done = k.saturating_sub(1) as u64;
+                let total = done.saturating_add(more);
+                return Some(if total > u32::MAX as u64 { u32::MAX } else { total as u32 });
+            }
+            if spent.saturating_add(cost) > limit {
+                return Some(k.saturating_sub(1));
+            }
+            spent = spent.saturating_add(cost);
+            previous = wait;
+            k = k.saturating_add(1);
+        }
+    }
+
+    /// True if a plan of `capacity` waits holds every retry this policy can make.
+    pub const fn fits(&self, capacity: usize) -> bool {
+        match self.max_retries() {
+            Some(n) => (n as usize) <= capacity,
+            None => false,
+        }
+    }
+
+    /// A 32-bit fingerprint of every setting, recorded in ledgers so a replay can tell that a
+    /// record was made under another policy (FNV-1a over the settings; not cryptographic).
+    pub fn fingerprint(&self) -> u32 {
+        struct Fnv(u32);
+        impl core::hash::Hasher for Fnv {
+            fn finish(&self) -> u64 {
+                u64::from(self.0)
+            }
+            fn write(&mut self, bytes: &[u8]) {
+                for b in bytes {
+                    self.0 = (self.0 ^ u32::from(*b)).wrapping_mul(0x0100_0193);
+                }
+            }
+        }
+        let mut h = Fnv(0x811c_9dc5);
+        core::hash::Hash::hash(self, &mut h);
+        h.0
+    }
+}
+
+impl PolicyBuilder {
+    /// Ticks per second; 1000 (milliseconds) by default. `wary plan` uses 1, seconds.
+    pub const fn tick_hz(mut self, hz: u32) -> Self {
+        self.p.tick_hz = hz;
+        self
+    }
+
+    /// The first ceiling, in ticks.
+    pub const fn base(mut self, ticks: u64) -> Self {
+        self.p.backoff.base = ticks;
+        self
+    }
+
+    /// The largest ceiling, in ticks.
+    pub const fn cap(mut self, ticks: u64) -> Self {
+        self.p.backoff.cap = ticks;
+        self
+    }
+
+    /// The jitter.
+    pub const fn jitter(mut self, jitter: Jitter) -> Self {
+        self.p.backoff.jitter = jitter;
+        self
+    }
+
+    /// The wait budget per call, in ticks.
+    pub const fn budget(mut self, ticks: u64) -> Self {
+        self.p.budget = ticks;
+        self
+    }
+
+    /// A deadline per call in ticks from its start, counting the time attempts take.
+    pub const fn deadline(mut self, ticks: u64) -> Self {
+        self.p.deadline = Some(ticks);
+        self
+    }
+
+    /// The attempt cap, the first attempt included.
+    pub const fn max_attempts(mut self, n: u32) -> Self {
+        self.p.max_attempts = Some(n);
+        self
+    }
+
+    /// No attempt cap.
+    pub const fn unlimited_attempts(mut self) -> Self {
+        self.p.max_attempts = None;
+        self
+    }
+
+    /// The shortest time an attempt takes, for the deadline check.
+    pub const fn min_attempt(mut self, ticks: u64) -> Self {
+        self.p.min_attempt = ticks;
+        self
+    }
+
+    /// The longest single Retry-After wait accepted; a longer one gives up at once even if the
+    /// budget could hold it (seed 001: "the server wants longer than we will wait").
+    pub const fn max_retry_after(mut self, ticks: u64) -> Self {
+        self.p.max_retry_after = Some(ticks);
+        self
+    }
+
+    /// How a Retry-After combines with the backoff.
+    pub const fn retry_after_mode(mut self, mode: RetryAfterMode) -> Self {
+        self.p.retry_after_mode = mode;
+        self
+    }
+
+    /// Which Retry-After values are accepted.
+    pub const fn retry_after_rules(mut self, rules: Rules) -> Self {
+        self.p.retry_after_rules = rules;
+        self
+    }
+
+    /// The classification table.
+    pub const fn table(mut self, table: Table) -> Self {
+        self.p.table = table;
+        self
+    }
+
+    /// Checks every setting and returns the policy.
+    pub const fn build(self) -> Result<Policy, PolicyError> {
+        let p = self.p;
+        if p.tick_hz == 0 {
+            return Err(PolicyError::ZeroTickRate);
+        }
+        if p.backoff.base == 0 {
+            return Err(PolicyError::ZeroBase);
+        }
+        if p.backoff.cap < p.backoff.base {
+            return Err(PolicyError::CapBelowBase);
+        }
+        if p.budget == 0 {
+            return Err(PolicyError::ZeroBudget);
+        }
+        if let Some(0) = p.deadline {
+            return Err(PolicyError::ZeroDeadline);
+        }
+        if let Some(0) = p.max_attempts {
+            return Err(PolicyError::ZeroAttempts);
+        }
+        let deadline = match p.deadline {
+            Some(d) => d,
+            None => 0,
+        };
+        let max_ra = match p.max_retry_after {
+            Some(d) => d,
+            None => 0,
+        };
+        if p.backoff.cap > MAX_TICKS
+            || p.budget > MAX_TICKS
+            || deadline > MAX_TICKS
+            || p.min_attempt > MAX_TICKS
+            || max_ra > MAX_TICKS
+        {
+            return Err(PolicyError::TooLarge);
+        }
+        if p.max_retries().is_none() {
+            return Err(PolicyError::Unbounded);
+        }
+        Ok(p)
+    }
+}
+
+/// A policy known at compile time, for plans whose capacity is checked by the compiler.
+///
+/// ```
+/// use wary::{Policy, Preset, policy::StaticPolicy};
+/// struct Seed000;
+/// impl StaticPolicy for Seed000 {
+///     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
+///         Ok(p) => p,
+///         Err(_) => panic!("invalid policy"),
+///     };
+/// }
+/// // Seven retries at most: 1 + 2 + 4 + 8 + 16 + 30 + 30 = 91, and another 30 passes 120.
+/// assert_eq!(Seed000::MAX_RETRIES, 7);
+/// ```
+pub trait StaticPolicy {
+    /// The policy.
+    const POLICY: Policy;
+    /// The most retries the policy can make; a compile error if nothing bounds them.
+    const MAX_RETRIES: usize = match Self::POLICY.max_retries() {
+        Some(n) => n as usize,
+        None => panic!("this policy does not bound its retries"),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed000() -> PolicyBuilder {
+        Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
+    }
+
+    #[test]
+    fn budget_bounds_the_attempts_as_seed_000_works_out() {
+        // Draws of 0: 1, 2, 4, 8, 16, 30, 30 = 91; the next 30 would pass 120.
+        assert_eq!(seed000().build().unwrap().max_retries(), Some(7));
+        assert_eq!(seed000().budget(91).build().unwrap().max_retries(), Some(7));
+        assert_eq!(seed000().budget(90).build().unwrap().max_retries(), Some(6));
+        assert_eq!(seed000().budget(121).build().unwrap().max_retries(), Some(8));
+        assert_eq!(seed000().max_attempts(4).build().unwrap().max_retries(), Some(3));
+        // Once at the cap, the count is a division, not a loop over 2⁴⁸ retries.
+        let big = seed000().budget(30_000_031).build().unwrap();
+        assert_eq!(big.max_retries(), Some(5 + 1_000_000));
+        // More retries than a u32 holds saturate.
+        let huge = seed000().budget(MAX_TICKS).build().unwrap();
+        assert_eq!(huge.max_retries(), Some(u32::MAX));
+    }
+
+    #[test]
+    fn deadline_with_attempt_time_bounds_too() {
+        let p = seed000().deadline(20).min_attempt(2).build().unwrap();
+        // Costs 1+2, 2+2, 4+2, 8+2 = 21 > 20: three retries.
+        assert_eq!(p.max_retries(), Some(3));
+    }
+
+    #[test]
+    fn bad_policies_are_refused_when_built() {
+        assert_eq!(seed000().base(0).build(), Err(PolicyError::ZeroBase));
+        assert_eq!(seed000().cap(1).build(), Err(PolicyError::CapBelowBase));
+        assert_eq!(seed000().budget(0).build(), Err(PolicyError::ZeroBudget));
+        assert_eq!(seed000().deadline(0).build(), Err(PolicyError::ZeroDeadline));
+        assert_eq!(seed000().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
+        assert_eq!(seed000().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
+        assert_eq!(seed000().budget(MAX_TICKS + 1).build(), Err(PolicyError::TooLarge));
+        assert_eq!(seed000().cap(u64::MAX).build(), Err(PolicyError::TooLarge));
+        assert_eq!(seed000().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
+        // Equal jitter with a cap of 1 tick: every wait can be 0.
+        assert_eq!(seed000().base(1).cap(1).build(), Err(PolicyError::Unbounded));
+        assert!(seed000().jitter(Jitter::Full).max_attempts(5).build().is_ok());
+        assert!(seed000().jitter(Jitter::Decorrelated).build().is_ok());
+    }
+
+    #[test]
+    fn fingerprint_changes_with_any_setting() {
+        let a = seed000().build().unwrap();
+        assert_eq!(a.fingerprint(), seed000().build().unwrap().fingerprint());
+        assert_ne!(a.fingerprint(), seed000().budget(121).build().unwrap().fingerprint());
+        assert_ne!(a.fingerprint(), seed000().jitter(Jitter::None).build().unwrap().fingerprint());
+    }
+
+    #[test]
+    fn presets_build() {
+        for preset in [Preset::Default, Preset::Exercise, Preset::Strict] {
+            let p = Policy::builder(preset).build().unwrap();
+            assert!(p.max_retries().is_some(), "{preset:?}");
+            assert_eq!(Preset::from_name(preset.name()), Some(preset));
+        }
+        // Seed 003: .1 + .2 fit a .3 s budget, .4 would not; and three attempts at most.
+        assert_eq!(Policy::builder(Preset::Strict).build().unwrap().max_retries(), Some(2));
+    }
+}

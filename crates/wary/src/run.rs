@@ -1,0 +1,365 @@
+//! The async runner: wary's decisions as a retry loop, with every effect injected.
+//!
+//! The runner takes the wait from an `embedded_hal_async::delay::DelayNs`, the time from a
+//! [`Clock`], the draws from a `rand_core::RngCore`, a [`Cancel`] signal, and optionally a
+//! [`FleetBudget`] and a ledger [`Sink`]: nothing global, nothing sleeps that a test cannot
+//! record. The same code runs on embassy firmware and, through the host adapters, on tokio.
+//!
+//! - The idempotency key is made by the caller once, before the first attempt, and handed to
+//!   every attempt.
+//! - Cancellation is checked before sending, after receiving (a response that arrives after a
+//!   cancel is not accepted), before sleeping and after sleeping; a cancel during a wait ends
+//!   the wait at once, and the next request is never sent. A cancel cannot roll back a request
+//!   already sent.
+//! - A retry refused by the fleet budget ends `gave_up` (throttled).
+//! - An `unknown` (a write that may have landed) goes to the caller's [`Probe`]: landed → ok
+//!   with no resend; not landed → one resend, counted as a retry; still unknown → `unknown`.
+//!   Never a blind resend.
+
+use core::future::Future;
+use core::pin::pin;
+use core::task::Poll;
+
+use atomic_waker::AtomicWaker;
+use embassy_futures::select::{Either, select};
+use embedded_hal_async::delay::DelayNs;
+use portable_atomic::{AtomicBool, Ordering};
+use rand_core::RngCore;
+
+use crate::backoff::Draw;
+use crate::budget::{CallState, Decision};
+use crate::classify::{Class, Operation, Outcome};
+use crate::key::Key;
+use crate::ledger::{Record, Sink};
+use crate::policy::Policy;
+use crate::throttle::FleetBudget;
+use crate::{GiveUp, Verdict};
+
+/// A monotonic clock in the policy's ticks.
+pub trait Clock {
+    /// Ticks since some fixed point.
+    fn now(&self) -> u64;
+}
+
+impl<C: Clock + ?Sized> Clock for &C {
+    fn now(&self) -> u64 {
+        (**self).now()
+    }
+}
+
+/// `embassy_time::Instant` in milliseconds (use a policy with `tick_hz(1000)`, the default).
+#[cfg(feature = "embassy-time")]
+#[derive(Debug, Clone, Copy, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct EmbassyClock;
+
+#[cfg(feature = "embassy-time")]
+impl Clock for EmbassyClock {
+    fn now(&self) -> u64 {
+        embassy_time::Instant::now().as_millis()
+    }
+}
+
+/// A cancel signal.
+pub trait Cancel {
+    /// True once the call is cancelled.
+    fn is_cancelled(&self) -> bool;
+    /// Completes when the call is cancelled.
+    fn cancelled(&self) -> impl Future<Output = ()>;
+}
+
+impl<X: Cancel + ?Sized> Cancel for &X {
+    fn is_cancelled(&self) -> bool {
+        (**self).is_cancelled()
+    }
+    fn cancelled(&self) -> impl Future<Output = ()> {
+        (**self).cancelled()
+    }
+}
+
+/// A signal that never fires.
+#[derive(Debug, Clone, Copy, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Never;
+
+impl Cancel for Never {
+    fn is_cancelled(&self) -> bool {
+        false
+    }
+    fn cancelled(&self) -> impl Future<Output = ()> {
+        core::future::pending()
+    }
+}
+
+/// A cancel signal that can be set from another task or an interrupt: lock-free, `no_std`.
+#[derive(Debug, Default)]
+pub struct CancelToken {
+    flag: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl CancelToken {
+    /// A token not yet cancelled.
+    pub const fn new() -> Self {
+        CancelToken { flag: AtomicBool::new(false), waker: AtomicWaker::new() }
+    }
+
+    /// Cancels, waking a runner that waits.
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Clears the signal for the next call.
+    pub fn reset(&self) {
+        self.flag.store(false, Ordering::Release);
+    }
+}
+
+impl Cancel for CancelToken {
+    fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+    fn cancelled(&self) -> impl Future<Output = ()> {
+        core::future::poll_fn(|cx| {
+            // Register before checking, so a cancel between the two still wakes us.
+            self.waker.register(cx.waker());
+            if self.flag.load(Ordering::Acquire) { Poll::Ready(()) } else { Poll::Pending }
+        })
+    }
+}
+
+/// What one attempt is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Attempt {
+    /// The attempt number, from 1.
+    pub number: u32,
+    /// The call's idempotency key: send it on every attempt.
+    pub key: Key,
+}
+
+/// What a probe found out about a write that may have landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Landed<T> {
+    /// It landed; here is its result.
+    Yes(T),
+    /// It did not land: one resend is safe.
+    No,
+    /// The probe could not tell: surface it to a person.
+    Unknown,
+}
+
+/// A read that checks whether a write landed (seed 000's `get_invoice`).
+pub trait Probe<T> {
+    /// Checks the call with this key.
+    fn landed(&mut self, key: Key) -> impl Future<Output = Landed<T>>;
+}
+
+/// No probe: an `unknown` stays unknown.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProbe;
+
+impl<T> Probe<T> for NoProbe {
+    fn landed(&mut self, _: Key) -> impl Future<Output = Landed<T>> {
+        core::future::ready(Landed::Unknown)
+    }
+}
+
+/// Why a call returned no value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Stopped {
+    /// The verdict (never `Ok`).
+    pub verdict: Verdict,
+    /// Attempts sent.
+    pub attempts: u32,
+    /// The last attempt's outcome, if any was sent.
+    pub last: Option<Outcome>,
+}
+
+/// The retry loop, holding its effects.
+pub struct Runner<'a, D, C, R, X = Never, L = ()> {
+    policy: &'a Policy,
+    delay: D,
+    clock: C,
+    rng: R,
+    cancel: X,
+    fleet: Option<&'a FleetBudget>,
+    ledger: L,
+}
+
+impl<'a, D: DelayNs, C: Clock, R: RngCore> Runner<'a, D, C, R> {
+    /// A runner with no cancel signal, no fleet budget and no ledger.
+    pub fn new(policy: &'a Policy, delay: D, clock: C, rng: R) -> Self {
+        Runner { policy, delay, clock, rng, cancel: Never, fleet: None, ledger: () }
+    }
+}
+
+impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, R, X, L> {
+    /// With a cancel signal.
+    pub fn cancel<X2: Cancel>(self, cancel: X2) -> Runner<'a, D, C, R, X2, L> {
+        let Runner { policy, delay, clock, rng, fleet, ledger, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger }
+    }
+
+    /// With a fleet retry budget shared with other runners.
+    pub fn fleet(mut self, fleet: &'a FleetBudget) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    /// With a ledger.
+    pub fn ledger<L2: Sink>(self, ledger: L2) -> Runner<'a, D, C, R, X, L2> {
+        let Runner { policy, delay, clock, rng, cancel, fleet, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger }
+    }
+
+    /// The ledger, to read it back.
+    pub fn ledger_ref(&self) -> &L {
+        &self.ledger
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        self.policy
+    }
+
+    /// Runs one call with no probe: `attempt` is called with the attempt number and the key,
+    /// and returns the value or the outcome that failed it.
+    pub async fn call<T, F, Fut>(&mut self, op: Operation, key: Key, attempt: F) -> Result<T, Stopped>
+    where
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, Outcome>>,
+    {
+        self.call_with_probe(op, key, attempt, NoProbe).await
+    }
+
+    /// Runs one call; an `unknown` is handed to `probe`.
+    pub async fn call_with_probe<T, F, Fut, P>(
+        &mut self,
+        op: Operation,
+        key: Key,
+        mut attempt: F,
+        mut probe: P,
+    ) -> Result<T, Stopped>
+    where
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, Outcome>>,
+        P: Probe<T>,
+    {
+        let start = self.clock.now();
+        let mut state = CallState::new();
+        let mut resent = false;
+        let mut last: Option<Outcome> = None;
+        loop {
+            // Before sending.
+            if self.cancel.is_cancelled() {
+                return Err(stopped(Verdict::Cancelled, &state, last));
+            }
+            let number = state.attempts().saturating_add(1);
+            let t0 = self.clock.now();
+            let result = attempt(Attempt { number, key }).await;
+            let t1 = self.clock.now();
+            // After receiving: a response that arrives after a cancel is not accepted.
+            let (outcome, value) = match result {
+                _ if self.cancel.is_cancelled() => (Outcome::Cancelled, None),
+                Ok(v) => (Outcome::Ok, Some(v)),
+                Err(o) => (o, None),
+            };
+            last = Some(outcome);
+            let class = self.policy.classify(op, &outcome);
+            // Every failure that says the server or the path is in trouble costs a fleet token,
+            // taken now, so a retry waiting in backoff already holds it.
+            let fleet_allows = match (class, self.fleet) {
+                (Class::Ok, Some(f)) => {
+                    f.on_success();
+                    true
+                }
+                (Class::Retry | Class::Unknown, Some(f)) => f.on_failure(),
+                _ => true,
+            };
+            let draw = Draw::from_rng(&mut self.rng);
+            let elapsed = t1.saturating_sub(start);
+            let mut decision = self.policy.decide(&mut state, op, &outcome, draw, Some(elapsed));
+            if matches!(decision, Decision::Retry { .. }) && !fleet_allows {
+                decision = Decision::Done(Verdict::GaveUp(GiveUp::Throttled));
+            }
+            let record = Record {
+                key,
+                attempt: number,
+                op,
+                outcome,
+                class,
+                draw: matches!(decision, Decision::Retry { .. }).then_some(draw),
+                wait: match decision {
+                    Decision::Retry { wait } => wait,
+                    Decision::Done(_) => 0,
+                },
+                attempt_ticks: t1.saturating_sub(t0),
+                total_ticks: elapsed,
+                verdict: None,
+                policy: self.policy.fingerprint(),
+            };
+            match decision {
+                Decision::Retry { wait } => {
+                    self.ledger.record(&record);
+                    // Before sleeping.
+                    if self.cancel.is_cancelled() {
+                        return Err(stopped(Verdict::Cancelled, &state, last));
+                    }
+                    let ticks_hz = u64::from(self.policy.tick_hz());
+                    let sleep = sleep_ticks(&mut self.delay, wait, ticks_hz);
+                    let woke = select(pin!(sleep), pin!(self.cancel.cancelled())).await;
+                    if let Either::Second(()) = woke {
+                        return Err(stopped(Verdict::Cancelled, &state, last));
+                    }
+                    // After sleeping: checked at the top of the loop, before the next send.
+                }
+                Decision::Done(Verdict::Ok) => {
+                    self.ledger.record(&Record { verdict: Some(Verdict::Ok), ..record });
+                    if let Some(v) = value {
+                        return Ok(v);
+                    }
+                    return Err(stopped(Verdict::Failed, &state, last));
+                }
+                Decision::Done(Verdict::Unknown) => match probe.landed(key).await {
+                    Landed::Yes(v) => {
+                        self.ledger.record(&Record { verdict: Some(Verdict::Ok), ..record });
+                        return Ok(v);
+                    }
+                    // Confirmed not landed: one resend, if the cap allows it and it was not
+                    // resent already.
+                    Landed::No if !resent && self.policy.max_attempts().is_none_or(|cap| number < cap) => {
+                        resent = true;
+                        self.ledger.record(&record);
+                    }
+                    Landed::No | Landed::Unknown => {
+                        self.ledger.record(&Record { verdict: Some(Verdict::Unknown), ..record });
+                        return Err(stopped(Verdict::Unknown, &state, last));
+                    }
+                },
+                Decision::Done(verdict) => {
+                    self.ledger.record(&Record { verdict: Some(verdict), ..record });
+                    return Err(stopped(verdict, &state, last));
+                }
+            }
+        }
+    }
+}
+
+fn stopped(verdict: Verdict, state: &CallState, last: Option<Outcome>) -> Stopped {
+    Stopped { verdict, attempts: state.attempts(), last }
+}
+
+/// Sleeps `ticks` at `hz` ticks per second, in chunks a `u32` of microseconds can hold.
+async fn sleep_ticks<D: DelayNs>(delay: &mut D, ticks: u64, hz: u64) {
+    let us = u128::from(ticks).saturating_mul(1_000_000).checked_div(u128::from(hz)).unwrap_or(0);
+    let mut left = u64::try_from(us).unwrap_or(u64::MAX);
+    while left > 0 {
+        let chunk = u32::try_from(left).unwrap_or(u32::MAX);
+        delay.delay_us(chunk).await;
+        left = left.saturating_sub(u64::from(chunk));
+    }
+}

@@ -1,0 +1,511 @@
+//! The runner against recorded effects: every send, sleep and record is observed, and time is
+//! a fake clock that only the attempts and the sleeps advance.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(clippy::arithmetic_side_effects, missing_docs)]
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::task::Poll;
+
+use embassy_futures::block_on;
+use embassy_futures::join::join;
+use embedded_hal_async::delay::DelayNs;
+use wary::ledger::Ledger;
+use wary::run::{Attempt, CancelToken, Clock, Landed, Probe, Runner};
+use wary::{FleetBudget, GiveUp, Jitter, Key, Operation, Outcome, Policy, Preset, Verdict};
+
+/// Milliseconds that only sleeps and attempts advance.
+#[derive(Default)]
+struct FakeClock(Cell<u64>);
+
+impl Clock for FakeClock {
+    fn now(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl FakeClock {
+    fn advance(&self, ms: u64) {
+        self.0.set(self.0.get() + ms);
+    }
+}
+
+/// Records each sleep (in ms) and advances the clock by it; optionally cancels during it.
+struct Sleeps<'a> {
+    clock: &'a FakeClock,
+    log: &'a RefCell<Vec<u64>>,
+    cancel_during: Option<&'a CancelToken>,
+}
+
+impl DelayNs for Sleeps<'_> {
+    async fn delay_ns(&mut self, ns: u32) {
+        let ms = u64::from(ns) / 1_000_000;
+        self.log.borrow_mut().push(ms);
+        self.clock.advance(ms);
+        if let Some(c) = self.cancel_during {
+            c.cancel();
+        }
+    }
+    async fn delay_us(&mut self, us: u32) {
+        let ms = u64::from(us) / 1000;
+        self.log.borrow_mut().push(ms);
+        self.clock.advance(ms);
+        if let Some(c) = self.cancel_during {
+            c.cancel();
+        }
+    }
+}
+
+/// A delay that never ends: only a cancel can end the wait.
+struct Forever<'a>(&'a RefCell<Vec<u64>>);
+
+impl DelayNs for Forever<'_> {
+    async fn delay_ns(&mut self, _: u32) {
+        self.0.borrow_mut().push(u64::MAX);
+        core::future::pending::<()>().await;
+    }
+}
+
+/// A small deterministic generator for draws (xorshift64*), seeded per worker.
+struct Xorshift(u64);
+
+impl rand_core::RngCore for Xorshift {
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        for b in dst {
+            *b = self.next_u32() as u8;
+        }
+    }
+}
+
+/// Draws always at the top of the range.
+struct Top;
+
+impl rand_core::RngCore for Top {
+    fn next_u32(&mut self) -> u32 {
+        u32::MAX
+    }
+    fn next_u64(&mut self) -> u64 {
+        u64::MAX
+    }
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        dst.fill(0xff);
+    }
+}
+
+const KEY: Key = Key::from_bytes([7; 16]);
+
+struct Scripted<'a> {
+    outcomes: &'a [Outcome],
+    sends: &'a RefCell<Vec<Attempt>>,
+    clock: &'a FakeClock,
+    attempt_ms: u64,
+}
+
+impl Scripted<'_> {
+    fn attempt(&self, a: Attempt) -> impl Future<Output = Result<u32, Outcome>> + use<'_> {
+        self.sends.borrow_mut().push(a);
+        self.clock.advance(self.attempt_ms);
+        let i = (a.number - 1) as usize;
+        let o = *self.outcomes.get(i).unwrap_or(&Outcome::Ok);
+        core::future::ready(if o == Outcome::Ok { Ok(a.number) } else { Err(o) })
+    }
+}
+
+struct Harness {
+    clock: FakeClock,
+    sleeps: RefCell<Vec<u64>>,
+    sends: RefCell<Vec<Attempt>>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Harness { clock: FakeClock::default(), sleeps: RefCell::default(), sends: RefCell::default() }
+    }
+
+    fn run(&self, policy: &Policy, op: Operation, outcomes: &[Outcome]) -> Result<u32, wary::run::Stopped> {
+        let delay = Sleeps { clock: &self.clock, log: &self.sleeps, cancel_during: None };
+        let mut runner = Runner::new(policy, delay, &self.clock, Xorshift(42));
+        let s = Scripted { outcomes, sends: &self.sends, clock: &self.clock, attempt_ms: 0 };
+        block_on(runner.call(op, KEY, |a| s.attempt(a)))
+    }
+
+    fn sends(&self) -> usize {
+        self.sends.borrow().len()
+    }
+
+    fn sleeps(&self) -> Vec<u64> {
+        self.sleeps.borrow().clone()
+    }
+}
+
+fn strict() -> Policy {
+    Policy::builder(Preset::Strict).build().unwrap()
+}
+
+// ---- seed 003 ----
+
+#[test]
+fn seed_003_an_unkeyed_post_that_fails_makes_one_send() {
+    let h = Harness::new();
+    let r = h.run(&strict(), Operation::Write, &[Outcome::status(503), Outcome::Ok]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::Unknown);
+    assert_eq!(h.sends(), 1);
+    assert!(h.sleeps().is_empty());
+}
+
+#[test]
+fn seed_003_retry_after_2s_with_half_second_budget_stops_before_sleeping() {
+    let h = Harness::new();
+    let p = Policy::builder(Preset::Strict).budget(500).build().unwrap();
+    let r = h.run(&p, Operation::Read, &[Outcome::status_after(503, 2), Outcome::Ok]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 2000 }));
+    assert_eq!(h.sends(), 1);
+    assert!(h.sleeps().is_empty());
+}
+
+#[test]
+fn seed_003_a_signal_raised_during_the_wait_prevents_the_next_request() {
+    let clock = FakeClock::default();
+    let log = RefCell::default();
+    let sends = RefCell::default();
+    let token = CancelToken::new();
+    let delay = Sleeps { clock: &clock, log: &log, cancel_during: Some(&token) };
+    let p = strict();
+    let mut runner = Runner::new(&p, delay, &clock, Xorshift(1)).cancel(&token);
+    let s = Scripted { outcomes: &[Outcome::status(503); 3], sends: &sends, clock: &clock, attempt_ms: 0 };
+    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    assert_eq!(r.unwrap_err().verdict, Verdict::Cancelled);
+    assert_eq!(sends.borrow().len(), 1);
+    assert_eq!(log.borrow().len(), 1);
+}
+
+#[test]
+fn a_cancel_ends_a_wait_that_would_never_end_by_itself() {
+    let clock = FakeClock::default();
+    let log = RefCell::default();
+    let sends = RefCell::default();
+    let token = CancelToken::new();
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let mut runner = Runner::new(&p, Forever(&log), &clock, Xorshift(1)).cancel(&token);
+    let s = Scripted { outcomes: &[Outcome::status(503); 3], sends: &sends, clock: &clock, attempt_ms: 0 };
+    let call = runner.call(Operation::Read, KEY, |a| s.attempt(a));
+    let canceller = async {
+        // Let the runner reach its wait, then cancel.
+        let mut polled = false;
+        core::future::poll_fn(|cx| {
+            if polled {
+                Poll::Ready(())
+            } else {
+                polled = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await;
+        token.cancel();
+    };
+    let (r, ()) = block_on(join(call, canceller));
+    assert_eq!(r.unwrap_err().verdict, Verdict::Cancelled);
+    assert_eq!(sends.borrow().len(), 1);
+    assert_eq!(log.borrow().as_slice(), &[u64::MAX]);
+}
+
+#[test]
+fn a_response_after_a_cancel_is_not_accepted() {
+    let clock = FakeClock::default();
+    let log = RefCell::default();
+    let token = CancelToken::new();
+    let p = strict();
+    let delay = Sleeps { clock: &clock, log: &log, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &clock, Xorshift(1)).cancel(&token);
+    let r = block_on(runner.call(Operation::Read, KEY, |_| {
+        // The cancel arrives while the attempt is in flight.
+        token.cancel();
+        core::future::ready(Ok::<u32, Outcome>(200))
+    }));
+    let stop = r.unwrap_err();
+    assert_eq!(stop.verdict, Verdict::Cancelled);
+    assert_eq!(stop.last, Some(Outcome::Cancelled));
+}
+
+#[test]
+fn a_cancel_before_the_first_send_sends_nothing() {
+    let h = Harness::new();
+    let token = CancelToken::new();
+    token.cancel();
+    let p = strict();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(1)).cancel(&token);
+    let s = Scripted { outcomes: &[], sends: &h.sends, clock: &h.clock, attempt_ms: 0 };
+    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    assert_eq!(r.unwrap_err().verdict, Verdict::Cancelled);
+    assert_eq!(h.sends(), 0);
+}
+
+#[test]
+fn seed_003_invalid_json_in_a_200_is_not_retried() {
+    let h = Harness::new();
+    let r = h.run(&strict(), Operation::Read, &[Outcome::BadBody, Outcome::Ok]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::Failed);
+    assert_eq!(h.sends(), 1);
+}
+
+#[test]
+fn seed_003_exact_cumulative_wait_then_attempt_exhaustion() {
+    let h = Harness::new();
+    let r = h.run(&strict(), Operation::Read, &[Outcome::ResponseTimeout; 5]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Attempts));
+    assert_eq!(h.sleeps(), [100, 200]);
+    assert_eq!(h.sends(), 3);
+}
+
+// ---- seed 001 ----
+
+fn seed001() -> wary::PolicyBuilder {
+    // base 0.2 s, max_delay 1 s, 5 attempts; the study's jitter is full, pinned to the top.
+    Policy::builder(Preset::Default).base(200).cap(1000).budget(60_000).max_attempts(6)
+}
+
+#[test]
+fn seed_001_backoff_doubles_then_caps() {
+    let h = Harness::new();
+    // "uniform returns its upper bound, pinning each delay to the ceiling": no jitter.
+    let p = seed001().jitter(Jitter::None).build().unwrap();
+    let r = h.run(&p, Operation::Read, &[Outcome::status(503); 10]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Attempts));
+    assert_eq!(h.sends(), 6);
+    assert_eq!(h.sleeps(), [200, 400, 800, 1000, 1000]);
+    // Full jitter drawn at the top stays just under each ceiling.
+    let clock = FakeClock::default();
+    let log = RefCell::default();
+    let sends = RefCell::default();
+    let p = seed001().jitter(Jitter::Full).build().unwrap();
+    let mut runner = Runner::new(&p, Sleeps { clock: &clock, log: &log, cancel_during: None }, &clock, Top);
+    let s = Scripted { outcomes: &[Outcome::status(503); 10], sends: &sends, clock: &clock, attempt_ms: 0 };
+    let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    assert_eq!(log.borrow().as_slice(), &[199, 399, 799, 999, 999]);
+}
+
+#[test]
+fn seed_001_permanent_error_is_not_retried() {
+    let h = Harness::new();
+    let r = h.run(&seed001().build().unwrap(), Operation::Read, &[Outcome::status(422), Outcome::Ok]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::Failed);
+    assert_eq!((h.sends(), h.sleeps()), (1, vec![]));
+}
+
+#[test]
+fn seed_001_long_retry_after_fails_at_once() {
+    let h = Harness::new();
+    let p = seed001().max_retry_after(20_000).build().unwrap();
+    let r = h.run(&p, Operation::Read, &[Outcome::status_after(429, 120); 3]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 120_000 }));
+    assert!(h.sleeps().is_empty());
+}
+
+// ---- seed 004 ----
+
+#[test]
+fn seed_004_twenty_workers_failing_at_once_do_not_retry_at_identical_gaps() {
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let mut schedules = Vec::new();
+    for worker in 0..20u64 {
+        let h = Harness::new();
+        let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+        // Seeded per device: never one fixed seed for the whole fleet.
+        let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(0x9e37_79b9_7f4a_7c15 ^ (worker + 1)));
+        let s = Scripted {
+            outcomes: &[Outcome::status(503); 4],
+            sends: &h.sends,
+            clock: &h.clock,
+            attempt_ms: 0,
+        };
+        let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+        schedules.push(h.sleeps());
+    }
+    let mut first_gaps: Vec<u64> = schedules.iter().map(|s| s[0]).collect();
+    first_gaps.sort_unstable();
+    first_gaps.dedup();
+    assert!(first_gaps.len() >= 15, "first gaps collide: {first_gaps:?}");
+    let mut whole = schedules.clone();
+    whole.sort();
+    whole.dedup();
+    assert_eq!(whole.len(), 20, "two workers share a schedule");
+    // Equal jitter: every gap is at least half its ceiling (100 ms base, so ≥ 50 ms first).
+    assert!(schedules.iter().all(|s| s[0] >= 50 && s[0] < 100));
+}
+
+#[test]
+fn fleet_budget_holds_amplification_during_a_total_outage() {
+    // gRPC A6 defaults: 10 tokens, 0.1 per success. A total outage: every attempt fails.
+    let fleet = FleetBudget::new(10, 100).unwrap();
+    let p = Policy::builder(Preset::Default).max_attempts(4).build().unwrap();
+    let h = Harness::new();
+    let calls = 200;
+    for _ in 0..calls {
+        let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+        let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(3)).fleet(&fleet);
+        let s = Scripted {
+            outcomes: &[Outcome::status(503); 4],
+            sends: &h.sends,
+            clock: &h.clock,
+            attempt_ms: 0,
+        };
+        let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    }
+    let attempts = h.sends();
+    // Without the budget: 4 attempts a call. With it: the bucket's start (half of 10 tokens)
+    // and nothing more, since no success refills it.
+    assert!(attempts <= calls + 5, "{attempts} attempts for {calls} calls");
+    assert!(attempts > calls, "the bucket's start allows a few retries");
+    // Later calls end throttled.
+    assert_eq!(fleet.tokens_milli(), 0);
+}
+
+#[test]
+fn fleet_budget_refills_with_successes() {
+    let fleet = FleetBudget::new(10, 100).unwrap();
+    let p = Policy::builder(Preset::Default).max_attempts(4).build().unwrap();
+    let h = Harness::new();
+    // 50 % of calls fail once then succeed: 1 token out, 0.1 back… per call ~-0.8: amplification
+    // stays well below the unbudgeted 2 attempts per failing call.
+    for i in 0..100 {
+        let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+        let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(i + 1)).fleet(&fleet);
+        let script: &[Outcome] =
+            if i % 2 == 0 { &[Outcome::status(503), Outcome::Ok] } else { &[Outcome::Ok] };
+        let s = Scripted { outcomes: script, sends: &h.sends, clock: &h.clock, attempt_ms: 0 };
+        let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    }
+    assert!(fleet.tokens_milli() <= 10_000);
+    assert!(h.sends() < 150, "{}", h.sends());
+}
+
+// ---- probes, streams, deadline, keys, ledger ----
+
+struct FixedProbe {
+    answer: Landed<u32>,
+    asked: Cell<u32>,
+}
+
+impl Probe<u32> for &FixedProbe {
+    fn landed(&mut self, key: Key) -> impl Future<Output = Landed<u32>> {
+        assert_eq!(key, KEY);
+        self.asked.set(self.asked.get() + 1);
+        core::future::ready(self.answer)
+    }
+}
+
+fn run_probe(answer: Landed<u32>, outcomes: &[Outcome]) -> (Result<u32, wary::run::Stopped>, usize, u32) {
+    let h = Harness::new();
+    let probe = FixedProbe { answer, asked: Cell::new(0) };
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(5));
+    let s = Scripted { outcomes, sends: &h.sends, clock: &h.clock, attempt_ms: 0 };
+    let r = block_on(runner.call_with_probe(Operation::Write, KEY, |a| s.attempt(a), &probe));
+    (r, h.sends(), probe.asked.get())
+}
+
+#[test]
+fn unknown_that_landed_is_ok_with_no_resend() {
+    let (r, sends, asked) = run_probe(Landed::Yes(77), &[Outcome::ResponseTimeout, Outcome::Ok]);
+    assert_eq!((r.unwrap(), sends, asked), (77, 1, 1));
+}
+
+#[test]
+fn unknown_that_did_not_land_is_resent_once() {
+    let (r, sends, _) = run_probe(Landed::No, &[Outcome::ResponseTimeout, Outcome::Ok]);
+    assert_eq!((r.unwrap(), sends), (2, 2));
+    // A second ambiguous failure is not resent again.
+    let (r, sends, asked) = run_probe(Landed::No, &[Outcome::ResponseTimeout; 4]);
+    assert_eq!((r.unwrap_err().verdict, sends, asked), (Verdict::Unknown, 2, 2));
+}
+
+#[test]
+fn unknown_the_probe_cannot_tell_stays_unknown() {
+    let (r, sends, asked) = run_probe(Landed::Unknown, &[Outcome::status(502), Outcome::Ok]);
+    assert_eq!((r.unwrap_err().verdict, sends, asked), (Verdict::Unknown, 1, 1));
+}
+
+#[test]
+fn a_stream_that_forwarded_bytes_is_never_retried() {
+    let h = Harness::new();
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let r = h.run(&p, Operation::Read, &[Outcome::StreamBroken { forwarded: true }, Outcome::Ok]);
+    assert_eq!((r.unwrap_err().verdict, h.sends()), (Verdict::Failed, 1));
+    let h = Harness::new();
+    let r = h.run(&p, Operation::Read, &[Outcome::StreamBroken { forwarded: false }, Outcome::Ok]);
+    assert_eq!((r.unwrap(), h.sends()), (2, 2));
+}
+
+#[test]
+fn deadline_counts_attempt_time_and_no_sleep_starts_past_it() {
+    let h = Harness::new();
+    let p =
+        Policy::builder(Preset::Default).base(100).cap(1000).deadline(1000).min_attempt(300).build().unwrap();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(9));
+    let s =
+        Scripted { outcomes: &[Outcome::status(503); 10], sends: &h.sends, clock: &h.clock, attempt_ms: 300 };
+    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Deadline));
+    // Every attempt started early enough to end (at 300 ms each) by the deadline.
+    let sleeps: u64 = h.sleeps().iter().sum();
+    assert!(sleeps + 300 * h.sends() as u64 <= 1000, "{:?} {}", h.sleeps(), h.sends());
+    assert!(h.sends() >= 2);
+}
+
+#[test]
+fn every_attempt_carries_the_same_key_and_the_ledger_has_one_record_each() {
+    let h = Harness::new();
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let mut ledger = Ledger::<8>::new();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(11)).ledger(&mut ledger);
+    let s = Scripted {
+        outcomes: &[Outcome::status(503), Outcome::status_after(429, 1), Outcome::Ok],
+        sends: &h.sends,
+        clock: &h.clock,
+        attempt_ms: 5,
+    };
+    let r = block_on(runner.call(Operation::KeyedWrite, KEY, |a| s.attempt(a)));
+    assert_eq!(r.unwrap(), 3);
+    assert!(h.sends.borrow().iter().all(|a| a.key == KEY));
+    assert_eq!(h.sends.borrow().iter().map(|a| a.number).collect::<Vec<_>>(), [1, 2, 3]);
+    let recs: Vec<_> = ledger.records().copied().collect();
+    assert_eq!(recs.len(), 3);
+    assert_eq!(recs[1].outcome, Outcome::status_after(429, 1));
+    assert!(recs[1].wait >= 1000, "Retry-After raises the wait");
+    assert_eq!(recs.iter().map(|r| r.wait).sum::<u64>(), h.sleeps().iter().sum::<u64>());
+    assert_eq!(recs[2].verdict, Some(Verdict::Ok));
+    assert!(recs[..2].iter().all(|r| r.verdict.is_none() && r.draw.is_some()));
+    assert_eq!(recs[2].total_ticks, h.clock.now());
+    assert_eq!(recs[0].policy, p.fingerprint());
+    assert_eq!(ledger.stats().calls(), 1);
+    assert_eq!(ledger.stats().mean_milli(), 3000);
+}
+
+#[test]
+fn runner_future_is_small() {
+    let clock = FakeClock::default();
+    let log = RefCell::default();
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let mut runner =
+        Runner::new(&p, Sleeps { clock: &clock, log: &log, cancel_during: None }, &clock, Xorshift(1));
+    let fut = runner.call(Operation::Read, KEY, |_| core::future::ready(Ok::<u32, Outcome>(1)));
+    let size = core::mem::size_of_val(&fut);
+    println!("runner future for a typical call: {size} bytes");
+    assert!(size < 1024, "{size}");
+    drop(fut);
+}

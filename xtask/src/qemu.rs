@@ -1,0 +1,260 @@
+//! `cargo xtask qemu` runs the firmware's on-target tests under QEMU (mps2-an386, Cortex-M4F);
+//! `cargo xtask size` prints what the firmware binaries take of flash and RAM.
+//!
+//! The firmware is its own cargo workspace with its own `.cargo/config.toml` (target, linker
+//! scripts), so cargo runs with `firmware/` as its current directory.
+
+use std::env;
+use std::io::Read;
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, output, step};
+
+const TARGET: &str = "thumbv7em-none-eabihf";
+/// The on-target test binaries, run in this order; each exits 0 only if all its checks passed.
+const TEST_BINS: &[&str] = &["selftest", "conformance"];
+/// A wedged guest must never hold CI: a healthy run takes about a second.
+const QEMU_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Builds the firmware and runs each on-target test binary under QEMU, failing on the first
+/// non-zero exit, decode failure or timeout.
+pub fn qemu(root: &Path) -> Result<()> {
+    ensure_targets(&[TARGET])?;
+    ensure_apt("qemu-system-arm", "qemu-system-arm")?;
+    ensure_cargo_install("defmt-print", "defmt-print", &[])?;
+    let firmware = root.join("firmware");
+    build(&firmware)?;
+    for bin in TEST_BINS {
+        run_under_qemu(&elf_path(&firmware, bin), bin)?;
+    }
+    Ok(())
+}
+
+/// Builds the firmware and prints flash and RAM use of each binary.
+pub fn size(root: &Path) -> Result<()> {
+    ensure_targets(&[TARGET])?;
+    let llvm_size = llvm_size()?;
+    let firmware = root.join("firmware");
+    build(&firmware)?;
+    step("firmware size (flash = text + data, RAM = data + bss; the stack is not counted)");
+    println!("{:<14} {:>9} {:>9} {:>9} {:>9} {:>9}", "binary", "flash", "RAM", "text", "data", "bss");
+    for bin in TEST_BINS {
+        let elf = elf_path(&firmware, bin);
+        let out = Command::new(&llvm_size)
+            .arg(&elf)
+            .output()
+            .with_context(|| format!("running {}", llvm_size.display()))?;
+        if !out.status.success() {
+            bail!("llvm-size {} failed: {}", elf.display(), String::from_utf8_lossy(&out.stderr));
+        }
+        let (text, data, bss) = parse_berkeley(&String::from_utf8_lossy(&out.stdout))
+            .with_context(|| format!("reading llvm-size output for {bin}"))?;
+        println!("{:<14} {:>9} {:>9} {:>9} {:>9} {:>9}", bin, text + data, data + bss, text, data, bss);
+    }
+    Ok(())
+}
+
+fn build(firmware: &Path) -> Result<()> {
+    step("building the firmware (release, thumbv7em-none-eabihf)");
+    let started = Instant::now();
+    run_firmware_cargo(firmware, &["build", "--release", "--locked", "--bins"]).context(
+        "if firmware/Cargo.lock is out of date (a dependency of crates/wary changed), run \
+         `cargo build --release` in firmware/ once and commit the lock",
+    )?;
+    eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs cargo in `firmware/` without the caller's RUSTFLAGS: they would replace the
+/// `rustflags` of firmware/.cargo/config.toml, and with them the linker scripts.
+fn run_firmware_cargo(firmware: &Path, args: &[&str]) -> Result<()> {
+    for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"] {
+        if env::var_os(var).is_some() {
+            eprintln!("    note: {var} is set; not passing it to the firmware build");
+        }
+    }
+    eprintln!("    $ (cd firmware && cargo {})", args.join(" "));
+    let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .current_dir(firmware)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .context("starting cargo")?;
+    if !status.success() {
+        bail!("`cargo {}` in firmware/ failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+fn elf_path(firmware: &Path, bin: &str) -> PathBuf {
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map(|dir| firmware.join(dir))
+        .unwrap_or_else(|| firmware.join("target"));
+    target_dir.join(TARGET).join("release").join(bin)
+}
+
+/// Runs one ELF under QEMU with its stdout (defmt frames over semihosting) piped into
+/// `defmt-print`, and fails unless QEMU itself exits 0 in time.
+fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
+    step(&format!("running {name} under QEMU mps2-an386 (timeout {} s)", QEMU_TIMEOUT.as_secs()));
+    let port = free_udp_port()?;
+    // UART0 talks to itself over a UDP socket, so the UART test needs no peer process.
+    let serial = format!("udp:127.0.0.1:{port}@127.0.0.1:{port}");
+    let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
+    let args = [
+        "-cpu",
+        "cortex-m4",
+        "-machine",
+        "mps2-an386",
+        "-nographic",
+        // Without it the monitor's banner lands in the defmt stream.
+        "-monitor",
+        "none",
+        "-serial",
+        &serial,
+        "-semihosting-config",
+        "enable=on,target=native",
+        "-kernel",
+        elf_arg,
+    ];
+    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf_arg}", args.join(" "));
+    let started = Instant::now();
+    let mut qemu = Command::new("qemu-system-arm")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting qemu-system-arm")?;
+    let frames = qemu.stdout.take().context("qemu stdout")?;
+    let printer = Command::new("defmt-print").args(["-e", elf_arg]).stdin(Stdio::from(frames)).spawn();
+    let mut printer = match printer {
+        Ok(child) => child,
+        Err(err) => {
+            let _ = qemu.kill();
+            let _ = qemu.wait();
+            return Err(err).context("starting defmt-print");
+        }
+    };
+    let mut qemu_stderr = qemu.stderr.take().context("qemu stderr")?;
+    let stderr_reader = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = qemu_stderr.read_to_string(&mut text);
+        text
+    });
+
+    let qemu_status = wait_with_timeout(&mut qemu, QEMU_TIMEOUT)?;
+    // defmt-print ends when QEMU's stdout closes.
+    let printer_status = printer.wait().context("waiting for defmt-print")?;
+    let qemu_stderr = stderr_reader.join().unwrap_or_default();
+    if !qemu_stderr.trim().is_empty() {
+        eprintln!("    qemu stderr:\n{}", qemu_stderr.trim_end());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    match qemu_status {
+        None => bail!("{name}: QEMU still running after {} s; killed", QEMU_TIMEOUT.as_secs()),
+        Some(status) if !status.success() => {
+            bail!("{name} failed under QEMU: {}", describe_exit(status))
+        }
+        Some(_) if !printer_status.success() => {
+            bail!("{name}: defmt-print could not decode the log ({printer_status})")
+        }
+        Some(_) => {
+            eprintln!("    {name} passed in {elapsed:.1} s");
+            Ok(())
+        }
+    }
+}
+
+/// Waits for `child`, killing it after `limit`; `None` means it was killed.
+fn wait_with_timeout(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().context("waiting for qemu-system-arm")? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The firmware's exit codes (mps2-an386 crate, `exit_code`) in words.
+fn describe_exit(status: ExitStatus) -> String {
+    match status.code() {
+        Some(1) => "exit 1: a check failed (see the log above)".into(),
+        Some(101) => "exit 101: panic".into(),
+        Some(102) => "exit 102: HardFault".into(),
+        Some(103) => "exit 103: unexpected interrupt".into(),
+        Some(code) => format!("exit {code}"),
+        None => format!("{status}"),
+    }
+}
+
+/// A UDP port free right now; the small race with other processes is acceptable for a test.
+fn free_udp_port() -> Result<u16> {
+    let socket = UdpSocket::bind("127.0.0.1:0").context("finding a free UDP port")?;
+    Ok(socket.local_addr()?.port())
+}
+
+/// `llvm-size` from rustup's `llvm-tools` component, installed when missing.
+fn llvm_size() -> Result<PathBuf> {
+    let sysroot = output("rustc", &["--print", "sysroot"]).context("rustc --print sysroot")?;
+    let version = output("rustc", &["-vV"]).context("rustc -vV")?;
+    let host =
+        version.lines().find_map(|line| line.strip_prefix("host: ")).context("no host line in rustc -vV")?;
+    let path = Path::new(sysroot.trim()).join("lib/rustlib").join(host).join("bin/llvm-size");
+    if !path.exists() {
+        step("llvm-size is missing: installing rustup component llvm-tools");
+        crate::util::run(Path::new("."), "rustup", &["component", "add", "llvm-tools"])?;
+    }
+    if !path.exists() {
+        bail!("llvm-tools installed but {} is still missing", path.display());
+    }
+    Ok(path)
+}
+
+/// Parses the Berkeley-format line of `llvm-size <elf>`: text, data, bss.
+fn parse_berkeley(out: &str) -> Option<(u64, u64, u64)> {
+    let line = out.lines().nth(1)?;
+    let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
+    Some((fields.next()??, fields.next()??, fields.next()??))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llvm_size_berkeley_output() {
+        let out = "   text\t   data\t    bss\t    dec\t    hex\tfilename\n  12208\t      0\t   1096\t  13304\t   33f8\tconformance\n";
+        assert_eq!(parse_berkeley(out), Some((12208, 0, 1096)));
+        assert_eq!(parse_berkeley("text data bss\n"), None);
+    }
+
+    #[test]
+    fn a_process_past_its_limit_is_killed() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let started = Instant::now();
+        assert_eq!(wait_with_timeout(&mut child, Duration::from_millis(200)).unwrap(), None);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(child.try_wait().unwrap().is_some(), "the child was reaped");
+    }
+
+    #[test]
+    fn a_process_within_its_limit_reports_its_status() {
+        let mut child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let status = wait_with_timeout(&mut child, Duration::from_secs(10)).unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(3));
+    }
+}
