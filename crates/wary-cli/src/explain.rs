@@ -1,0 +1,265 @@
+//! `wary explain`: the worked schedule of a policy, its classification grid and its risks, so
+//! an engineer can see that the budget bounds the attempts before shipping a setting.
+
+use serde::Serialize;
+use wary::backoff::Backoff;
+use wary::{Class, Jitter, Operation, Outcome, Policy};
+
+/// One retry of the worked schedule.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Step {
+    /// The retry, from 1.
+    pub retry: u32,
+    /// Its ceiling.
+    pub ceiling: u64,
+    /// The part every draw waits (the shortest wait).
+    pub fixed: u64,
+    /// The part the draw decides (longest minus shortest).
+    pub random: u64,
+    /// The shortest wait.
+    pub min: u64,
+    /// The longest wait.
+    pub max: u64,
+    /// Running total of the shortest waits.
+    pub min_total: u64,
+    /// Running total of the longest waits, capped at the budget.
+    pub max_total: u64,
+}
+
+/// Everything `wary explain` prints.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Explanation {
+    /// The most retries the policy can make.
+    pub max_retries: u32,
+    /// The shortest wait of each retry (every draw at 0).
+    pub min_waits: Vec<u64>,
+    /// The longest wait of each retry (every draw at the top).
+    pub max_waits: Vec<u64>,
+    /// The worked schedule.
+    pub steps: Vec<Step>,
+    /// The most a call can wait in total, ticks: the budget, or the longest waits' sum if less.
+    pub longest_wait: u64,
+    /// The longest a call can take, ticks, when a deadline bounds it.
+    pub longest_call: Option<u64>,
+    /// Ticks per second.
+    pub tick_hz: u32,
+    /// Outcome × operation → class.
+    pub table: Vec<TableRow>,
+    /// Risky settings.
+    pub warnings: Vec<String>,
+}
+
+/// One row of the classification grid.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TableRow {
+    /// The outcome.
+    pub outcome: String,
+    /// Class for a read.
+    pub read: String,
+    /// Class for a keyed write.
+    pub keyed_write: String,
+    /// Class for a write without a key.
+    pub write: String,
+}
+
+/// Steps shown at most (a long budget at the cap would list thousands of equal rows).
+const MAX_STEPS: u32 = 64;
+
+fn grid_outcomes() -> Vec<(String, Outcome)> {
+    let mut v: Vec<(String, Outcome)> = [400, 401, 403, 404, 408, 409, 422, 429, 500, 501, 502, 503, 504]
+        .iter()
+        .map(|c| (c.to_string(), Outcome::status(*c)))
+        .collect();
+    for o in [
+        Outcome::ConnectTimeout,
+        Outcome::ResponseTimeout,
+        Outcome::Refused,
+        Outcome::Reset,
+        Outcome::Tls,
+        Outcome::BadBody,
+        Outcome::StreamBroken { forwarded: false },
+        Outcome::StreamBroken { forwarded: true },
+    ] {
+        v.push((o.kind_name().to_owned(), o));
+    }
+    v
+}
+
+fn class_word(c: Class) -> String {
+    match c {
+        Class::Retry => "retry",
+        Class::Unknown => "unknown",
+        Class::Failed => "failed",
+        Class::Ok => "ok",
+        Class::Cancelled => "cancelled",
+    }
+    .to_owned()
+}
+
+/// Explains `policy`; `known_retry_after` is the longest Retry-After (seconds) the API is known
+/// to send, for the warning when the budget cannot wait it out.
+pub fn explain(policy: &Policy, known_retry_after: Option<u64>) -> Explanation {
+    let b: &Backoff = policy.backoff();
+    let max_retries = policy.max_retries().unwrap_or(0);
+    let shown = max_retries.min(MAX_STEPS);
+    let mut steps = Vec::new();
+    let (mut prev_min, mut prev_max, mut min_total, mut max_total) = (0u64, 0u64, 0u64, 0u64);
+    for k in 1..=shown {
+        let min = b.min_wait(k, prev_min);
+        let max = b.max_wait(k, prev_max).max(min);
+        min_total = min_total.saturating_add(min);
+        max_total = max_total.saturating_add(max).min(policy.budget());
+        steps.push(Step {
+            retry: k,
+            ceiling: b.ceiling(k),
+            fixed: min,
+            random: max.saturating_sub(min),
+            min,
+            max,
+            min_total,
+            max_total,
+        });
+        prev_min = min;
+        prev_max = max;
+    }
+    let longest_wait = steps.last().map_or(0, |s| s.max_total);
+    let longest_call = policy.deadline();
+    let table = grid_outcomes()
+        .into_iter()
+        .map(|(name, o)| TableRow {
+            outcome: name,
+            read: class_word(policy.classify(Operation::Read, &o)),
+            keyed_write: class_word(policy.classify(Operation::KeyedWrite, &o)),
+            write: class_word(policy.classify(Operation::Write, &o)),
+        })
+        .collect();
+    let mut warnings = Vec::new();
+    if b.jitter == Jitter::Full && policy.max_attempts().is_none() {
+        warnings.push("full jitter with no attempt cap: waits near 0 spend no budget".to_owned());
+    }
+    if b.min_wait(1, 0) == 0 {
+        warnings.push(format!(
+            "base {} is so small that the first wait can be 0: retries fire back to back",
+            b.base
+        ));
+    }
+    if let Some(ra) = known_retry_after {
+        let ticks = policy.secs_to_ticks(ra);
+        if ticks > policy.budget() {
+            warnings.push(format!(
+                "budget {} is shorter than the Retry-After of {ra} s the API sends: such calls give up at once",
+                policy.budget()
+            ));
+        }
+    }
+    if b.cap > policy.budget() {
+        warnings.push(format!(
+            "cap {} is above the budget {}: no wait can reach the cap",
+            b.cap,
+            policy.budget()
+        ));
+    }
+    if max_retries > MAX_STEPS {
+        warnings.push(format!("{max_retries} retries fit the budget; only the first {MAX_STEPS} are listed"));
+    }
+    Explanation {
+        max_retries,
+        min_waits: steps.iter().map(|s| s.min).collect(),
+        max_waits: steps.iter().map(|s| s.max).collect(),
+        steps,
+        longest_wait,
+        longest_call,
+        tick_hz: policy.tick_hz(),
+        table,
+        warnings,
+    }
+}
+
+/// The human form.
+pub fn render(e: &Explanation, policy: &Policy) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let unit = if e.tick_hz == 1000 { "ms".to_owned() } else { format!("ticks at {} Hz", e.tick_hz) };
+    let b = policy.backoff();
+    let _ = writeln!(
+        s,
+        "policy: base {} cap {} budget {} ({unit}), jitter {}, attempts {}, deadline {}",
+        b.base,
+        b.cap,
+        policy.budget(),
+        b.jitter.name(),
+        policy.max_attempts().map_or("unlimited".to_owned(), |n| n.to_string()),
+        policy.deadline().map_or("none".to_owned(), |n| n.to_string()),
+    );
+    let _ = writeln!(s, "\nretry  ceiling  fixed  random  shortest  longest  total(short)  total(long)");
+    for st in &e.steps {
+        let _ = writeln!(
+            s,
+            "{:>5}  {:>7}  {:>5}  {:>6}  {:>8}  {:>7}  {:>12}  {:>11}",
+            st.retry, st.ceiling, st.fixed, st.random, st.min, st.max, st.min_total, st.max_total
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nat most {} retries ({} attempts): the shortest waits add to {}, and one more would pass the budget of {}",
+        e.max_retries,
+        e.max_retries.saturating_add(1),
+        e.steps.last().map_or(0, |x| x.min_total),
+        policy.budget()
+    );
+    let _ = writeln!(s, "a call waits at most {} in total", e.longest_wait);
+    if let Some(d) = e.longest_call {
+        let _ = writeln!(s, "a call takes at most {d}, attempts included (deadline)");
+    }
+    let _ = writeln!(s, "\n{:<22} {:<8} {:<12} {:<8}", "outcome", "read", "keyed_write", "write");
+    for r in &e.table {
+        let _ = writeln!(s, "{:<22} {:<8} {:<12} {:<8}", r.outcome, r.read, r.keyed_write, r.write);
+    }
+    for w in &e.warnings {
+        let _ = writeln!(s, "\nwarning: {w}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wary::Preset;
+
+    #[test]
+    fn seed_000_worked_waits() {
+        let p = Policy::builder(Preset::Default).tick_hz(1).base(2).cap(60).budget(120).build().unwrap();
+        let e = explain(&p, None);
+        assert_eq!(e.max_retries, 7);
+        assert_eq!(e.min_waits, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(e.steps.last().unwrap().min_total, 91);
+        assert_eq!(e.max_waits, [1, 3, 7, 15, 31, 59, 59]);
+        assert_eq!(e.steps[5].max_total, 116);
+        assert_eq!(e.steps[6].max_total, 120);
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+        let grid = e.table.iter().find(|r| r.outcome == "503").unwrap();
+        assert_eq!(
+            (grid.read.as_str(), grid.keyed_write.as_str(), grid.write.as_str()),
+            ("retry", "retry", "unknown")
+        );
+    }
+
+    #[test]
+    fn risky_settings_warn() {
+        let p = Policy::builder(Preset::Default)
+            .tick_hz(1)
+            .base(1)
+            .cap(200)
+            .budget(120)
+            .jitter(Jitter::Full)
+            .max_attempts(5)
+            .build()
+            .unwrap();
+        let e = explain(&p, Some(300));
+        let all = e.warnings.join("\n");
+        assert!(all.contains("first wait can be 0"), "{all}");
+        assert!(all.contains("shorter than the Retry-After"), "{all}");
+        assert!(all.contains("above the budget"), "{all}");
+        assert_eq!(e.max_retries, 4);
+    }
+}

@@ -1,0 +1,5 @@
+//! The `wary` command's library: each subcommand's logic, testable without a process.
+
+pub mod explain;
+pub mod plan;
+pub mod replay;

@@ -1,0 +1,191 @@
+//! `wary`: plan, explain, replay and stats for wary retry policies.
+
+use std::io::{self, BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use wary_cli::{explain, plan, replay};
+use wary_host::spec::PolicySpec;
+
+#[derive(Parser)]
+#[command(name = "wary", version, about = "Retry policies for device uplinks: plan, explain, replay, stats")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reads JSON-line cases on stdin and writes each one's waits and verdict (seed 000's solve).
+    Plan,
+    /// Prints a policy's worked schedule, classification grid and warnings.
+    Explain(ExplainArgs),
+    /// Recomputes every decision in a JSON-lines ledger and reports divergences.
+    Replay {
+        /// The ledger file.
+        ledger: PathBuf,
+    },
+    /// Attempts per call, verdicts and retry causes of a JSON-lines ledger.
+    Stats {
+        /// The ledger file.
+        ledger: PathBuf,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct ExplainArgs {
+    /// A TOML file with the policy's settings (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// default, exercise or strict.
+    #[arg(long)]
+    preset: Option<String>,
+    /// Ticks per second (1000 for milliseconds).
+    #[arg(long)]
+    tick_hz: Option<u32>,
+    /// First ceiling, ticks.
+    #[arg(long)]
+    base: Option<u64>,
+    /// Largest ceiling, ticks.
+    #[arg(long)]
+    cap: Option<u64>,
+    /// Wait budget per call, ticks.
+    #[arg(long)]
+    budget: Option<u64>,
+    /// Deadline per call, ticks.
+    #[arg(long)]
+    deadline: Option<u64>,
+    /// Attempt cap.
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// equal, full, decorrelated or none.
+    #[arg(long)]
+    jitter: Option<String>,
+    /// How Retry-After combines with the backoff: max or spread.
+    #[arg(long)]
+    retry_after: Option<String>,
+    /// The longest Retry-After the API is known to send, seconds (for a warning).
+    #[arg(long)]
+    known_retry_after: Option<u64>,
+    /// Fleet budget tokens (1..=1000), checked like the policy.
+    #[arg(long)]
+    fleet_tokens: Option<u32>,
+    /// Fleet budget token ratio in thousandths (1..=1000).
+    #[arg(long)]
+    fleet_ratio: Option<u32>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("wary: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<ExitCode> {
+    match Cli::parse().command {
+        Command::Plan => run_plan(),
+        Command::Explain(a) => run_explain(a),
+        Command::Replay { ledger } => {
+            let text =
+                std::fs::read_to_string(&ledger).with_context(|| format!("reading {}", ledger.display()))?;
+            let l = replay::load(&text);
+            for (n, e) in &l.bad_lines {
+                println!("line {n}: unreadable: {e}");
+            }
+            let d = replay::replay(&l);
+            for x in &d {
+                println!(
+                    "divergence: call {} attempt {}: ledger says {}, the core decides {}",
+                    x.key, x.attempt, x.recorded, x.replayed
+                );
+            }
+            let attempts: usize = l.calls.iter().map(|c| c.records.len()).sum();
+            println!(
+                "replayed {} calls, {attempts} attempts: {} divergences, {} unreadable lines",
+                l.calls.len(),
+                d.len(),
+                l.bad_lines.len()
+            );
+            Ok(if d.is_empty() && l.bad_lines.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Stats { ledger, json } => {
+            let text =
+                std::fs::read_to_string(&ledger).with_context(|| format!("reading {}", ledger.display()))?;
+            let s = replay::stats(&replay::load(&text));
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                print!("{}", replay::render_stats(&s));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn run_plan() -> Result<ExitCode> {
+    let stdin = io::stdin();
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let mut any_invalid = false;
+    for line in stdin.lock().lines() {
+        let line = line.context("reading stdin")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = plan::answer(&line).unwrap_or_else(|e| {
+            any_invalid = true;
+            plan::error_line(&e)
+        });
+        writeln!(out, "{answer}")?;
+    }
+    out.flush()?;
+    Ok(if any_invalid { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
+    let mut spec: PolicySpec = match &a.config {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => PolicySpec::default(),
+    };
+    macro_rules! flag {
+        ($($f:ident),*) => { $( if a.$f.is_some() { spec.$f = a.$f.clone(); } )* };
+    }
+    flag!(preset, tick_hz, base, cap, budget, deadline, max_attempts, jitter, retry_after);
+    if let (Some(t), Some(r)) = (a.fleet_tokens, a.fleet_ratio) {
+        wary::FleetBudget::new(t, r).map_err(|e| anyhow::anyhow!("fleet budget: {e}"))?;
+    } else if a.fleet_tokens.is_some() || a.fleet_ratio.is_some() {
+        bail!("--fleet-tokens and --fleet-ratio go together");
+    }
+    let policy = match spec.build() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("wary: {e}");
+            if spec.jitter.as_deref() == Some("full") && spec.max_attempts.is_none() {
+                eprintln!("warning: full jitter with no attempt cap: waits near 0 spend no budget");
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let e = explain::explain(&policy, a.known_retry_after);
+    if a.json {
+        println!("{}", serde_json::to_string(&e)?);
+    } else {
+        print!("{}", explain::render(&e, &policy));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,242 @@
+//! `wary replay` and `wary stats`: a ledger read back, every decision recomputed by the core,
+//! and the health of the calls it holds.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+use wary::ledger::{AttemptStats, Record};
+use wary::{CallState, Decision, Draw, GiveUp, Policy, Verdict};
+use wary_host::ledger::{Line, read_lines};
+
+/// One call's records, in order.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The records.
+    pub records: Vec<Record>,
+}
+
+/// A ledger split into policies and calls.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Policies by fingerprint.
+    pub policies: HashMap<u32, Policy>,
+    /// Calls in the order their first record appears.
+    pub calls: Vec<Call>,
+    /// Lines that could not be read, with their line numbers.
+    pub bad_lines: Vec<(usize, String)>,
+}
+
+/// Reads a ledger. A call is the run of records under one key up to its verdict.
+pub fn load(text: &str) -> Ledger {
+    let mut ledger = Ledger::default();
+    let mut open: HashMap<[u8; 16], usize> = HashMap::new();
+    for (n, line) in read_lines(text) {
+        match line {
+            Ok(Line::Policy { fingerprint, policy }) => {
+                match (u32::from_str_radix(&fingerprint, 16), policy.build()) {
+                    (Ok(fp), Ok(p)) => {
+                        ledger.policies.insert(fp, p);
+                    }
+                    (_, Err(e)) => ledger.bad_lines.push((n, format!("policy line: {e}"))),
+                    (Err(_), _) => ledger.bad_lines.push((n, "policy line: bad fingerprint".to_owned())),
+                }
+            }
+            Ok(Line::Attempt(a)) => match a.to_record() {
+                Ok(r) => {
+                    let key = *r.key.as_bytes();
+                    let idx = match open.get(&key) {
+                        Some(i) if r.attempt > 1 => *i,
+                        _ => {
+                            ledger.calls.push(Call { records: Vec::new() });
+                            ledger.calls.len() - 1
+                        }
+                    };
+                    if let Some(call) = ledger.calls.get_mut(idx) {
+                        call.records.push(r);
+                    }
+                    if r.verdict.is_some() {
+                        open.remove(&key);
+                    } else {
+                        open.insert(key, idx);
+                    }
+                }
+                Err(e) => ledger.bad_lines.push((n, e.to_string())),
+            },
+            Err(e) => ledger.bad_lines.push((n, e.to_string())),
+        }
+    }
+    ledger
+}
+
+/// A decision the core makes differently from the ledger.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Divergence {
+    /// The call's key.
+    pub key: String,
+    /// The attempt.
+    pub attempt: u32,
+    /// What the ledger says.
+    pub recorded: String,
+    /// What the core decides now.
+    pub replayed: String,
+}
+
+fn describe(d: &Decision) -> String {
+    match d {
+        Decision::Retry { wait } => format!("retry after {wait}"),
+        Decision::Done(Verdict::GaveUp(g)) => format!("gave_up ({})", g.name()),
+        Decision::Done(v) => v.name().to_owned(),
+    }
+}
+
+fn recorded(r: &Record) -> String {
+    match r.verdict {
+        None if r.class == wary::Class::Unknown => "unknown, probed: not landed, resent".to_owned(),
+        None => format!("retry after {}", r.wait),
+        Some(v) => describe(&Decision::Done(v)),
+    }
+}
+
+/// Recomputes every decision of every call; returns the divergences.
+pub fn replay(ledger: &Ledger) -> Vec<Divergence> {
+    let mut out = Vec::new();
+    for call in &ledger.calls {
+        let mut state = CallState::new();
+        for r in &call.records {
+            let diverge = |replayed: String| Divergence {
+                key: r.key.to_hex().as_str().to_owned(),
+                attempt: r.attempt,
+                recorded: recorded(r),
+                replayed,
+            };
+            let Some(policy) = ledger.policies.get(&r.policy) else {
+                out.push(diverge(format!("no policy line for fingerprint {:08x}", r.policy)));
+                break;
+            };
+            let class = policy.classify(r.op, &r.outcome);
+            if class != r.class {
+                out.push(diverge(format!("class {}", class.name())));
+                break;
+            }
+            let d = policy.decide(
+                &mut state,
+                r.op,
+                &r.outcome,
+                r.draw.unwrap_or(Draw::ZERO),
+                Some(r.total_ticks),
+            );
+            let agrees = match (d, r.verdict) {
+                (Decision::Retry { wait }, None) => r.draw.is_some() && wait == r.wait,
+                // The fleet budget is shared state outside the call: a throttled retry is the
+                // policy's retry refused by it.
+                (Decision::Retry { .. }, Some(Verdict::GaveUp(GiveUp::Throttled))) => true,
+                // A probe resolved an unknown: landed (ok) or not landed (resent once).
+                (Decision::Done(Verdict::Unknown), Some(Verdict::Ok)) => true,
+                (Decision::Done(Verdict::Unknown), None) => r.wait == 0,
+                (Decision::Done(v), Some(rv)) => v == rv,
+                _ => false,
+            };
+            if !agrees {
+                out.push(diverge(describe(&d)));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// What `wary stats` reports.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Stats {
+    /// Calls.
+    pub calls: u32,
+    /// Attempts.
+    pub attempts: u64,
+    /// Mean attempts per call.
+    pub mean: f64,
+    /// Median attempts per call.
+    pub p50: u32,
+    /// 95th percentile.
+    pub p95: u32,
+    /// Most attempts.
+    pub max: u32,
+    /// Calls by attempts (1, 2, …; the last bucket is that many or more).
+    pub histogram: Vec<u32>,
+    /// Verdict counts (calls without a verdict yet count as `open`).
+    pub verdicts: BTreeMap<String, u32>,
+    /// What the retried attempts failed with.
+    pub retry_causes: BTreeMap<String, u32>,
+    /// The calls with the most attempts: key and attempts.
+    pub top: Vec<(String, u32)>,
+}
+
+const BUCKETS: usize = 16;
+
+/// Computes the stats of a ledger.
+pub fn stats(ledger: &Ledger) -> Stats {
+    let mut hist = AttemptStats::<BUCKETS>::new();
+    let mut verdicts = BTreeMap::new();
+    let mut causes = BTreeMap::new();
+    let mut top = Vec::new();
+    for call in &ledger.calls {
+        let n = u32::try_from(call.records.len()).unwrap_or(u32::MAX);
+        hist.add(n);
+        let v = call.records.last().and_then(|r| r.verdict).map_or("open".to_owned(), |v| match v {
+            Verdict::GaveUp(g) => format!("gave_up ({})", g.name()),
+            v => v.name().to_owned(),
+        });
+        *verdicts.entry(v).or_insert(0) += 1;
+        for r in call.records.iter().filter(|r| r.verdict.is_none()) {
+            let cause = match r.outcome.code() {
+                Some(c) => c.to_string(),
+                None => r.outcome.kind_name().to_owned(),
+            };
+            *causes.entry(cause).or_insert(0) += 1;
+        }
+        if let Some(first) = call.records.first() {
+            top.push((first.key.to_hex().as_str().to_owned(), n));
+        }
+    }
+    top.sort_by_key(|t| std::cmp::Reverse(t.1));
+    top.truncate(5);
+    Stats {
+        calls: hist.calls(),
+        attempts: hist.attempts(),
+        mean: hist.mean_milli() as f64 / 1000.0,
+        p50: hist.percentile(50),
+        p95: hist.percentile(95),
+        max: hist.max(),
+        histogram: (1..=BUCKETS as u32).map(|a| hist.count(a)).collect(),
+        verdicts,
+        retry_causes: causes,
+        top,
+    }
+}
+
+/// The human form of the stats, with a small histogram.
+pub fn render_stats(s: &Stats) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(o, "calls: {}  attempts: {}", s.calls, s.attempts);
+    let _ = writeln!(o, "attempts per call: mean {:.2}  p50 {}  p95 {}  max {}", s.mean, s.p50, s.p95, s.max);
+    let widest = s.histogram.iter().copied().max().unwrap_or(0).max(1);
+    let last = s.histogram.iter().rposition(|c| *c > 0).unwrap_or(0);
+    for (i, c) in s.histogram.iter().enumerate().take(last + 1) {
+        let bar = "#".repeat((*c as usize * 40).div_ceil(widest as usize));
+        let label = if i + 1 == BUCKETS { format!("{}+", i + 1) } else { (i + 1).to_string() };
+        let _ = writeln!(o, "{label:>4} | {bar} {c}");
+    }
+    let _ = writeln!(o, "verdicts:");
+    for (v, n) in &s.verdicts {
+        let _ = writeln!(o, "  {v}: {n}");
+    }
+    let _ = writeln!(o, "retry causes:");
+    for (c, n) in &s.retry_causes {
+        let _ = writeln!(o, "  {c}: {n}");
+    }
+    let _ = writeln!(o, "most attempts:");
+    for (k, n) in &s.top {
+        let _ = writeln!(o, "  {k}: {n}");
+    }
+    o
+}
