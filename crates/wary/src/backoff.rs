@@ -115,6 +115,7 @@ impl Draw {
     }
 
     /// `x · draw`, rounded down: always below `x` unless `x` is 0.
+    #[inline]
     pub const fn scale(&self, x: u64) -> u64 {
         // u128 so that no u64 product can wrap.
         let product = (x as u128).saturating_mul(self.value as u128);
@@ -127,6 +128,7 @@ impl Draw {
 }
 
 /// `min(cap, base·2^(k−1))` for retry `k` ≥ 1, saturating; retry 0 is treated as retry 1.
+#[inline]
 pub const fn ceiling(base: u64, cap: u64, k: u32) -> u64 {
     let shift = k.saturating_sub(1);
     let grown = if shift >= 64 {
@@ -159,11 +161,13 @@ impl Backoff {
     }
 
     /// The ceiling of retry `k`.
+    #[inline]
     pub const fn ceiling(&self, k: u32) -> u64 {
         ceiling(self.base, self.cap, k)
     }
 
     /// The wait before retry `k`, given the previous wait (decorrelated jitter only) and a draw.
+    #[inline]
     pub const fn wait(&self, k: u32, previous: u64, draw: Draw) -> u64 {
         let c = self.ceiling(k);
         match self.jitter {

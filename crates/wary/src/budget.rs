@@ -69,6 +69,7 @@ pub enum Decision {
 
 impl Policy {
     /// The class of `outcome` for `op` under this policy's table.
+    #[inline]
     pub const fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
         self.table.classify(outcome, op)
     }
@@ -76,6 +77,7 @@ impl Policy {
     /// The wait before the next attempt of a call whose last outcome was retryable, or why the
     /// call must stop. Does not change `state`; `elapsed` is the call's time so far (attempts
     /// and waits), when a clock is available, for the deadline.
+    #[inline]
     pub const fn next_wait(
         &self,
         state: &CallState,
@@ -134,6 +136,7 @@ impl Policy {
 
     /// Decides after an attempt and records it in `state`: the verdict, or the wait before the
     /// next attempt. `draw` is used only if the call retries.
+    #[inline]
     pub const fn decide(
         &self,
         state: &mut CallState,
@@ -142,7 +145,20 @@ impl Policy {
         draw: Draw,
         elapsed: Option<u64>,
     ) -> Decision {
-        let class = self.classify(op, outcome);
+        self.decide_class(state, self.classify(op, outcome), outcome, draw, elapsed)
+    }
+
+    /// [`Policy::decide`] for an outcome already classified (by [`Policy::classify`] for the
+    /// same operation), so a caller that needs the class too classifies once.
+    #[inline]
+    pub const fn decide_class(
+        &self,
+        state: &mut CallState,
+        class: Class,
+        outcome: &Outcome,
+        draw: Draw,
+        elapsed: Option<u64>,
+    ) -> Decision {
         let verdict = match class {
             Class::Ok => Verdict::Ok,
             Class::Failed => Verdict::Failed,

@@ -398,6 +398,7 @@ impl Table {
     }
 
     /// The rule for a status code.
+    #[inline]
     pub const fn status_rule(&self, code: u16) -> Rule {
         let mut rest: &[Option<(u16, Rule)>] = &self.statuses;
         while let [slot, tail @ ..] = rest {
@@ -416,6 +417,7 @@ impl Table {
     }
 
     /// The rule for an outcome; `None` for success and cancellation, which no table changes.
+    #[inline]
     pub const fn rule(&self, outcome: &Outcome) -> Option<Rule> {
         Some(match outcome {
             Outcome::Ok | Outcome::Cancelled => return None,
@@ -433,6 +435,7 @@ impl Table {
     }
 
     /// The class of `outcome` for `op`.
+    #[inline]
     pub const fn classify(&self, outcome: &Outcome, op: Operation) -> Class {
         let rule = match outcome {
             Outcome::Ok => return Class::Ok,

@@ -106,16 +106,68 @@ impl<const N: usize, const B: usize> Ledger<N, B> {
 
 impl<const N: usize, const B: usize> Sink for Ledger<N, B> {
     fn record(&mut self, r: &Record) {
-        debug!(
-            "attempt key={} n={} outcome={} class={} wait={} t={} verdict={}",
-            r.key, r.attempt, r.outcome, r.class, r.wait, r.total_ticks, r.verdict
-        );
+        log_record(r);
         if r.verdict.is_some() {
             self.stats.add(r.attempt);
         }
         self.ring.write(*r);
     }
 }
+
+/// The tag that starts a device ledger line; `wary ledger from-defmt` looks for it.
+pub const DEFMT_TAG: &str = "wary-ledger v1";
+
+/// Logs one record as a device ledger line: the tag, then sixteen space-separated fields —
+/// key (hex), attempt, op, outcome kind, status (0: none), Retry-After seconds (`-1`: none),
+/// class, draw kind (`none`, `pct`, `unit`), draw value, wait, attempt ticks, total ticks,
+/// verdict (`-`: none), give-up reason (`-`), asked ticks (`-1`: none), policy fingerprint.
+/// Numbers and names only: never payload bytes, credentials or error text.
+#[cfg(feature = "defmt")]
+fn log_record(r: &Record) {
+    let key = r.key.to_hex();
+    let (draw_kind, draw_value) = match r.draw {
+        None => ("none", 0),
+        Some(d) => match (d.as_percent(), d.as_unit()) {
+            (Some(p), _) => ("pct", u32::from(p)),
+            (None, u) => ("unit", u.unwrap_or(0)),
+        },
+    };
+    let (verdict, reason, asked) = match r.verdict {
+        None => ("-", "-", -1i64),
+        Some(crate::Verdict::GaveUp(g)) => (
+            "gave_up",
+            g.name(),
+            match g {
+                crate::GiveUp::RetryAfterTooLong { asked } => i64::try_from(asked).unwrap_or(i64::MAX),
+                _ => -1,
+            },
+        ),
+        Some(v) => (v.name(), "-", -1),
+    };
+    let retry_after = r.outcome.retry_after().map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
+    defmt::info!(
+        "wary-ledger v1 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u64} {=u64} {=u64} {=str} {=str} {=i64} {=u32}",
+        key.as_str(),
+        r.attempt,
+        r.op.name(),
+        r.outcome.kind_name(),
+        r.outcome.code().unwrap_or(0),
+        retry_after,
+        r.class.name(),
+        draw_kind,
+        draw_value,
+        r.wait,
+        r.attempt_ticks,
+        r.total_ticks,
+        verdict,
+        reason,
+        asked,
+        r.policy
+    );
+}
+
+#[cfg(not(feature = "defmt"))]
+fn log_record(_: &Record) {}
 
 /// Attempts per call over many calls, without allocation: a histogram of `B` buckets (the last
 /// one holds every call with `B` or more attempts).

@@ -14,9 +14,6 @@
     )
 )]
 
-#[macro_use]
-mod fmt;
-
 pub mod backoff;
 pub mod budget;
 pub mod classify;

@@ -282,7 +282,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             };
             let draw = Draw::from_rng(&mut self.rng);
             let elapsed = t1.saturating_sub(start);
-            let mut decision = self.policy.decide(&mut state, op, &outcome, draw, Some(elapsed));
+            let mut decision = self.policy.decide_class(&mut state, class, &outcome, draw, Some(elapsed));
             if matches!(decision, Decision::Retry { .. }) && !fleet_allows {
                 decision = Decision::Done(Verdict::GaveUp(GiveUp::Throttled));
             }
