@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use wary_cli::{explain, plan, replay};
+use wary_cli::{explain, from_defmt, plan, replay};
 use wary_host::spec::PolicySpec;
 
 #[derive(Parser)]
@@ -27,6 +27,9 @@ enum Command {
         /// The ledger file.
         ledger: PathBuf,
     },
+    /// Ledger conversions.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
     /// Attempts per call, verdicts and retry causes of a JSON-lines ledger.
     Stats {
         /// The ledger file.
@@ -34,6 +37,16 @@ enum Command {
         /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum LedgerCommand {
+    /// Reads `defmt-print` output on stdin and writes the device's ledger as JSON lines.
+    FromDefmt {
+        /// The device's policy as a TOML spec; written as the ledger's policy line.
+        #[arg(long)]
+        policy: Option<PathBuf>,
     },
 }
 
@@ -120,6 +133,7 @@ fn run() -> Result<ExitCode> {
             );
             Ok(if d.is_empty() && l.bad_lines.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Command::Ledger(LedgerCommand::FromDefmt { policy }) => run_from_defmt(policy),
         Command::Stats { ledger, json } => {
             let text =
                 std::fs::read_to_string(&ledger).with_context(|| format!("reading {}", ledger.display()))?;
@@ -132,6 +146,40 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn run_from_defmt(policy: Option<PathBuf>) -> Result<ExitCode> {
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let mut fingerprint = None;
+    if let Some(path) = policy {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let spec: PolicySpec =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let p = spec.build()?;
+        let fp = format!("{:08x}", p.fingerprint());
+        let line = wary_host::ledger::Line::Policy { fingerprint: fp.clone(), policy: spec };
+        writeln!(out, "{}", serde_json::to_string(&line)?)?;
+        fingerprint = Some(fp);
+    }
+    let mut bad = 0usize;
+    for (n, line) in io::stdin().lock().lines().enumerate() {
+        let line = line.context("reading stdin")?;
+        match from_defmt::convert(&line) {
+            Ok(Some(a)) => {
+                if fingerprint.as_ref().is_some_and(|fp| *fp != a.policy) {
+                    eprintln!("line {}: recorded under policy {}, not the one given", n + 1, a.policy);
+                }
+                writeln!(out, "{}", serde_json::to_string(&wary_host::ledger::Line::Attempt(a))?)?;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                bad += 1;
+                eprintln!("line {}: {e}", n + 1);
+            }
+        }
+    }
+    out.flush()?;
+    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn run_plan() -> Result<ExitCode> {
