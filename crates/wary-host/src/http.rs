@@ -1,0 +1,162 @@
+//! `http` responses and client errors as wary outcomes.
+//!
+//! A 2xx is [`Outcome::Ok`]; anything else is a status with its Retry-After read under the
+//! policy's rules (both forms; a date measured against the response's `Date` header, else the
+//! wall clock). A Retry-After the rules refuse or cannot parse is ignored: the backoff applies,
+//! and nothing panics. Client errors map to the transport outcomes by what they say about
+//! whether the request left: connect failures were never sent; anything after may have landed.
+
+use std::error::Error;
+use std::io;
+
+use http::header::{DATE, RETRY_AFTER};
+use http::{HeaderMap, StatusCode};
+use wary::{Outcome, Policy};
+
+/// The Retry-After of a response in whole seconds, or `None` if absent, refused by the
+/// policy's rules (dates under `strict`, duplicates) or unparseable.
+pub fn retry_after(policy: &Policy, headers: &HeaderMap, now_unix: Option<u64>) -> Option<u64> {
+    let values = headers.get_all(RETRY_AFTER).iter().map(|v| v.as_bytes());
+    let date = headers.get(DATE).map(|v| v.as_bytes());
+    policy.retry_after_rules().read(values, date, now_unix).ok().flatten()
+}
+
+/// The outcome of a response: 2xx is ok, anything else a status with its Retry-After.
+pub fn outcome(policy: &Policy, status: StatusCode, headers: &HeaderMap, now_unix: Option<u64>) -> Outcome {
+    if status.is_success() {
+        return Outcome::Ok;
+    }
+    Outcome::Status { code: status.as_u16(), retry_after: retry_after(policy, headers, now_unix) }
+}
+
+/// The outcome of a client error, from its source chain: hyper-util's connect errors, hyper's
+/// errors, io errors and timeouts (tokio's and tower's). An error it cannot place is a
+/// [`Outcome::Reset`]: the request may have been sent, so an unkeyed write is never resent.
+pub fn error_outcome(err: &(dyn Error + 'static)) -> Outcome {
+    let mut connect = false;
+    let mut cur: Option<&(dyn Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(h) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
+            connect |= h.is_connect();
+        } else if e.is::<tokio::time::error::Elapsed>() || e.is::<tower::timeout::error::Elapsed>() {
+            return if connect { Outcome::ConnectTimeout } else { Outcome::ResponseTimeout };
+        } else if let Some(io) = e.downcast_ref::<io::Error>() {
+            return match io.kind() {
+                io::ErrorKind::TimedOut if connect => Outcome::ConnectTimeout,
+                io::ErrorKind::TimedOut => Outcome::ResponseTimeout,
+                io::ErrorKind::ConnectionRefused => Outcome::Refused,
+                _ if connect => Outcome::Refused,
+                _ => Outcome::Reset,
+            };
+        } else if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            if h.is_timeout() {
+                return Outcome::ResponseTimeout;
+            }
+            if h.source().is_none() {
+                return if connect { Outcome::Refused } else { Outcome::Reset };
+            }
+        }
+        cur = e.source();
+    }
+    if connect { Outcome::Refused } else { Outcome::Reset }
+}
+
+/// A client error type the [`crate::tower`] adapter can classify.
+pub trait ErrorOutcome {
+    /// The outcome this error stands for.
+    fn outcome(&self) -> Outcome;
+}
+
+impl ErrorOutcome for hyper_util::client::legacy::Error {
+    fn outcome(&self) -> Outcome {
+        error_outcome(self)
+    }
+}
+
+impl ErrorOutcome for hyper::Error {
+    fn outcome(&self) -> Outcome {
+        error_outcome(self)
+    }
+}
+
+impl ErrorOutcome for io::Error {
+    fn outcome(&self) -> Outcome {
+        error_outcome(self)
+    }
+}
+
+impl ErrorOutcome for Box<dyn Error + Send + Sync> {
+    fn outcome(&self) -> Outcome {
+        error_outcome(self.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+    use wary::Preset;
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static [u8])]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn statuses_and_both_retry_after_forms() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        assert_eq!(outcome(&p, StatusCode::CREATED, &HeaderMap::new(), None), Outcome::Ok);
+        let h = headers(&[("retry-after", b"7")]);
+        assert_eq!(outcome(&p, StatusCode::TOO_MANY_REQUESTS, &h, None), Outcome::status_after(429, 7));
+        // A date 30 s after the response's own Date header, whatever the wall clock says.
+        let h = headers(&[
+            ("date", b"Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("retry-after", b"Sun, 06 Nov 1994 08:50:07 GMT"),
+        ]);
+        assert_eq!(
+            outcome(&p, StatusCode::SERVICE_UNAVAILABLE, &h, Some(4_000_000_000)).retry_after(),
+            Some(30)
+        );
+        // No Date header: measured against the wall clock (784111777 is the date above).
+        let h = headers(&[("retry-after", b"Sun, 06 Nov 1994 08:50:07 GMT")]);
+        assert_eq!(retry_after(&p, &h, Some(784_111_777)), Some(30));
+        // Duplicates: the longest under the default rules, refused under strict.
+        let h = headers(&[("retry-after", b"1"), ("retry-after", b"3600")]);
+        assert_eq!(retry_after(&p, &h, None), Some(3600));
+        let strict = Policy::builder(Preset::Strict).build().unwrap();
+        assert_eq!(retry_after(&strict, &h, None), None);
+    }
+
+    #[test]
+    fn garbage_is_ignored_never_a_panic() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        for bad in [
+            &b"soon-ish, maybe -1"[..],
+            b"",
+            b"-5",
+            b"\xff\xfe",
+            b"99999999999999999999999999",
+            b"Sun, 99 Nov",
+        ] {
+            let h = headers(&[("retry-after", bad), ("date", b"the day after yesterday")]);
+            let o = outcome(&p, StatusCode::SERVICE_UNAVAILABLE, &h, None);
+            assert_eq!(o.code(), Some(503));
+            assert!(o.retry_after().is_none() || bad.starts_with(b"9"), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn io_errors_map_by_whether_the_request_left() {
+        let e = |k| io::Error::new(k, "x");
+        assert_eq!(error_outcome(&e(io::ErrorKind::ConnectionRefused)), Outcome::Refused);
+        assert_eq!(error_outcome(&e(io::ErrorKind::ConnectionReset)), Outcome::Reset);
+        assert_eq!(error_outcome(&e(io::ErrorKind::TimedOut)), Outcome::ResponseTimeout);
+        assert_eq!(error_outcome(&e(io::ErrorKind::Other)), Outcome::Reset);
+        let boxed: Box<dyn Error + Send + Sync> = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(boxed.outcome(), Outcome::ResponseTimeout);
+    }
+}

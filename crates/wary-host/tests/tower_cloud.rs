@@ -1,0 +1,107 @@
+//! The tower adapter against the test cloud on 127.0.0.1.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::ServiceExt;
+use tower::retry::Retry;
+use wary::ledger::Ledger;
+use wary::{Class, Policy, Preset, Verdict};
+use wary_cloud::{Cloud, Faults};
+use wary_host::draw::seeded;
+use wary_host::tower::WaryPolicy;
+
+fn fast() -> Policy {
+    Policy::builder(Preset::Default).base(10).cap(40).budget(5_000).build().unwrap()
+}
+
+fn post(url: &str, key: Option<&str>, rid: Option<&str>) -> Request<Full<Bytes>> {
+    let mut b = Request::builder().method(Method::POST).uri(url).header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    if let Some(r) = rid {
+        b = b.header("x-reading-id", r);
+    }
+    b.body(Full::new(Bytes::from_static(b"{\"t\":21}"))).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_post_retries_503s_to_success_with_one_effect_each() {
+    let cloud = Cloud::start("127.0.0.1:0", "503=0.6,seed=11".parse().unwrap()).await.unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
+    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(1)).ledger(ledger.clone()), client);
+    for i in 0..8 {
+        let key = format!("tower-key-{i}");
+        let resp = svc.clone().oneshot(post(&cloud.url("/readings"), Some(&key), None)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED, "{key}");
+        assert_eq!(resp.extensions().get::<Verdict>(), Some(&Verdict::Ok));
+        assert_eq!(cloud.key_stats(&key).unwrap().effects, 1, "{key}");
+    }
+    let stats = cloud.stats();
+    assert_eq!(stats.keyed_effects, 8);
+    // The storm did hit: more requests than calls, every extra one a 503 that was retried.
+    let n503 = stats.requests_by_status.get("503").copied().unwrap_or(0);
+    assert!(n503 >= 3, "{stats:?}");
+    assert_eq!(stats.requests, 8 + n503);
+    let retries = ledger.lock().unwrap().records().filter(|r| r.class == Class::Retry).count() as u64;
+    assert_eq!(retries, n503);
+    cloud.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unkeyed_post_is_not_resent_after_a_500() {
+    let cloud = Cloud::start("127.0.0.1:0", "500=1.0,seed=1".parse().unwrap()).await.unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(2)), client);
+    let resp = svc.oneshot(post(&cloud.url("/legacy/readings"), None, Some("r-500"))).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(resp.extensions().get::<Verdict>(), Some(&Verdict::Unknown));
+    assert_eq!(cloud.reading_effects("r-500"), 1);
+    assert_eq!(cloud.stats().requests, 1);
+    cloud.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_in_both_forms() {
+    for ra in ["1", "date+1"] {
+        let faults: Faults = format!("429=0.5:ra={ra},seed=5").parse().unwrap();
+        let cloud = Cloud::start("127.0.0.1:0", faults).await.unwrap();
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
+        let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(3)).ledger(ledger.clone()), client);
+        let mut slept_on_429 = 0u64;
+        for i in 0..4 {
+            let key = format!("ra-{i}");
+            let t0 = Instant::now();
+            let resp = svc.clone().oneshot(post(&cloud.url("/readings"), Some(&key), None)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::CREATED);
+            let waited: u64 = ledger
+                .lock()
+                .unwrap()
+                .records()
+                .filter(|r| r.key == wary::Key::from_payload(key.as_bytes()))
+                .map(|r| r.wait)
+                .sum();
+            assert!(t0.elapsed().as_millis() as u64 >= waited, "slept less than the ledger says");
+        }
+        for r in ledger.lock().unwrap().records().filter(|r| r.outcome.code() == Some(429)) {
+            // The backoff alone would wait at most 40 ms; the server asked for a second (a date
+            // form may round down to 0 s when the second ticks between Date and now: the
+            // cloud sets both from one instant, so it is exactly 1 here).
+            assert_eq!(r.outcome.retry_after(), Some(1), "{ra}");
+            assert!(r.wait >= 1_000, "{ra}: waited {} ms after a 429", r.wait);
+            slept_on_429 += 1;
+        }
+        assert!(slept_on_429 >= 1, "{ra}: the seed produced no 429");
+        cloud.shutdown().await;
+    }
+}
