@@ -1,0 +1,257 @@
+//! `wary-demo`: starts the test cloud and two gateways (keyed and legacy) in-process, runs a
+//! simulated sensor fleet through a scripted fault storm, prints a summary whose last two lines
+//! are `duplicates: <n>` and `lost: <n>`, and writes an SVG retry timeline.
+//!
+//! Usage: `wary-demo [OUT.svg]` (default `target/demo/timeline.svg`). Everything runs on
+//! 127.0.0.1.
+
+mod svg;
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use wary_cloud::{Cloud, Faults};
+use wary_gateway::{Config, Gateway, Reading};
+use wary_host::spec::PolicySpec;
+
+/// Keyed sensors, legacy sensors, readings per sensor, ms between readings.
+const KEYED_SENSORS: u32 = 50;
+const LEGACY_SENSORS: u32 = 10;
+const PER_SENSOR: u64 = 20;
+const PERIOD_MS: u64 = 1_500;
+/// Recovery ends when every sensor is done, or after this long in all.
+const MAX_RUN: Duration = Duration::from_secs(100);
+
+/// (name, seconds, faults)
+const PHASES: [(&str, u64, &str); 6] = [
+    ("calm", 4, ""),
+    ("503 storm", 6, "503=0.4,seed=11"),
+    ("429 + Retry-After", 6, "429=0.15:ra=1,429=0.15:ra=date+2,seed=12"),
+    ("drops after effect", 6, "drop_after_effect=0.25,500=0.1,seed=13"),
+    ("total outage", 6, "503=1.0,seed=14"),
+    ("recovery", 0, ""),
+];
+
+/// `key=value` pairs of the device leg's summary line (`uplink: readings=20 landed=20 …`).
+struct Counts(Vec<(String, String)>);
+
+impl Counts {
+    fn parse(line: &str) -> Counts {
+        Counts(
+            line.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> &str {
+        self.0.iter().find(|(k, _)| k == key).map_or("?", |(_, v)| v.as_str())
+    }
+
+    fn number(&self, key: &str) -> u64 {
+        self.get(key).parse().unwrap_or(0)
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    acked: AtomicU64,
+    gave_up: AtomicU64,
+    surfaced: AtomicU64,
+}
+
+fn config(cloud: &Cloud, legacy: bool) -> Config {
+    let mut c = Config::new(&cloud.url(""));
+    c.upstream.legacy = legacy;
+    c.upstream.attempt_timeout = Duration::from_millis(1_000);
+    c.policy = PolicySpec {
+        base: Some(50),
+        cap: Some(1_000),
+        budget: Some(4_000),
+        deadline: Some(8_000),
+        min_attempt: Some(100),
+        ..PolicySpec::default()
+    };
+    // 0.5 back per success: the demo's fleet recovers within seconds of the outage ending.
+    c.fleet_ratio_milli = 500;
+    c.workers = 32;
+    c.queue = 128;
+    c.timeline = true;
+    c
+}
+
+/// One sensor: a reading every period; what was not acked done is kept and sent again on the
+/// next tick, except an `unknown` legacy write, which goes to a person (never a blind resend).
+async fn sensor(gw: Arc<Gateway>, id: u32, tally: Arc<Tally>) {
+    tokio::time::sleep(Duration::from_millis(u64::from(id % 50) * 29)).await;
+    let mut tick = tokio::time::interval(Duration::from_millis(PERIOD_MS));
+    let mut pending = VecDeque::new();
+    let mut seq = 0;
+    loop {
+        tick.tick().await;
+        if seq < PER_SENSOR {
+            pending.push_back(Reading { sensor: id, boot: 1, seq, value: i64::from(id) * 1000 + seq as i64 });
+            seq += 1;
+        } else if pending.is_empty() {
+            return;
+        }
+        for r in std::mem::take(&mut pending) {
+            match gw.submit(r).await {
+                Ok(a) if a.done => {
+                    tally.acked.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(a) if a.verdict == "unknown" => {
+                    tally.surfaced.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => {
+                    tally.gave_up.fetch_add(1, Ordering::Relaxed);
+                    pending.push_back(r);
+                }
+                Err(_) => pending.push_back(r),
+            }
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let out =
+        std::env::args().nth(1).map_or_else(|| PathBuf::from("target/demo/timeline.svg"), PathBuf::from);
+    let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await?;
+    let keyed = Arc::new(Gateway::start(config(&cloud, false), Box::new(std::io::sink()))?);
+    let legacy = Arc::new(Gateway::start(config(&cloud, true), Box::new(std::io::sink()))?);
+    let tally = Arc::new(Tally::default());
+    let t0 = Instant::now();
+    let mut sensors = tokio::task::JoinSet::new();
+    for id in 0..KEYED_SENSORS {
+        sensors.spawn(sensor(keyed.clone(), id, tally.clone()));
+    }
+    for id in 0..LEGACY_SENSORS {
+        sensors.spawn(sensor(legacy.clone(), 1000 + id, tally.clone()));
+    }
+    let total = u64::from(KEYED_SENSORS + LEGACY_SENSORS) * PER_SENSOR;
+    let mut bands = Vec::new();
+    for (name, secs, faults) in PHASES {
+        cloud.set_faults(if faults.is_empty() {
+            Faults::none()
+        } else {
+            faults.parse().map_err(anyhow::Error::msg)?
+        })?;
+        let start = keyed.now_ms();
+        let until = if secs == 0 { MAX_RUN } else { t0.elapsed() + Duration::from_secs(secs) };
+        while t0.elapsed() < until && !(secs == 0 && sensors.is_empty()) {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                Some(_) = sensors.join_next(), if !sensors.is_empty() => {}
+            }
+            let m = keyed.metrics();
+            eprint!(
+                "\r[{name:<19}] {:>5.1}s  acked {:>4}/{total}  attempts {:>5}  fleet tokens {:>6.1}   ",
+                t0.elapsed().as_secs_f64(),
+                tally.acked.load(Ordering::Relaxed),
+                m.stats.attempts() + legacy.metrics().stats.attempts(),
+                f64::from(keyed.fleet_tokens_milli()) / 1000.0,
+            );
+        }
+        bands.push((name, start, keyed.now_ms()));
+    }
+    eprintln!();
+    sensors.abort_all();
+    let elapsed = t0.elapsed();
+
+    let stats = cloud.stats();
+    let (mut effects, mut duplicates, mut lost) = (0u64, 0u64, 0u64);
+    for id in 0..KEYED_SENSORS {
+        for seq in 0..PER_SENSOR {
+            let r = Reading { sensor: id, boot: 1, seq, value: 0 };
+            let e = cloud.key_stats(r.key().to_hex().as_str()).map_or(0, |k| k.effects);
+            effects += e;
+            duplicates += e.saturating_sub(1);
+            lost += u64::from(e == 0);
+        }
+    }
+    let surfaced = tally.surfaced.load(Ordering::Relaxed);
+    let mut legacy_missing = 0;
+    for id in 0..LEGACY_SENSORS {
+        for seq in 0..PER_SENSOR {
+            let r = Reading { sensor: 1000 + id, boot: 1, seq, value: 0 };
+            let e = cloud.reading_effects(&r.reading_id());
+            effects += e;
+            duplicates += e.saturating_sub(1);
+            legacy_missing += u64::from(e == 0);
+        }
+    }
+    // A legacy reading surfaced as unknown that did not land is with a person, not lost.
+    lost += legacy_missing.saturating_sub(surfaced);
+    let (km, lm) = (keyed.metrics(), legacy.metrics());
+    let mut all_stats = km.stats;
+    for n in 1..=wary_gateway::metrics::BUCKETS as u32 {
+        for _ in 0..lm.stats.count(n) {
+            all_stats.add(n);
+        }
+    }
+
+    let mut events = km.events.clone().unwrap_or_default();
+    events.extend(lm.events.clone().unwrap_or_default());
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&out, svg::timeline(&events, &bands))
+        .with_context(|| format!("writing {}", out.display()))?;
+
+    let device = std::env::var("WARY_DEMO_DEVICE").ok().map(|s| Counts::parse(&s));
+    let mut o = std::io::stdout().lock();
+    writeln!(
+        o,
+        "\nwary demo: {KEYED_SENSORS} keyed + {LEGACY_SENSORS} legacy sensors × {PER_SENSOR} readings, {:.1} s",
+        elapsed.as_secs_f64()
+    )?;
+    writeln!(
+        o,
+        "phases: {}",
+        bands
+            .iter()
+            .map(|(n, a, b)| format!("{n} {:.0}-{:.0}s", *a as f64 / 1e3, *b as f64 / 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
+    writeln!(o, "{:-<60}", "")?;
+    writeln!(o, "{:<34}{:>10}", "readings", total)?;
+    writeln!(o, "{:<34}{:>10}", "effects in the cloud", effects)?;
+    writeln!(o, "{:<34}{:>10}", "acked done", tally.acked.load(Ordering::Relaxed))?;
+    writeln!(o, "{:<34}{:>10}", "gave up (retried later)", tally.gave_up.load(Ordering::Relaxed))?;
+    writeln!(
+        o,
+        "{:<34}{:>10}",
+        "  of which fleet-throttled",
+        km.gave_up.get("throttled").copied().unwrap_or(0) + lm.gave_up.get("throttled").copied().unwrap_or(0)
+    )?;
+    writeln!(o, "{:<34}{:>10}", "unknowns resolved: landed", lm.probe_landed)?;
+    writeln!(o, "{:<34}{:>10}", "unknowns resolved: not landed", lm.probe_not_landed)?;
+    writeln!(o, "{:<34}{:>10}", "unknowns surfaced to a person", surfaced)?;
+    writeln!(o, "{:<34}{:>10}", "requests the cloud saw", stats.requests)?;
+    writeln!(o, "{:<34}{:>10.2}", "attempts per call (mean)", all_stats.mean_milli() as f64 / 1000.0)?;
+    writeln!(o, "{:<34}{:>10}", "attempts per call (p95)", all_stats.percentile(95))?;
+    writeln!(o, "{:<34}{:>10}", "attempts per call (max)", all_stats.max())?;
+    writeln!(o, "{:<34}{:>10}", "replays deduplicated by key", stats.replays)?;
+    if let Some(d) = &device {
+        writeln!(o, "{:-<60}", "")?;
+        writeln!(o, "{:<34}{:>10}", "device (QEMU) readings", d.get("readings"))?;
+        writeln!(o, "{:<34}{:>10}", "device readings landed once", d.get("landed"))?;
+        writeln!(o, "{:<34}{:>10}", "device calls gave up (kept, resent)", d.get("gave_up"))?;
+        writeln!(o, "{:<34}{:>10}", "device attempts per call (mean)", d.get("mean"))?;
+        writeln!(o, "{:<34}{:>10}", "device attempts per call (p95)", d.get("p95"))?;
+        // The device leg already failed the run unless the cloud applied each reading once.
+        lost += d.number("readings").saturating_sub(d.number("landed") + d.number("failed"));
+    }
+    writeln!(o, "timeline: {}", out.display())?;
+    writeln!(o, "duplicates: {duplicates}")?;
+    writeln!(o, "lost: {lost}")?;
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The retry timeline as SVG: time across, attempt number up; each attempt a dot coloured by
+//! outcome, the wait after it a bar, each verdict marked; phases as background bands.
+
+use std::fmt::Write as _;
+
+use wary::Verdict;
+use wary_gateway::Event;
+
+const W: f64 = 1200.0;
+const H: f64 = 420.0;
+const LEFT: f64 = 50.0;
+const TOP: f64 = 30.0;
+const BOTTOM: f64 = 40.0;
+const ROWS: u32 = 10;
+
+fn colour(e: &Event) -> &'static str {
+    match (e.outcome, e.code) {
+        ("ok", _) => "#2a9d4a",
+        (_, Some(503)) => "#f08c00",
+        (_, Some(429)) => "#7b3fbf",
+        (_, Some(_)) => "#d9480f",
+        ("bad_body", _) => "#868e96",
+        _ => "#c92a2a",
+    }
+}
+
+/// The SVG text for `events` and the phase `bands` (name, start ms, end ms).
+pub fn timeline(events: &[Event], bands: &[(&str, u64, u64)]) -> String {
+    let end = events
+        .iter()
+        .map(|e| e.at_ms.saturating_add(e.wait_ms))
+        .chain(bands.iter().map(|b| b.2))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let x = |ms: u64| LEFT + (W - LEFT - 10.0) * (ms as f64 / end);
+    let row_h = (H - TOP - BOTTOM) / f64::from(ROWS);
+    let y = |attempt: u32| H - BOTTOM - row_h * (f64::from(attempt.clamp(1, ROWS)) - 0.5);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"11\">\
+         <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>"
+    );
+    let shades = ["#f8f9fa", "#fff4e6", "#f3f0ff", "#fff5f5", "#ffe3e3", "#ebfbee"];
+    for (i, (name, a, b)) in bands.iter().enumerate() {
+        let _ = write!(
+            s,
+            "<rect x=\"{:.1}\" y=\"{TOP}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\">{name}</text>",
+            x(*a),
+            (x(*b) - x(*a)).max(0.0),
+            H - TOP - BOTTOM,
+            shades.get(i % shades.len()).copied().unwrap_or("#fff"),
+            x(*a) + 3.0,
+            TOP - 8.0,
+        );
+    }
+    for k in 1..=ROWS {
+        let label = if k == ROWS { format!("{k}+") } else { k.to_string() };
+        let _ = write!(s, "<text x=\"8\" y=\"{:.1}\">#{label}</text>", y(k) + 4.0);
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{LEFT}\" y=\"{:.1}\">time → ({:.0} s)   attempt number ↑   dot: attempt (green ok, orange 503, purple 429, \
+         red other failure)   blue bar: wait   ✕ gave up   ▲ unknown</text>",
+        H - 12.0,
+        end / 1000.0
+    );
+    for e in events.iter().filter(|e| e.wait_ms > 0) {
+        let _ = write!(
+            s,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.2}\" height=\"3\" fill=\"#1c7ed6\" fill-opacity=\"0.25\"/>",
+            x(e.at_ms),
+            y(e.attempt) + 4.0,
+            (x(e.at_ms + e.wait_ms) - x(e.at_ms)).max(0.5),
+        );
+    }
+    for e in events {
+        let (cx, cy) = (x(e.at_ms), y(e.attempt));
+        let _ = write!(
+            s,
+            "<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"2\" fill=\"{}\" fill-opacity=\"0.7\"/>",
+            colour(e)
+        );
+        match e.verdict {
+            Some(Verdict::GaveUp(_)) => {
+                let _ = write!(
+                    s,
+                    "<path d=\"M{:.1} {:.1}l6 6m0 -6l-6 6\" stroke=\"black\" stroke-width=\"1\"/>",
+                    cx - 3.0,
+                    cy - 11.0
+                );
+            }
+            Some(Verdict::Unknown) => {
+                let _ = write!(s, "<path d=\"M{cx:.1} {:.1}l4 6h-8z\" fill=\"#e8590c\"/>", cy - 12.0);
+            }
+            _ => {}
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}

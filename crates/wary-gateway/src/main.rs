@@ -1,0 +1,101 @@
+//! `wary-gateway`: readings from downstream sensors (length-prefixed frames on stdin, or on a
+//! Unix socket) sent upstream with wary; an ack frame back for each after its verdict.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use wary_gateway::{Config, Gateway};
+use wary_host::spec::PolicySpec;
+
+#[derive(Parser)]
+#[command(about = "wary gateway: downstream frames to the cloud, acked after their verdict", version)]
+struct Args {
+    /// The cloud, `http://127.0.0.1:PORT`.
+    #[arg(long)]
+    upstream: String,
+    /// Legacy mode: unkeyed `POST /legacy/readings`, probe on `unknown`.
+    #[arg(long)]
+    legacy: bool,
+    /// Serve a Unix socket instead of stdin/stdout.
+    #[arg(long)]
+    unix: Option<PathBuf>,
+    /// Serve Prometheus text on this loopback address (`GET /metrics`).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    metrics: SocketAddr,
+    /// Append the JSON-lines ledger here.
+    #[arg(long)]
+    ledger: Option<PathBuf>,
+    /// A policy spec (JSON) instead of the default.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Queue capacity.
+    #[arg(long, default_value_t = 256)]
+    queue: usize,
+    /// Concurrent upstream calls.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Time per attempt, milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    attempt_timeout_ms: u64,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    if !is_loopback(args.metrics.ip()) {
+        bail!("the metrics endpoint is served on loopback only");
+    }
+    let mut config = Config::new(&args.upstream);
+    config.upstream.legacy = args.legacy;
+    config.upstream.attempt_timeout = Duration::from_millis(args.attempt_timeout_ms);
+    config.queue = args.queue;
+    config.workers = args.workers;
+    if let Some(p) = &args.policy {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        config.policy = serde_json::from_str::<PolicySpec>(&text).context("policy spec")?;
+    }
+    let ledger: Box<dyn Write + Send> = match &args.ledger {
+        Some(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
+        None => Box::new(std::io::sink()),
+    };
+    let gw = Arc::new(Gateway::start(config, ledger)?);
+    let listener = tokio::net::TcpListener::bind(args.metrics).await?;
+    eprintln!("wary-gateway: metrics on http://{}/metrics", listener.local_addr()?);
+    tokio::spawn(gw.clone().serve_metrics(listener));
+    match &args.unix {
+        None => {
+            let n = gw.serve(tokio::io::stdin(), tokio::io::stdout()).await?;
+            eprintln!("wary-gateway: {n} readings, stream closed");
+        }
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            let sock = tokio::net::UnixListener::bind(path)?;
+            loop {
+                tokio::select! {
+                    accepted = sock.accept() => {
+                        let (stream, _) = accepted?;
+                        let gw = gw.clone();
+                        tokio::spawn(async move {
+                            let (r, w) = stream.into_split();
+                            if let Err(e) = gw.serve(r, w).await {
+                                eprintln!("wary-gateway: stream closed: {e}");
+                            }
+                        });
+                    }
+                    _ = tokio::signal::ctrl_c() => break,
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}

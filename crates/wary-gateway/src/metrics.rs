@@ -1,0 +1,175 @@
+//! What the gateway counts: attempts per call (the health signal), verdicts, give-up reasons,
+//! probe results, and optionally a timeline of every attempt for the demo's chart.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use wary::ledger::{AttemptStats, Record};
+use wary::{Class, Key, Verdict};
+
+/// Attempt-count buckets (the last holds "this many or more").
+pub const BUCKETS: usize = 32;
+
+/// One attempt on the timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// Gateway milliseconds when the attempt's record was written (the attempt's end).
+    pub at_ms: u64,
+    /// The call's key.
+    pub key: Key,
+    /// Attempt number.
+    pub attempt: u32,
+    /// The attempt's own time, ms.
+    pub attempt_ms: u64,
+    /// The wait after it, ms (0 if none).
+    pub wait_ms: u64,
+    /// The outcome's kind.
+    pub outcome: &'static str,
+    /// The status, if any.
+    pub code: Option<u16>,
+    /// The verdict, on the call's last attempt.
+    pub verdict: Option<Verdict>,
+}
+
+/// Counters, updated from ledger records.
+#[derive(Debug, Default, Clone)]
+pub struct Metrics {
+    /// Attempts per finished call.
+    pub stats: AttemptStats<BUCKETS>,
+    /// Calls by verdict name.
+    pub verdicts: BTreeMap<&'static str, u64>,
+    /// Give-ups by reason.
+    pub gave_up: BTreeMap<&'static str, u64>,
+    /// Unknowns the probe found landed (no resend).
+    pub probe_landed: u64,
+    /// Unknowns the probe found not landed (one resend).
+    pub probe_not_landed: u64,
+    /// Unknowns nobody could resolve.
+    pub unresolved: u64,
+    /// Attempts by outcome kind or status.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Every attempt, if the timeline is on.
+    pub events: Option<Vec<Event>>,
+}
+
+impl Metrics {
+    /// Counts one ledger record written at gateway time `at_ms`.
+    pub fn record(&mut self, r: &Record, at_ms: u64) {
+        let name = match r.outcome.code() {
+            Some(c) => c.to_string(),
+            None => r.outcome.kind_name().to_owned(),
+        };
+        *self.outcomes.entry(name).or_default() += 1;
+        match (r.class, r.verdict) {
+            (Class::Unknown, Some(Verdict::Ok)) => self.probe_landed += 1,
+            (Class::Unknown, None) => self.probe_not_landed += 1,
+            (Class::Unknown, Some(Verdict::Unknown)) => self.unresolved += 1,
+            _ => {}
+        }
+        if let Some(v) = r.verdict {
+            self.stats.add(r.attempt);
+            *self.verdicts.entry(v.name()).or_default() += 1;
+            if let Verdict::GaveUp(g) = v {
+                *self.gave_up.entry(g.name()).or_default() += 1;
+            }
+        }
+        if let Some(ev) = &mut self.events {
+            ev.push(Event {
+                at_ms,
+                key: r.key,
+                attempt: r.attempt,
+                attempt_ms: r.attempt_ticks,
+                wait_ms: r.wait,
+                outcome: r.outcome.kind_name(),
+                code: r.outcome.code(),
+                verdict: r.verdict,
+            });
+        }
+    }
+
+    /// Mean attempts per call.
+    pub fn mean(&self) -> f64 {
+        self.stats.mean_milli() as f64 / 1000.0
+    }
+
+    /// The Prometheus text exposition, with the fleet tokens and queue depth given.
+    pub fn prometheus(
+        &self,
+        tokens_milli: u32,
+        max_milli: u32,
+        queue_depth: usize,
+        queue_cap: usize,
+    ) -> String {
+        let mut s = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, rows: &[(String, String)]| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in rows {
+                let _ = writeln!(s, "{name}{labels} {v}");
+            }
+        };
+        let verdicts: Vec<_> = ["ok", "failed", "unknown", "gave_up", "cancelled"]
+            .iter()
+            .map(|v| (format!("{{verdict=\"{v}\"}}"), self.verdicts.get(v).copied().unwrap_or(0).to_string()))
+            .collect();
+        metric("wary_gateway_calls_total", "counter", "Calls finished, by verdict.", &verdicts);
+        let reasons: Vec<_> =
+            self.gave_up.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n.to_string())).collect();
+        metric("wary_gateway_gave_up_total", "counter", "Calls that gave up, by reason.", &reasons);
+        let one = |v: String| vec![(String::new(), v)];
+        metric(
+            "wary_gateway_attempts_total",
+            "counter",
+            "Attempts sent.",
+            &one(self.stats.attempts().to_string()),
+        );
+        metric(
+            "wary_gateway_attempts_per_call_mean",
+            "gauge",
+            "Mean attempts per finished call (the health signal).",
+            &one(format!("{:.3}", self.mean())),
+        );
+        metric(
+            "wary_gateway_attempts_per_call_p95",
+            "gauge",
+            "95th percentile of attempts per call.",
+            &one(self.stats.percentile(95).to_string()),
+        );
+        metric(
+            "wary_gateway_attempts_per_call_max",
+            "gauge",
+            "Most attempts any call made.",
+            &one(self.stats.max().to_string()),
+        );
+        let probes = vec![
+            ("{result=\"landed\"}".to_owned(), self.probe_landed.to_string()),
+            ("{result=\"not_landed\"}".to_owned(), self.probe_not_landed.to_string()),
+            ("{result=\"unknown\"}".to_owned(), self.unresolved.to_string()),
+        ];
+        metric(
+            "wary_gateway_probes_total",
+            "counter",
+            "Unknown writes handed to the probe, by result.",
+            &probes,
+        );
+        metric(
+            "wary_gateway_fleet_tokens",
+            "gauge",
+            "Fleet retry budget tokens now (retries stop at or below half the maximum).",
+            &one(format!("{:.3}", f64::from(tokens_milli) / 1000.0)),
+        );
+        metric(
+            "wary_gateway_fleet_tokens_max",
+            "gauge",
+            "Fleet retry budget maximum.",
+            &one(format!("{:.3}", f64::from(max_milli) / 1000.0)),
+        );
+        metric(
+            "wary_gateway_queue_depth",
+            "gauge",
+            "Readings waiting for a worker.",
+            &one(queue_depth.to_string()),
+        );
+        metric("wary_gateway_queue_capacity", "gauge", "Queue capacity.", &one(queue_cap.to_string()));
+        s
+    }
+}

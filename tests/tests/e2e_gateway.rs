@@ -1,0 +1,232 @@
+//! End to end: sensors → gateway (in-process, framed stream) → test cloud on 127.0.0.1.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncWriteExt, duplex};
+use wary_cloud::{Cloud, Faults};
+use wary_gateway::frame::{read_frame, write_frame};
+use wary_gateway::{Ack, Config, Gateway, Reading};
+use wary_host::spec::PolicySpec;
+
+fn config(cloud: &Cloud) -> Config {
+    let mut c = Config::new(&cloud.url(""));
+    c.policy = PolicySpec {
+        base: Some(10),
+        cap: Some(100),
+        budget: Some(2_000),
+        deadline: Some(4_000),
+        min_attempt: Some(50),
+        ..PolicySpec::default()
+    };
+    c.upstream.attempt_timeout = Duration::from_millis(400);
+    c.fleet_max_tokens = 1000;
+    c.fleet_ratio_milli = 1000;
+    c.workers = 16;
+    c.queue = 32;
+    c.seed = Some(99);
+    c
+}
+
+fn readings(sensors: u32, per: u64) -> Vec<Reading> {
+    (0..sensors)
+        .flat_map(|s| {
+            (0..per).map(move |q| Reading {
+                sensor: s,
+                boot: 1,
+                seq: q,
+                value: i64::from(s) * 100 + q as i64,
+            })
+        })
+        .collect()
+}
+
+/// One sensor-side connection: writes every reading as a frame, reads one ack per reading.
+async fn drive(gw: &Gateway, batch: &[Reading]) -> Vec<Ack> {
+    let (sensor_side, gw_side) = duplex(64 * 1024);
+    let (gw_r, gw_w) = tokio::io::split(gw_side);
+    let (mut s_r, mut s_w) = tokio::io::split(sensor_side);
+    let batch = batch.to_vec();
+    let n = batch.len();
+    let writer = async move {
+        for r in &batch {
+            write_frame(&mut s_w, r).await.unwrap();
+        }
+        s_w.shutdown().await.unwrap();
+    };
+    let reader = async move {
+        let mut acks = Vec::new();
+        while acks.len() < n {
+            match read_frame::<_, Ack>(&mut s_r).await.unwrap() {
+                Some(a) => acks.push(a),
+                None => break,
+            }
+        }
+        acks
+    };
+    let (served, (), acks) = tokio::join!(gw.serve(gw_r, gw_w), writer, reader);
+    assert_eq!(served.unwrap(), n as u64);
+    acks
+}
+
+/// Sends until every reading is acked done, as a sensor re-sends what was not acked.
+async fn until_done(gw: &Gateway, all: &[Reading], rounds: usize) -> BTreeMap<(u32, u64), Ack> {
+    let mut done = BTreeMap::new();
+    for _ in 0..rounds {
+        let left: Vec<Reading> =
+            all.iter().filter(|r| !done.contains_key(&(r.sensor, r.seq))).copied().collect();
+        if left.is_empty() {
+            break;
+        }
+        for a in drive(gw, &left).await {
+            if a.done {
+                done.insert((a.sensor, a.seq), a);
+            }
+        }
+    }
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_writes_under_a_fault_storm_have_exactly_one_effect() {
+    let faults =
+        "503=0.2,429=0.1,500=0.1,drop_after_effect=0.1,drop_before_effect=0.05,slow=0.05:ms=600,seed=7";
+    let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
+    let gw = Gateway::start(config(&cloud), Box::new(std::io::sink())).unwrap();
+    let all = readings(20, 10);
+    let done = until_done(&gw, &all, 5).await;
+    assert_eq!(done.len(), all.len(), "every reading acked");
+    assert!(done.values().all(|a| a.verdict == "ok"));
+    for r in &all {
+        let ks = cloud.key_stats(r.key().to_hex().as_str()).expect("key reached the cloud");
+        assert_eq!(ks.effects, 1, "reading {r:?}");
+    }
+    let stats = cloud.stats();
+    assert_eq!(stats.keyed_effects, 200);
+    assert_eq!(stats.duplicates.keys, 0);
+    // The storm hit: replays of effects whose answers were lost, and retries.
+    assert!(stats.replays > 0, "{stats:?}");
+    let m = gw.metrics();
+    assert!(m.stats.attempts() > 200 && m.mean() > 1.0);
+    let prom = gw.prometheus();
+    assert!(prom.contains("wary_gateway_calls_total{verdict=\"ok\"}"));
+    assert!(prom.contains("wary_gateway_attempts_per_call_p95"));
+    cloud.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_writes_are_never_resent_blind_and_the_probe_resolves_unknowns() {
+    let faults = "scope=legacy,500=0.25,drop_after_effect=0.15,drop_before_effect=0.15,503=0.1,seed=3";
+    let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
+    let mut c = config(&cloud);
+    c.upstream.legacy = true;
+    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let all = readings(10, 10);
+    let acks = drive(&gw, &all).await;
+    assert_eq!(acks.len(), all.len());
+    let mut unknown = 0;
+    for a in &acks {
+        let r = Reading { sensor: a.sensor, boot: a.boot, seq: a.seq, value: 0 };
+        let effects = cloud.reading_effects(&r.reading_id());
+        assert!(effects <= 1, "reading {} applied {effects} times", r.reading_id());
+        match a.verdict.as_str() {
+            "ok" => assert_eq!(effects, 1, "acked ok but not applied: {}", r.reading_id()),
+            "unknown" => unknown += 1,
+            other => panic!("unexpected verdict {other}"),
+        }
+    }
+    let stats = cloud.stats();
+    assert_eq!(stats.duplicates.reading_ids, 0);
+    let m = gw.metrics();
+    // Both probe answers happened: landed (500 / drop after effect) and not landed (one resend).
+    assert!(m.probe_landed > 0 && m.probe_not_landed > 0, "{m:?}");
+    assert_eq!(m.unresolved, unknown);
+    cloud.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_across_a_gateway_restart() {
+    let cloud = Cloud::start("127.0.0.1:0", "slow=0.5:ms=300,503=0.2,seed=5".parse().unwrap()).await.unwrap();
+    let all = readings(10, 10);
+    let mut c = config(&cloud);
+    c.workers = 4;
+    let gw = Arc::new(Gateway::start(c.clone(), Box::new(std::io::sink())).unwrap());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = tokio::task::JoinSet::new();
+    for r in all.clone() {
+        let (gw, tx) = (gw.clone(), tx.clone());
+        tasks.spawn(async move {
+            if let Ok(a) = gw.submit(r).await {
+                let _ = tx.send(a);
+            }
+        });
+    }
+    let mut acked = BTreeSet::new();
+    while acked.len() < 30 {
+        let a = rx.recv().await.unwrap();
+        if a.done {
+            acked.insert((a.sensor, a.seq));
+        }
+    }
+    // Crash: the sensors' connections and the gateway go away mid-flight.
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    drop(gw);
+    let unacked: Vec<Reading> = all.iter().filter(|r| !acked.contains(&(r.sensor, r.seq))).copied().collect();
+    assert!(!unacked.is_empty());
+    // Restart; the sensors re-send everything not acked.
+    let gw2 = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let done = until_done(&gw2, &unacked, 5).await;
+    assert_eq!(acked.len() + done.len(), all.len(), "lost readings");
+    for r in &all {
+        let ks = cloud.key_stats(r.key().to_hex().as_str()).expect("reading reached the cloud");
+        assert_eq!(ks.effects, 1, "reading {r:?}");
+    }
+    cloud.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_budget_bounds_amplification_in_a_total_outage() {
+    let cloud = Cloud::start("127.0.0.1:0", "503=1.0,seed=1".parse().unwrap()).await.unwrap();
+    let mut c = config(&cloud);
+    c.fleet_max_tokens = 10;
+    c.fleet_ratio_milli = 100;
+    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let acks = drive(&gw, &readings(10, 10)).await;
+    assert!(acks.iter().all(|a| a.verdict == "gave_up" && !a.done));
+    let requests = cloud.stats().requests;
+    // Without the fleet budget each call would retry until its 2 s wait budget (≈10 attempts
+    // each, about 1,000 requests). With 10 tokens, retries stop once 5 are spent.
+    assert!(requests <= 100 + 5, "{requests} requests for 100 calls");
+    let m = gw.metrics();
+    assert!(m.gave_up.get("throttled").copied().unwrap_or(0) >= 95, "{m:?}");
+    assert!(gw.fleet_tokens_milli() <= 5_000);
+    cloud.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_cloud_cannot_hold_the_gateway_past_its_budgets() {
+    for (faults, reasons) in [
+        ("429=1.0:ra=year", &["retry_after_too_long"][..]),
+        ("503=1.0:ra=date+year", &["retry_after_too_long"][..]),
+        ("503=1.0:ra=garbage", &["budget", "deadline"][..]),
+        // An unparseable Date header: the date is measured against the wall clock (5 s).
+        ("429=1.0:ra=garbage_date", &["retry_after_too_long"][..]),
+        ("endless_body=1.0:ms=50", &["budget", "deadline"][..]),
+    ] {
+        let cloud = Cloud::start("127.0.0.1:0", faults.parse::<Faults>().unwrap()).await.unwrap();
+        let gw = Gateway::start(config(&cloud), Box::new(std::io::sink())).unwrap();
+        let t0 = Instant::now();
+        let r = Reading { sensor: 1, boot: 1, seq: 1, value: 1 };
+        let ack = tokio::time::timeout(Duration::from_secs(8), gw.submit(r)).await.expect(faults).unwrap();
+        assert_eq!(ack.verdict, "gave_up", "{faults}");
+        assert!(reasons.contains(&ack.reason.as_deref().unwrap()), "{faults}: {ack:?}");
+        // The 4 s deadline plus one attempt's timeout bounds it.
+        assert!(t0.elapsed() < Duration::from_millis(4_600), "{faults}: {:?}", t0.elapsed());
+        drop(gw);
+        cloud.shutdown().await;
+    }
+}
