@@ -1,0 +1,161 @@
+//! The decision path, as benchmarked and as the fleet simulation drives it.
+//!
+//! Both sides of the comparison get the same inputs: base 5 ms, cap 2 s (the AWS study's
+//! numbers), the same number of failed attempts per call, jitter from the same generator
+//! (fastrand's wyrand, which backon uses inside) seeded with the same value.
+
+use core::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use wary::{
+    CallState, Class, Decision, Draw, FleetBudget, GiveUp, Operation, Outcome, Policy, Preset, Verdict,
+};
+
+/// The AWS study's base, in ms.
+pub const BASE: u64 = 5;
+/// The AWS study's cap, in ms.
+pub const CAP: u64 = 2000;
+/// Failed attempts per benchmarked call; each is one retry decision.
+pub const RETRIES: usize = 10;
+/// Calls per benchmark run: enough that per-run overhead is a small fraction of a decision.
+pub const CALLS: u32 = 50;
+/// The seed both sides start from.
+pub const SEED: u64 = 0x5eed_0004;
+
+/// Retryable outcomes a read meets, in the order each benchmarked call meets them: a mix, so
+/// the classifier walks its table as in the field rather than hitting one cached branch.
+pub const FAILURES: [Outcome; RETRIES] = [
+    Outcome::Status { code: 503, retry_after: None },
+    Outcome::ResponseTimeout,
+    Outcome::Status { code: 429, retry_after: None },
+    Outcome::Reset,
+    Outcome::Status { code: 502, retry_after: None },
+    Outcome::ConnectTimeout,
+    Outcome::Status { code: 500, retry_after: None },
+    Outcome::Status { code: 504, retry_after: None },
+    Outcome::Refused,
+    Outcome::Status { code: 408, retry_after: None },
+];
+
+/// wary with the AWS study's base and cap, full jitter like backon's, and enough attempts and
+/// budget that no stop rule ends a benchmarked call early.
+pub fn bench_policy() -> Policy {
+    Policy::builder(Preset::Default)
+        .base(BASE)
+        .cap(CAP)
+        .jitter(wary::Jitter::Full)
+        .max_attempts(RETRIES as u32 + 2)
+        .budget(CAP * (RETRIES as u64 + 1))
+        .build()
+        .unwrap_or_else(|e| panic!("benchmark policy refused: {e:?}"))
+}
+
+/// A fleet budget large enough that the benchmarked calls are never throttled: the measured
+/// path is the bucket's update, not an early exit.
+pub fn bench_fleet() -> FleetBudget {
+    FleetBudget::new(1000, 1000).unwrap_or_else(|e| panic!("benchmark fleet budget refused: {e:?}"))
+}
+
+/// One decision exactly as the runner (`wary::run`) makes it: classify, charge or refund the
+/// fleet budget, draw, decide, and turn a retry the fleet refuses into `Throttled`.
+#[inline]
+pub fn step(
+    policy: &Policy,
+    fleet: Option<&FleetBudget>,
+    state: &mut CallState,
+    op: Operation,
+    outcome: &Outcome,
+    draw: Draw,
+    elapsed: Option<u64>,
+) -> Decision {
+    let Some(fleet) = fleet else {
+        return policy.decide(state, op, outcome, draw, elapsed);
+    };
+    // Classified once, as the runner does, and the class handed to `decide_class`.
+    let class = policy.classify(op, outcome);
+    let allows = match class {
+        Class::Ok => {
+            fleet.on_success();
+            true
+        }
+        Class::Retry | Class::Unknown => fleet.on_failure(),
+        _ => true,
+    };
+    let decision = policy.decide_class(state, class, outcome, draw, elapsed);
+    match decision {
+        Decision::Retry { .. } if !allows => Decision::Done(Verdict::GaveUp(GiveUp::Throttled)),
+        d => d,
+    }
+}
+
+/// `calls` calls through wary's decision path: each meets [`FAILURES`], one retry decision
+/// per failure, then succeeds (one more decision). Returns the total wait so nothing is
+/// optimised away.
+pub fn wary_calls(policy: &Policy, fleet: Option<&FleetBudget>, calls: u32) -> u64 {
+    let mut rng = fastrand::Rng::with_seed(SEED);
+    let mut total = 0u64;
+    for _ in 0..calls {
+        let mut state = CallState::new();
+        for outcome in FAILURES.iter().chain(core::iter::once(&Outcome::Ok)) {
+            let draw = Draw::unit(rng.u32(..));
+            match step(policy, fleet, &mut state, Operation::Read, outcome, draw, None) {
+                Decision::Retry { wait } => total = total.wrapping_add(wait),
+                Decision::Done(v) => total = total.wrapping_add(u64::from(v == Verdict::Ok)),
+            }
+        }
+    }
+    total
+}
+
+/// backon's exponential backoff with jitter, built as its docs show, with the same base, cap
+/// and retries.
+pub fn backon_builder() -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(BASE))
+        .with_max_delay(Duration::from_millis(CAP))
+        .with_max_times(RETRIES)
+        .with_jitter()
+        .with_jitter_seed(SEED)
+}
+
+/// `calls` calls through backon: a backoff built per call, one `next()` per failure.
+pub fn backon_calls(builder: ExponentialBuilder, calls: u32) -> u64 {
+    let mut total = 0u64;
+    for _ in 0..calls {
+        let mut backoff = builder.build();
+        for _ in 0..RETRIES {
+            if let Some(d) = backoff.next() {
+                total = total.wrapping_add(d.as_millis() as u64);
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_benchmarked_failure_is_retried_and_the_call_then_succeeds() {
+        let p = bench_policy();
+        let fleet = bench_fleet();
+        let mut rng = fastrand::Rng::with_seed(SEED);
+        for _ in 0..CALLS {
+            let mut s = CallState::new();
+            for o in &FAILURES {
+                let d = step(&p, Some(&fleet), &mut s, Operation::Read, o, Draw::unit(rng.u32(..)), None);
+                assert!(matches!(d, Decision::Retry { .. }), "{o:?} gave {d:?}");
+            }
+            let d = step(&p, Some(&fleet), &mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None);
+            assert_eq!(d, Decision::Done(Verdict::Ok));
+        }
+    }
+
+    #[test]
+    fn backon_yields_one_wait_per_failure() {
+        let mut b = backon_builder().build();
+        assert_eq!(b.by_ref().take(RETRIES).count(), RETRIES);
+        assert_eq!(b.next(), None);
+    }
+}

@@ -1,0 +1,237 @@
+//! Prints every benchmark figure beside its baseline and writes them under `target/bench/`.
+//! `cargo xtask bench` runs the callgrind benchmarks and the flash builds first, then this.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde_json::json;
+use wary_bench::decision::{CALLS, RETRIES};
+use wary_bench::report::{Cell, sim_table, svg, table, thousands};
+use wary_bench::sim::{self, FleetSpec, World};
+use wary_bench::{iai, sizes};
+
+#[derive(Parser)]
+#[command(about = "wary benchmarks: decision cost, sizes, flash, fleet simulation")]
+struct Args {
+    /// Where results are written.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// iai-callgrind's output directory for this package's benchmarks.
+    #[arg(long, default_value = "target/bench/iai/release/wary-bench")]
+    iai: PathBuf,
+    /// The same, for the build with fat LTO.
+    #[arg(long, default_value = "target/bench/iai/lto/wary-bench")]
+    iai_lto: PathBuf,
+    /// Flash sizes measured by `cargo xtask bench` (name, text, data, bss per line).
+    #[arg(long)]
+    flash: Option<PathBuf>,
+    /// Fleet sizes to simulate.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,100000")]
+    clients: Vec<u32>,
+    /// The simulation's seed.
+    #[arg(long, default_value_t = 2015)]
+    seed: u64,
+    /// Length of the simulated total outage, in ms.
+    #[arg(long, default_value_t = 60_000)]
+    outage_ms: u64,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut md =
+        String::from("# wary benchmarks\n\nEvery figure beside the baseline measured in the same run.\n");
+    let mut js = serde_json::Map::new();
+
+    // Decision cost.
+    let _ = writeln!(
+        md,
+        "\n## Decision cost (callgrind instructions)\n\nSame inputs for both: base 5 ms, cap 2 s, jitter from a \
+         wyrand seeded alike, {CALLS} calls of {RETRIES} failures each. Per retry decision = all instructions / \
+         {}; wary's count also carries each call's final success decision.\n",
+        CALLS as usize * RETRIES
+    );
+    for (dir, profile) in [
+        (&args.iai, "the workspace's release profile (no LTO: calls into each crate stay calls)"),
+        (&args.iai_lto, "fat LTO, one codegen unit (as the firmware builds)"),
+    ] {
+        let _ = writeln!(md, "\n### Built with {profile}\n");
+        let counts = if dir.exists() { iai::read(dir)? } else { Vec::new() };
+        let get = |f: &str| counts.iter().find(|c| c.function == f).map(|c| c.instructions);
+        let decisions = CALLS as f64 * RETRIES as f64;
+        let Some(base) = get("backon_exponential_jitter") else {
+            let _ = writeln!(
+                md,
+                "not measured: no iai-callgrind summaries under {} (`cargo xtask bench` runs them)",
+                dir.display()
+            );
+            continue;
+        };
+        let mut rows = Vec::new();
+        let mut jrows = Vec::new();
+        for (f, what) in [
+            ("wary_decide", "wary: classify + backoff + per-call budget (`Policy::decide`)"),
+            ("wary_decide_fleet", "wary: the above + fleet budget, as the runner does"),
+            ("backon_exponential_jitter", "backon 1.x: exponential + jitter (baseline)"),
+        ] {
+            if let Some(ir) = get(f) {
+                let per = ir as f64 / decisions;
+                let ratio = ir as f64 / base as f64;
+                rows.push(vec![what.to_owned(), thousands(ir), format!("{per:.1}"), format!("{ratio:.2}")]);
+                jrows.push(
+                    json!({"bench": f, "instructions": ir, "per_decision": per, "ratio_to_backon": ratio}),
+                );
+            }
+        }
+        md.push_str(&table(&["path", "instructions", "per retry decision", "× backon"], &rows));
+        let key = if std::ptr::eq(dir, &args.iai) { "decision_release" } else { "decision_lto" };
+        js.insert(key.into(), jrows.into());
+    }
+
+    // Sizes.
+    md.push_str("\n## Sizes (`size_of`, x86_64 host)\n\n");
+    let rows: Vec<Vec<String>> = sizes::all()
+        .iter()
+        .map(|s| vec![s.what.to_owned(), s.bytes.map_or("n/a".into(), |b| b.to_string()), s.note.to_owned()])
+        .collect();
+    md.push_str(&table(&["type", "bytes", "note"], &rows));
+    js.insert(
+        "sizes".into(),
+        sizes::all().iter().map(|s| json!({"type": s.what, "bytes": s.bytes})).collect::<Vec<_>>().into(),
+    );
+
+    // Flash.
+    md.push_str("\n## Flash, thumbv7em-none-eabihf, opt-level z, fat LTO (text + data, bytes)\n\n");
+    match &args.flash {
+        Some(path) if path.exists() => {
+            let text = std::fs::read_to_string(path)?;
+            let parsed: Vec<(String, u64)> = text
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let n = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok());
+                    Some((f.first()?.to_string(), n(1)? + n(2)?))
+                })
+                .collect();
+            let base = parsed.iter().find(|(n, _)| n == "baseline").map(|(_, b)| *b).unwrap_or(0);
+            let rows: Vec<Vec<String>> = parsed
+                .iter()
+                .map(|(n, b)| vec![n.clone(), b.to_string(), format!("{:+}", *b as i64 - base as i64)])
+                .collect();
+            md.push_str(&table(&["binary", "flash", "delta vs baseline"], &rows));
+            js.insert(
+                "flash".into(),
+                parsed
+                    .iter()
+                    .map(|(n, b)| json!({"binary": n, "bytes": b, "delta": *b as i64 - base as i64}))
+                    .collect::<Vec<_>>()
+                    .into(),
+            );
+        }
+        _ => md.push_str("not measured: `cargo xtask bench` builds bench-size/ and passes --flash\n"),
+    }
+
+    // Fleet simulation.
+    let started = Instant::now();
+    let contenders = sim::contenders();
+    let names: Vec<&'static str> = contenders.iter().map(|c| c.name).collect();
+    let mut cells = Vec::new();
+    for &n in &args.clients {
+        for c in &contenders {
+            for fleet in [false, true] {
+                let spec = fleet.then_some(FleetSpec::A6);
+                let world = World::contended(n, args.seed);
+                let contended = sim::run(&c.policy, spec, &world);
+                let outage = sim::run(&c.policy, spec, &World::outage(n, args.outage_ms, args.seed));
+                cells.push(Cell { name: c.name, fleet, world, contended, outage });
+            }
+        }
+    }
+    let sim_secs = started.elapsed().as_secs_f64();
+    let _ = writeln!(
+        md,
+        "\n## Fleet simulation\n\nDeterministic (seed {}): every client starts one call at t = 0; the server \
+         serves 1 call per ms and sheds the rest with 503; round trip 10 ± 2 ms; ticks are ms. \
+         `none`/`equal`/`full`/`decorrelated`: base 5, cap 2000, retry until success (the AWS study's clients). \
+         `wary default`: `Preset::Default` as shipped (base 100, cap 10 s, equal jitter, 30 s budget). \
+         Fleet budget: one `wary::FleetBudget` (10 tokens, 0.1 per success) shared by all clients. \
+         Peak calls per tick leaves out t = 0, where every policy sends the same herd of first attempts. Outage: the same clients for {} s with every call failing. ≥: run stopped at its call cap.\n",
+        args.seed,
+        args.outage_ms / 1000
+    );
+    md.push_str(&sim_table(&cells));
+    md.push_str("\n### Against the AWS study's shape (no fleet budget)\n\n");
+    let mut shape = Vec::new();
+    for &n in &args.clients {
+        let of = |name: &str| cells.iter().find(|c| c.name == name && !c.fleet && c.world.clients == n);
+        let (Some(none), Some(full)) = (of("none"), of("full")) else { continue };
+        let study: Vec<_> = ["none", "equal", "full", "decorrelated"].iter().filter_map(|s| of(s)).collect();
+        let fewest = study.iter().min_by_key(|c| c.contended.calls).map_or("-", |c| c.name);
+        let fastest = study.iter().min_by_key(|c| c.contended.completion).map_or("-", |c| c.name);
+        let def = of("wary default");
+        // A herd stopped at its call cap had not finished: its ratios are lower bounds.
+        let ge = if none.contended.truncated { "≥" } else { "" };
+        shape.push(vec![
+            thousands(u64::from(n)),
+            fewest.to_owned(),
+            format!(
+                "{:.2}",
+                full.contended.calls as f64
+                    / study.iter().map(|c| c.contended.calls).min().unwrap_or(1) as f64
+            ),
+            format!("{ge}{:.1}", none.contended.calls as f64 / full.contended.calls as f64),
+            fastest.to_owned(),
+            format!("{ge}{:.1}", none.contended.completion as f64 / full.contended.completion.max(1) as f64),
+            def.map_or("-".into(), |d| {
+                format!("{:.2}", d.contended.calls as f64 / full.contended.calls as f64)
+            }),
+            def.map_or("-".into(), |d| {
+                format!("{:.0}%", 100.0 * d.contended.succeeded as f64 / f64::from(n))
+            }),
+        ]);
+    }
+    md.push_str(&table(
+        &[
+            "clients",
+            "fewest calls",
+            "full ÷ fewest (calls)",
+            "none ÷ full (calls)",
+            "fastest",
+            "none ÷ full (time)",
+            "wary default ÷ full (calls)",
+            "wary default succeeded",
+        ],
+        &shape,
+    ));
+    let _ = writeln!(md, "\nSimulation wall time: {sim_secs:.1} s.");
+    js.insert(
+        "simulation".into(),
+        cells
+            .iter()
+            .map(|c| {
+                json!({
+                    "policy": c.name, "fleet": c.fleet, "clients": c.world.clients,
+                    "calls": c.contended.calls, "succeeded": c.contended.succeeded, "gave_up": c.contended.gave_up,
+                    "throttled": c.contended.throttled, "completion_ms": c.contended.completion,
+                    "peak_per_tick": c.contended.peak_per_tick, "truncated": c.contended.truncated,
+                    "outage_calls": c.outage.calls, "outage_amplification": c.outage.amplification(c.world.clients),
+                })
+            })
+            .collect::<Vec<_>>()
+            .into(),
+    );
+
+    print!("{md}");
+    let write = |name: &str, body: &str| -> Result<()> {
+        let p = args.out.join(name);
+        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))
+    };
+    write("results.md", &md)?;
+    write("fleet.svg", &svg(&cells, &names))?;
+    write("results.json", &serde_json::to_string_pretty(&serde_json::Value::Object(js))?)?;
+    println!("\nwritten: {}/results.md, fleet.svg, results.json", args.out.display());
+    Ok(())
+}
