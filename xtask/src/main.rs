@@ -1,6 +1,8 @@
 //! wary's one entry point for automation: `cargo xtask <verb>`.
 
+mod bench;
 mod ci;
+mod demo;
 mod qemu;
 mod util;
 
@@ -20,9 +22,13 @@ struct Cli {
 enum Verb {
     /// Format check, clippy (host and thumb), all host tests, cross builds of the core.
     Ci,
-    /// Build the firmware and run its on-target tests under QEMU (mps2-an386).
+    /// Decision cost (callgrind, wary vs backon), sizes, flash deltas, fleet simulation; writes target/bench/.
+    Bench,
+    /// The main job: cloud, gateway, firmware under QEMU and a sensor fleet through a fault storm.
+    Demo,
+    /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
     Qemu,
-    /// Flash and RAM of the firmware binaries.
+    /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
     Size,
 }
 
@@ -31,6 +37,8 @@ fn main() -> Result<()> {
     let root = project_root();
     match cli.verb {
         Verb::Ci => ci::run_all(&root),
+        Verb::Bench => bench::bench(&root),
+        Verb::Demo => demo::demo(&root),
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),
     }

@@ -1,0 +1,130 @@
+//! `cargo xtask bench`: decision cost under callgrind (wary against backon, same run), sizes,
+//! flash deltas on thumbv7em, and the fleet simulation; printed and written to target/bench/.
+//! Installs what it needs when missing: valgrind, iai-callgrind-runner, the thumb target and
+//! llvm-tools.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{ensure_apt, ensure_targets, output, run, run_env, step};
+
+/// Must match the `iai-callgrind` version in crates/wary-bench: the runner refuses any other.
+const IAI_RUNNER_VERSION: &str = "0.16.1";
+/// The size binaries in bench-size/, `baseline` first: the others are deltas against it.
+const SIZE_BINARIES: [&str; 4] = ["baseline", "wary", "wary_fleet", "backon"];
+const THUMB: &str = "thumbv7em-none-eabihf";
+
+/// Runs every benchmark and the simulation.
+pub fn bench(root: &Path) -> Result<()> {
+    let started = Instant::now();
+    ensure_apt("valgrind", "valgrind")?;
+    ensure_iai_runner()?;
+    ensure_targets(&[THUMB])?;
+    let llvm_size = llvm_size()?;
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+
+    // Two builds: the workspace's release profile, and fat LTO as the firmware is built, where
+    // the core's calls inline into the caller.
+    let iai_release = out.join("iai/release");
+    let iai_lto = out.join("iai/lto");
+    let bench_args = ["bench", "-p", "wary-bench", "--bench", "decision"];
+    step("decision cost under callgrind (release profile)");
+    run_env(
+        root,
+        "cargo",
+        &bench_args,
+        &[("IAI_CALLGRIND_HOME", s(&iai_release)?), ("IAI_CALLGRIND_SAVE_SUMMARY", "json")],
+    )?;
+    step("decision cost under callgrind (fat LTO, one codegen unit)");
+    run_env(
+        root,
+        "cargo",
+        &bench_args,
+        &[
+            ("IAI_CALLGRIND_HOME", s(&iai_lto)?),
+            ("IAI_CALLGRIND_SAVE_SUMMARY", "json"),
+            ("CARGO_PROFILE_BENCH_LTO", "fat"),
+            ("CARGO_PROFILE_BENCH_CODEGEN_UNITS", "1"),
+        ],
+    )?;
+
+    step("flash on thumbv7em-none-eabihf, opt-level z (bench-size/)");
+    let size_target = root.join("target/bench-size");
+    run(&root.join("bench-size"), "cargo", &["build", "--release", "--target-dir", s(&size_target)?])?;
+    let mut flash = String::new();
+    for bin in SIZE_BINARIES {
+        let elf = size_target.join(THUMB).join("release").join(bin);
+        let report =
+            output(&llvm_size, &[s(&elf)?]).with_context(|| format!("{llvm_size} {}", elf.display()))?;
+        // Berkeley format: text data bss dec hex filename.
+        let fields: Vec<&str> = report.lines().last().unwrap_or_default().split_whitespace().collect();
+        let [text, data, bss, ..] = fields.as_slice() else { bail!("unexpected llvm-size output: {report}") };
+        flash.push_str(&format!("{bin} {text} {data} {bss}\n"));
+    }
+    let flash_file = out.join("flash.tsv");
+    std::fs::write(&flash_file, flash).with_context(|| format!("writing {}", flash_file.display()))?;
+
+    step("report and fleet simulation");
+    run(
+        root,
+        "cargo",
+        &[
+            "run",
+            "--release",
+            "-q",
+            "-p",
+            "wary-bench",
+            "--",
+            "--out",
+            s(&out)?,
+            "--iai",
+            s(&iai_release.join("wary-bench"))?,
+            "--iai-lto",
+            s(&iai_lto.join("wary-bench"))?,
+            "--flash",
+            s(&flash_file)?,
+        ],
+    )?;
+    eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn s(p: &Path) -> Result<&str> {
+    p.to_str().with_context(|| format!("path is not UTF-8: {}", p.display()))
+}
+
+/// iai-callgrind-runner at exactly the library's version.
+fn ensure_iai_runner() -> Result<()> {
+    let have = output("iai-callgrind-runner", &["--version"]).unwrap_or_default();
+    if have.contains(IAI_RUNNER_VERSION) {
+        return Ok(());
+    }
+    step(&format!(
+        "iai-callgrind-runner {IAI_RUNNER_VERSION} is missing (found: {:?}): cargo install, about 2 minutes once",
+        have.trim()
+    ));
+    run(
+        Path::new("."),
+        "cargo",
+        &["install", "iai-callgrind-runner", "--version", IAI_RUNNER_VERSION, "--locked"],
+    )
+}
+
+/// The toolchain's own llvm-size (rustup's llvm-tools), installed when missing.
+fn llvm_size() -> Result<String> {
+    let sysroot = output("rustc", &["--print", "sysroot"]).context("rustc --print sysroot")?;
+    let host = output("rustc", &["--print", "host-tuple"])
+        .or_else(|| {
+            output("rustc", &["-vV"])?.lines().find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        })
+        .context("finding the host target")?;
+    let tool: PathBuf = [sysroot.trim(), "lib", "rustlib", host.trim(), "bin", "llvm-size"].iter().collect();
+    if !tool.exists() {
+        step("llvm-tools is missing: rustup component add llvm-tools");
+        run(Path::new("."), "rustup", &["component", "add", "llvm-tools"])?;
+    }
+    Ok(s(&tool)?.to_owned())
+}
