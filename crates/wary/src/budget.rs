@@ -91,12 +91,20 @@ impl Policy {
                 return Err(GiveUp::Attempts);
             }
         }
-        let backoff = self.backoff.wait(k, state.last_wait, draw);
-        let left = self.budget.saturating_sub(state.waited);
+        // Ticks a wait may take before the next attempt could no longer end by the deadline.
         let deadline_left = match (self.deadline, elapsed) {
-            (Some(d), Some(e)) => Some(d.saturating_sub(e).saturating_sub(self.min_attempt)),
+            (Some(d), Some(e)) => match d.checked_sub(e) {
+                Some(rest) => match rest.checked_sub(self.min_attempt) {
+                    Some(left) => Some(left),
+                    // Past the deadline even with no wait: not even a zero wait may start.
+                    None => return Err(GiveUp::Deadline),
+                },
+                None => return Err(GiveUp::Deadline),
+            },
             _ => None,
         };
+        let backoff = self.backoff.wait(k, state.last_wait, draw);
+        let left = self.budget.saturating_sub(state.waited);
         let wait = match outcome.retry_after() {
             None => backoff,
             Some(secs) => {
@@ -255,6 +263,25 @@ mod tests {
             p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(6)),
             Decision::Done(Verdict::GaveUp(GiveUp::Deadline))
         );
+    }
+
+    #[test]
+    fn no_wait_starts_once_the_deadline_has_passed() {
+        let p = Policy::builder(Preset::Default)
+            .jitter(crate::Jitter::Full)
+            .max_attempts(5)
+            .deadline(100)
+            .build()
+            .unwrap();
+        let mut s = CallState::new();
+        let o = Outcome::status(503);
+        // A draw of 0 makes a wait of 0, which must not slip past a deadline already gone.
+        assert_eq!(
+            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(150)),
+            Decision::Done(Verdict::GaveUp(GiveUp::Deadline))
+        );
+        let mut s = CallState::new();
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(100)), Decision::Retry { wait: 0 });
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub enum PolicyError {
     /// The deadline is 0: no attempt fits.
     #[error("deadline must be at least 1 tick")]
     ZeroDeadline,
+    /// The shortest attempt time is longer than the deadline: no attempt could end in time.
+    #[error("the shortest attempt time is longer than the deadline")]
+    AttemptPastDeadline,
     /// The attempt cap is 0: not even the first attempt would be allowed.
     #[error("attempt cap must be at least 1")]
     ZeroAttempts,

@@ -58,7 +58,16 @@ pub fn plan<const N: usize>(
         } else {
             Draw::ZERO
         };
-        match policy.decide(&mut state, op, outcome, draw, None) {
+        // With no clock, each attempt is taken to last the policy's shortest attempt time, so a
+        // deadline ends a plan no later than `max_retries` counts (and `plan_static` holds).
+        let elapsed = match policy.deadline() {
+            Some(_) => {
+                let attempts = u64::from(state.attempts().saturating_add(1));
+                Some(state.waited().saturating_add(attempts.saturating_mul(policy.min_attempt())))
+            }
+            None => None,
+        };
+        match policy.decide(&mut state, op, outcome, draw, elapsed) {
             Decision::Done(verdict) => return Ok(Plan { waits, verdict }),
             Decision::Retry { wait } => {
                 waits.push(wait).map_err(|_| PlanError::CapacityExceeded { capacity: N })?;

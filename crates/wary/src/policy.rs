@@ -389,6 +389,11 @@ impl PolicyBuilder {
         if let Some(0) = p.max_attempts {
             return Err(PolicyError::ZeroAttempts);
         }
+        if let Some(d) = p.deadline {
+            if p.min_attempt > d {
+                return Err(PolicyError::AttemptPastDeadline);
+            }
+        }
         let deadline = match p.deadline {
             Some(d) => d,
             None => 0,
@@ -475,6 +480,7 @@ mod tests {
         assert_eq!(seed000().deadline(0).build(), Err(PolicyError::ZeroDeadline));
         assert_eq!(seed000().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
         assert_eq!(seed000().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
+        assert_eq!(seed000().deadline(5).min_attempt(6).build(), Err(PolicyError::AttemptPastDeadline));
         assert_eq!(seed000().budget(MAX_TICKS + 1).build(), Err(PolicyError::TooLarge));
         assert_eq!(seed000().cap(u64::MAX).build(), Err(PolicyError::TooLarge));
         assert_eq!(seed000().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
