@@ -1,0 +1,426 @@
+//! The bad-input matrix: every way a setting or an input can be wrong, and the typed error it
+//! gets. Bad configuration is refused when the policy is built, bad input when it is read; nothing
+//! here panics or is discovered mid-call.
+//!
+//! | # | input | where | expected |
+//! |---|---|---|---|
+//! | 1 | base 0 | `PolicyBuilder::build` | `PolicyError::ZeroBase` |
+//! | 2 | cap below base | `PolicyBuilder::build` | `PolicyError::CapBelowBase` |
+//! | 3 | budget 0 | `PolicyBuilder::build` | `PolicyError::ZeroBudget` |
+//! | 4 | deadline 0 | `PolicyBuilder::build` | `PolicyError::ZeroDeadline` |
+//! | 5 | attempt cap 0 | `PolicyBuilder::build` | `PolicyError::ZeroAttempts` |
+//! | 6 | tick rate 0 | `PolicyBuilder::build` | `PolicyError::ZeroTickRate` |
+//! | 7 | a duration above 2⁴⁸ ticks | `PolicyBuilder::build` | `PolicyError::TooLarge` |
+//! | 8 | full jitter (or a 1-tick cap) with no attempt cap | `PolicyBuilder::build` | `PolicyError::Unbounded` |
+//! | 9 | status below 100 in a table | `Table::with_status` | `PolicyError::BadStatus` |
+//! | 10 | status above 999 in a table | `Table::with_status` | `PolicyError::BadStatus` |
+//! | 11 | a 13th status rule | `Table::with_status` | `PolicyError::TableFull` |
+//! | 12 | fleet budget of 0 or over 1000 tokens, ratio 0 or over 1000 | `FleetBudget::new` | `PolicyError::BadFleetBudget` |
+//! | 13 | empty or blank Retry-After | `retry_after::parse` | `RetryAfterError::Empty` |
+//! | 14 | Retry-After neither seconds nor a date | `retry_after::parse` | `RetryAfterError::Malformed` |
+//! | 15 | HTTP-date under integer-seconds rules | `Rules::read` | `RetryAfterError::DateNotAccepted` |
+//! | 16 | two Retry-After headers under strict rules | `Rules::read` | `RetryAfterError::Duplicate` |
+//! | 17 | HTTP-date with no Date header and no clock | `Rules::read` | `RetryAfterError::NoReference` |
+//! | 18 | Retry-After of 10²⁶ seconds | `parse`, then `Policy::decide` | saturates; `GiveUp::RetryAfterTooLong { asked: u64::MAX }`, no wait |
+//! | 19 | outcome status outside 100..=999 | `Policy::decide` | `Verdict::Failed`, no wait |
+//! | 20 | percent draw of 100 or more | `Draw::percent` | `DrawError::OutOfRange` |
+//! | 21 | fewer draws than retries | `plan::plan` | `PlanError::TooFewDraws { retry }` |
+//! | 22 | more waits than the plan's capacity | `plan::plan` | `PlanError::CapacityExceeded { capacity }` |
+//! | 23 | shortest attempt time longer than the deadline | `PolicyBuilder::build` | `PolicyError::AttemptPastDeadline` |
+//! | 24 | `wary plan` line that is not JSON | `wary_cli::plan::answer` | `{"error": "invalid case: …"}` |
+//! | 25 | `wary plan` unknown op | `wary_cli::plan::answer` | `{"error": "unknown op …"}` |
+//! | 26 | `wary plan` draw outside 0..=99 | `wary_cli::plan::answer` | `{"error": "draw … is outside 0..=99"}` |
+//! | 27 | `wary plan` too few draws | `wary_cli::plan::answer` | `{"error": "too few draws: retry n has none"}` |
+//! | 28 | `wary plan` more outcomes than the capacity (64) | `wary_cli::plan::answer` | `{"error": "… more than the capacity of 64"}` |
+//! | 29 | `wary plan` status not a three-digit HTTP status | `wary_cli::plan::answer` | `{"error": "status … is not a three-digit HTTP status"}` |
+//! | 30 | `wary plan` invalid policy | `wary_cli::plan::answer` | `{"error": "invalid policy: …"}` |
+//! | 31 | modem line longer than 128 bytes | `LineBuf::push` | `Event::Overflow`, nothing kept |
+//! | 32 | modem line of binary garbage | `parse_line` | `LineError::Garbage`, skipped as noise |
+//! | 33 | `+HTTPPOST:` with fields that do not parse | `parse_line`, `PostExchange` | `LineError::Malformed` → `ProtoError::Malformed` → `Outcome::Reset` |
+//! | 34 | `OK` with no `+HTTPPOST:` before it | `PostExchange` | `ProtoError::NoInfo` → `Outcome::Reset` (may have landed) |
+//! | 35 | `ERROR` alone | `PostExchange` | `ProtoError::Rejected` → `Outcome::Refused` (never sent) |
+//! | 36 | an answer cut short (no final `OK`) | the device's answer timeout | `ProtoError::Timeout` → `Outcome::ResponseTimeout` |
+//! | 37 | gateway frame longer than 4096 bytes | `read_frame` | `FrameError::Oversized`, body not read |
+//! | 38 | gateway frame whose body is not a reading | `read_frame` | `FrameError::Garbage` |
+//! | 39 | gateway stream that ends inside a frame | `read_frame` | `FrameError::Truncated` |
+
+use wary::classify::TABLE_STATUSES;
+use wary::policy::MAX_TICKS;
+use wary::retry_after::{RetryAfter, RetryAfterError, Rules, parse};
+use wary::{
+    CallState, Decision, Draw, DrawError, FleetBudget, GiveUp, Jitter, Operation, Outcome, PlanError, Policy,
+    PolicyBuilder, PolicyError, Preset, Rule, Table, Verdict, plan::plan,
+};
+
+/// A valid starting point, so each row changes exactly one setting.
+fn seed000() -> PolicyBuilder {
+    Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
+}
+
+const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
+
+#[test]
+fn the_starting_point_is_valid() {
+    assert!(seed000().build().is_ok());
+}
+
+#[test]
+fn row_01_zero_base() {
+    assert_eq!(seed000().base(0).build(), Err(PolicyError::ZeroBase));
+}
+
+#[test]
+fn row_02_cap_below_base() {
+    assert_eq!(seed000().base(10).cap(9).build(), Err(PolicyError::CapBelowBase));
+}
+
+#[test]
+fn row_03_zero_budget() {
+    assert_eq!(seed000().budget(0).build(), Err(PolicyError::ZeroBudget));
+}
+
+#[test]
+fn row_04_zero_deadline() {
+    assert_eq!(seed000().deadline(0).build(), Err(PolicyError::ZeroDeadline));
+}
+
+#[test]
+fn row_05_zero_attempts() {
+    assert_eq!(seed000().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
+}
+
+#[test]
+fn row_06_zero_tick_rate() {
+    assert_eq!(seed000().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
+}
+
+#[test]
+fn row_07_too_large() {
+    for b in [
+        seed000().cap(MAX_TICKS + 1),
+        seed000().budget(MAX_TICKS + 1),
+        seed000().deadline(MAX_TICKS + 1),
+        seed000().min_attempt(MAX_TICKS + 1),
+        seed000().max_retry_after(MAX_TICKS + 1),
+        seed000().budget(u64::MAX),
+    ] {
+        assert_eq!(b.build(), Err(PolicyError::TooLarge));
+    }
+    // The limit itself is accepted.
+    assert!(seed000().budget(MAX_TICKS).build().is_ok());
+}
+
+#[test]
+fn row_08_unbounded_full_jitter() {
+    assert_eq!(seed000().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
+    // Equal jitter with a 1-tick ceiling draws waits of 0 too.
+    assert_eq!(seed000().base(1).cap(1).build(), Err(PolicyError::Unbounded));
+    // An attempt cap bounds them.
+    assert!(seed000().jitter(Jitter::Full).max_attempts(4).build().is_ok());
+}
+
+#[test]
+fn row_09_status_below_range_in_a_table() {
+    for code in [0, 99] {
+        assert_eq!(Table::DEFAULT.with_status(code, Rule::RetryAny), Err(PolicyError::BadStatus));
+    }
+    assert!(Table::DEFAULT.with_status(100, Rule::Fail).is_ok());
+}
+
+#[test]
+fn row_10_status_above_range_in_a_table() {
+    for code in [1000, u16::MAX] {
+        assert_eq!(Table::DEFAULT.with_status(code, Rule::RetryAny), Err(PolicyError::BadStatus));
+    }
+    assert!(Table::DEFAULT.with_status(999, Rule::Fail).is_ok());
+}
+
+#[test]
+fn row_11_table_full() {
+    // The exercise table uses one slot, so every other slot can be filled.
+    let mut t = Table::EXERCISE;
+    for code in (600u16..).take(TABLE_STATUSES - 1) {
+        t = t.with_status(code, Rule::Fail).unwrap();
+    }
+    assert_eq!(t.with_status(999, Rule::Fail), Err(PolicyError::TableFull));
+    // Replacing a rule already there needs no free slot.
+    assert!(t.with_status(600, Rule::RetryAny).is_ok());
+}
+
+#[test]
+fn row_12_bad_fleet_budget() {
+    for (tokens, ratio) in [(0, 100), (1001, 100), (10, 0), (10, 1001), (u32::MAX, u32::MAX)] {
+        assert_eq!(
+            FleetBudget::new(tokens, ratio).err(),
+            Some(PolicyError::BadFleetBudget),
+            "{tokens} {ratio}"
+        );
+    }
+    assert!(FleetBudget::new(1000, 1000).is_ok());
+}
+
+#[test]
+fn row_13_retry_after_empty() {
+    for v in [&b""[..], b" ", b"\t \t"] {
+        assert_eq!(parse(v), Err(RetryAfterError::Empty), "{v:?}");
+    }
+    assert_eq!(Rules::LENIENT.read([b"".as_slice()], None, None), Err(RetryAfterError::Empty));
+}
+
+#[test]
+fn row_14_retry_after_malformed() {
+    for v in
+        [&b"soon"[..], b"-1", b"+5", b"1.5", b"1e3", b"12 34", b"\xff\xfe", b"Sun, 06 Nov 1994 08:49:37 UTC"]
+    {
+        assert_eq!(parse(v), Err(RetryAfterError::Malformed), "{v:?}");
+    }
+}
+
+#[test]
+fn row_15_retry_after_date_not_accepted() {
+    assert_eq!(Rules::STRICT.read([DATE], Some(DATE), Some(0)), Err(RetryAfterError::DateNotAccepted));
+    // The strict preset carries those rules.
+    let strict = Policy::builder(Preset::Strict).build().unwrap();
+    assert_eq!(
+        strict.retry_after_rules().read([DATE], Some(DATE), None),
+        Err(RetryAfterError::DateNotAccepted)
+    );
+}
+
+#[test]
+fn row_16_retry_after_duplicate() {
+    assert_eq!(Rules::STRICT.read([b"1".as_slice(), b"1"], None, None), Err(RetryAfterError::Duplicate));
+    // Lenient rules take the longest instead.
+    assert_eq!(Rules::LENIENT.read([b"1".as_slice(), b"7", b"3"], None, None), Ok(Some(7)));
+}
+
+#[test]
+fn row_17_retry_after_date_without_reference() {
+    assert_eq!(Rules::LENIENT.read([DATE], None, None), Err(RetryAfterError::NoReference));
+    // A Date header that cannot be read is no reference either.
+    assert_eq!(Rules::LENIENT.read([DATE], Some(b"yesterday"), None), Err(RetryAfterError::NoReference));
+}
+
+#[test]
+fn row_18_huge_retry_after_gives_up_now() {
+    let huge = b"99999999999999999999999999";
+    assert_eq!(parse(huge), Ok(RetryAfter::Seconds(u64::MAX)));
+    let secs = Rules::LENIENT.read([huge.as_slice()], None, None).unwrap().unwrap();
+    for preset in [Preset::Default, Preset::Exercise, Preset::Strict] {
+        let p = Policy::builder(preset).build().unwrap();
+        let mut s = CallState::new();
+        let d = p.decide(&mut s, Operation::Read, &Outcome::status_after(429, secs), Draw::ZERO, None);
+        assert_eq!(
+            d,
+            Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: u64::MAX })),
+            "{preset:?}"
+        );
+        assert_eq!(s.waited(), 0);
+    }
+}
+
+#[test]
+fn row_19_outcome_status_out_of_range_fails_without_a_wait() {
+    for preset in [Preset::Default, Preset::Exercise, Preset::Strict] {
+        let p = Policy::builder(preset).build().unwrap();
+        for code in [0, 99, 1000, u16::MAX] {
+            let mut s = CallState::new();
+            let d = p.decide(&mut s, Operation::Read, &Outcome::status_after(code, 1), Draw::ZERO, None);
+            assert_eq!(d, Decision::Done(Verdict::Failed), "{preset:?} {code}");
+        }
+    }
+}
+
+#[test]
+fn row_20_draw_out_of_range() {
+    for p in [100, 101, u8::MAX] {
+        assert_eq!(Draw::percent(p), Err(DrawError::OutOfRange), "{p}");
+    }
+    assert!(Draw::percent(99).is_ok());
+}
+
+#[test]
+fn row_21_too_few_draws() {
+    let p = seed000().build().unwrap();
+    let o = [Outcome::status(503); 5];
+    let two = [Draw::ZERO; 2];
+    assert_eq!(plan::<8>(&p, Operation::Read, &o, &two), Err(PlanError::TooFewDraws { retry: 3 }));
+    assert_eq!(plan::<8>(&p, Operation::Read, &o, &[]), Err(PlanError::TooFewDraws { retry: 1 }));
+    // A call that ends before it needs the missing draw is fine.
+    let ends = [Outcome::status(503), Outcome::Ok];
+    assert!(plan::<8>(&p, Operation::Read, &ends, &[Draw::ZERO]).is_ok());
+}
+
+#[test]
+fn row_22_capacity_exceeded() {
+    let p = seed000().build().unwrap();
+    let o = [Outcome::status(503); 10];
+    let draws = [Draw::ZERO; 9];
+    assert_eq!(plan::<3>(&p, Operation::Read, &o, &draws), Err(PlanError::CapacityExceeded { capacity: 3 }));
+    // Seven retries at most under seed 000's policy: a capacity of 7 always holds them.
+    assert!(plan::<7>(&p, Operation::Read, &o, &draws).is_ok());
+}
+
+#[test]
+fn row_23_attempt_longer_than_the_deadline() {
+    assert_eq!(seed000().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
+    assert!(seed000().deadline(10).min_attempt(10).build().is_ok());
+}
+
+// ---- `wary plan` JSON lines: each gets `{"error": …}` and the run goes on ----
+
+const P: &str = r#""policy":{"base":2,"cap":60,"budget":120}"#;
+
+fn plan_error(line: &str) -> String {
+    let e = wary_cli::plan::answer(line).expect_err(line);
+    let v: serde_json::Value = serde_json::from_str(&wary_cli::plan::error_line(&e)).unwrap();
+    v["error"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn row_24_plan_line_not_json() {
+    assert!(plan_error("{outcomes: [500]").starts_with("invalid case"));
+}
+
+#[test]
+fn row_25_plan_unknown_op() {
+    assert!(
+        plan_error(&format!(r#"{{"outcomes":[500],"op":"upsert",{P},"draws":[]}}"#)).contains("unknown op")
+    );
+}
+
+#[test]
+fn row_26_plan_draw_out_of_range() {
+    let e = plan_error(&format!(r#"{{"outcomes":[500,"ok"],"op":"read",{P},"draws":[100]}}"#));
+    assert_eq!(e, "draw 100 is outside 0..=99");
+}
+
+#[test]
+fn row_27_plan_too_few_draws() {
+    let e = plan_error(&format!(r#"{{"outcomes":[500,500,"ok"],"op":"read",{P},"draws":[5]}}"#));
+    assert_eq!(e, "too few draws: retry 2 has none");
+}
+
+#[test]
+fn row_28_plan_more_outcomes_than_capacity() {
+    let many = vec!["503"; wary_cli::plan::CAPACITY + 1].join(",");
+    let e = plan_error(&format!(r#"{{"outcomes":[{many}],"op":"read",{P},"draws":[]}}"#));
+    assert!(e.contains("more than the capacity of 64"), "{e}");
+}
+
+#[test]
+fn row_29_plan_status_not_http() {
+    let e = plan_error(&format!(r#"{{"outcomes":[1000],"op":"read",{P},"draws":[]}}"#));
+    assert_eq!(e, "status 1000 is not a three-digit HTTP status");
+}
+
+#[test]
+fn row_30_plan_invalid_policy() {
+    let e =
+        plan_error(r#"{"outcomes":["ok"],"op":"read","policy":{"base":5,"cap":4,"budget":120},"draws":[]}"#);
+    assert_eq!(e, "invalid policy: cap must not be below base");
+}
+
+// ---- modem lines: classified, never a panic ----
+
+use wary_modem_proto::{Event, Line, LineBuf, LineError, PostExchange, ProtoError, parse_line};
+
+#[test]
+fn row_31_modem_line_too_long() {
+    let mut buf = LineBuf::<128>::default();
+    let mut last = Event::Pending;
+    for b in std::iter::repeat_n(b'A', 300).chain(*b"\r") {
+        last = buf.push(b);
+    }
+    assert_eq!(last, Event::Overflow);
+    assert!(buf.line().is_empty());
+    // The next line is read cleanly.
+    for b in *b"OK" {
+        buf.push(b);
+    }
+    assert_eq!(buf.push(b'\n'), Event::Line);
+    assert_eq!(parse_line(buf.line()), Ok(Line::Ok));
+}
+
+#[test]
+fn row_32_modem_garbage_line() {
+    assert_eq!(parse_line(b"\x00\xff\x13garbage"), Err(LineError::Garbage));
+    assert_eq!(parse_line(b"RING"), Err(LineError::Garbage));
+    let mut x = PostExchange::new();
+    assert_eq!(x.feed(parse_line(b"\x00\xff")), None);
+    assert_eq!(x.noise(), 1);
+}
+
+#[test]
+fn row_33_modem_malformed_post_line() {
+    let line = parse_line(b"+HTTPPOST: abc,\"\",\"\"");
+    assert_eq!(line, Err(LineError::Malformed));
+    let mut x = PostExchange::new();
+    assert_eq!(x.feed(line), None);
+    assert_eq!(x.feed(Ok(Line::Ok)), Some(Err(ProtoError::Malformed)));
+    assert_eq!(ProtoError::Malformed.outcome(), Outcome::Reset);
+}
+
+#[test]
+fn row_34_modem_ok_without_status() {
+    let mut x = PostExchange::new();
+    assert_eq!(x.feed(Ok(Line::Ok)), Some(Err(ProtoError::NoInfo)));
+    assert_eq!(ProtoError::NoInfo.outcome(), Outcome::Reset);
+    // A write that may have landed: an unkeyed one is never resent.
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    assert_eq!(p.classify(Operation::Write, &Outcome::Reset), wary::Class::Unknown);
+}
+
+#[test]
+fn row_35_modem_error_alone() {
+    let mut x = PostExchange::new();
+    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::Rejected)));
+    assert_eq!(ProtoError::Rejected.outcome(), Outcome::Refused);
+}
+
+#[test]
+fn row_36_modem_answer_cut_short() {
+    let mut x = PostExchange::new();
+    // The status line arrives, the final OK never does: the exchange stays open…
+    assert_eq!(x.feed(parse_line(b"+HTTPPOST: 201,\"\",\"\"")), None);
+    // …until the device's answer timeout, whose outcome may have landed.
+    assert_eq!(ProtoError::Timeout.outcome(), Outcome::ResponseTimeout);
+}
+
+// ---- gateway frames ----
+
+use wary_gateway::frame::{FrameError, MAX_FRAME, Reading, read_frame};
+
+fn read(bytes: &[u8]) -> Result<Option<Reading>, FrameError> {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async {
+        let mut s = bytes;
+        read_frame::<_, Reading>(&mut s).await
+    })
+}
+
+#[test]
+fn row_37_gateway_frame_oversized() {
+    let mut bytes = (MAX_FRAME + 1).to_be_bytes().to_vec();
+    bytes.extend_from_slice(b"{}");
+    assert!(
+        matches!(read(&bytes), Err(FrameError::Oversized { len, max }) if len == MAX_FRAME + 1 && max == MAX_FRAME)
+    );
+}
+
+#[test]
+fn row_38_gateway_frame_garbage() {
+    let body = b"not a reading";
+    let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
+    bytes.extend_from_slice(body);
+    assert!(matches!(read(&bytes), Err(FrameError::Garbage)));
+}
+
+#[test]
+fn row_39_gateway_stream_ends_inside_a_frame() {
+    assert!(matches!(read(&[0, 0]), Err(FrameError::Truncated)));
+    let mut bytes = 40u32.to_be_bytes().to_vec();
+    bytes.extend_from_slice(b"{\"sensor\":");
+    assert!(matches!(read(&bytes), Err(FrameError::Truncated)));
+    assert!(matches!(read(&[]), Ok(None)));
+}

@@ -1,0 +1,443 @@
+//! Every outcome sequence up to length 6 over a representative alphabet, every operation, a grid
+//! of policies and draws of 0, 50 and 99, checked against the core's `plan`.
+//!
+//! Under the `exercise` preset the expected schedule comes from seed 000's `solve`, rewritten
+//! below from its docstring without calling the core's classification or backoff. Under the
+//! `default` and `strict` presets the design's invariants are asserted instead.
+//!
+//! Sequences are walked as a tree: once a call has ended, the outcomes after it cannot matter, so
+//! each ended prefix stands for every sequence that starts with it (checked by appending one more
+//! outcome). The count of sequences this covers is printed with `--nocapture`.
+
+use std::time::Instant;
+
+use wary::{Draw, GiveUp, Operation, Outcome, Policy, Preset, Verdict, plan::plan};
+
+const MAX_LEN: usize = 6;
+/// Seconds, under `tick_hz(1)`: fits most budgets in the grid.
+const RA_SMALL: u64 = 5;
+/// Seconds: longer than any budget in the grid, in any tick unit.
+const RA_HUGE: u64 = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sym {
+    Ok,
+    /// A response timeout: the request was sent.
+    Timeout,
+    Status(u16),
+    StatusAfter(u16, u64),
+    ConnectTimeout,
+    Reset,
+    BadBody,
+}
+
+const ALPHABET: [Sym; 13] = [
+    Sym::Ok,
+    Sym::Timeout,
+    Sym::Status(400),
+    Sym::Status(408),
+    Sym::Status(429),
+    Sym::StatusAfter(429, RA_SMALL),
+    Sym::StatusAfter(429, RA_HUGE),
+    Sym::Status(500),
+    Sym::Status(503),
+    Sym::Status(501),
+    Sym::ConnectTimeout,
+    Sym::Reset,
+    Sym::BadBody,
+];
+
+const OPS: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
+const DRAWS: [u8; 3] = [0, 50, 99];
+
+fn to_outcome(s: Sym) -> Outcome {
+    match s {
+        Sym::Ok => Outcome::Ok,
+        Sym::Timeout => Outcome::ResponseTimeout,
+        Sym::Status(c) => Outcome::status(c),
+        Sym::StatusAfter(c, ra) => Outcome::status_after(c, ra),
+        Sym::ConnectTimeout => Outcome::ConnectTimeout,
+        Sym::Reset => Outcome::Reset,
+        Sym::BadBody => Outcome::BadBody,
+    }
+}
+
+fn retry_after(s: Sym) -> Option<u64> {
+    match s {
+        Sym::StatusAfter(_, ra) => Some(ra),
+        _ => None,
+    }
+}
+
+/// The model's own verdicts, with the reason a call gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Ok,
+    Failed,
+    Unknown,
+    GaveUpBudget,
+    GaveUpRetryAfter(u64),
+    GaveUpExhausted,
+}
+
+fn expect_of(v: Verdict) -> Option<Expect> {
+    Some(match v {
+        Verdict::Ok => Expect::Ok,
+        Verdict::Failed => Expect::Failed,
+        Verdict::Unknown => Expect::Unknown,
+        Verdict::GaveUp(GiveUp::Budget) => Expect::GaveUpBudget,
+        Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) => Expect::GaveUpRetryAfter(asked),
+        Verdict::GaveUp(GiveUp::OutcomesExhausted) => Expect::GaveUpExhausted,
+        _ => return None,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModelClass {
+    Ok,
+    Retry,
+    Unknown,
+    Failed,
+}
+
+/// Seed 000's `classify`, extended to the outcomes it does not name by the design's default
+/// table (a connect timeout was never sent: retry any; a reset may have landed; a bad body fails).
+fn model_classify(s: Sym, op: Operation) -> ModelClass {
+    let idempotent = matches!(op, Operation::Read | Operation::KeyedWrite);
+    let if_idempotent = if idempotent { ModelClass::Retry } else { ModelClass::Unknown };
+    match s {
+        Sym::Ok => ModelClass::Ok,
+        Sym::Status(429) | Sym::StatusAfter(429, _) | Sym::ConnectTimeout => ModelClass::Retry,
+        Sym::Timeout | Sym::Reset => if_idempotent,
+        Sym::Status(c) | Sym::StatusAfter(c, _) if (500..=599).contains(&c) => if_idempotent,
+        _ => ModelClass::Failed,
+    }
+}
+
+/// Seed 000's `solve`, in integer seconds, with the reason for giving up that the design adds.
+fn model_solve(
+    outcomes: &[Sym],
+    op: Operation,
+    base: u64,
+    cap: u64,
+    budget: u64,
+    draws: &[u8],
+) -> (Vec<u64>, Expect) {
+    let mut waits = Vec::new();
+    let mut spent = 0u64;
+    for (i, &o) in outcomes.iter().enumerate() {
+        let k = i + 1;
+        match model_classify(o, op) {
+            ModelClass::Ok => return (waits, Expect::Ok),
+            ModelClass::Failed => return (waits, Expect::Failed),
+            ModelClass::Unknown => return (waits, Expect::Unknown),
+            ModelClass::Retry => {}
+        }
+        if k == outcomes.len() {
+            return (waits, Expect::GaveUpExhausted);
+        }
+        let c = cap.min(base * 2u64.pow(k as u32 - 1));
+        let mut wait = c / 2 + (c - c / 2) * u64::from(draws[k - 1]) / 100;
+        if let Some(ra) = retry_after(o) {
+            if ra > budget - spent {
+                return (waits, Expect::GaveUpRetryAfter(ra));
+            }
+            wait = wait.max(ra);
+        }
+        if spent + wait > budget {
+            return (waits, Expect::GaveUpBudget);
+        }
+        waits.push(wait);
+        spent += wait;
+    }
+    (waits, Expect::GaveUpExhausted)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// `exercise` in seconds with this base, cap and budget: compared with the model.
+    Exercise { base: u64, cap: u64, budget: u64 },
+    /// A preset checked by invariants only.
+    Invariants(Preset),
+}
+
+struct Case {
+    name: &'static str,
+    kind: Kind,
+    policy: Policy,
+}
+
+fn exercise(name: &'static str, base: u64, cap: u64, budget: u64) -> Case {
+    let policy = Policy::builder(Preset::Exercise).tick_hz(1).base(base).cap(cap).budget(budget).build();
+    Case { name, kind: Kind::Exercise { base, cap, budget }, policy: policy.unwrap() }
+}
+
+fn grid() -> Vec<Case> {
+    let seconds = Policy::builder(Preset::Default).tick_hz(1).base(2).cap(60).budget(12).build().unwrap();
+    vec![
+        exercise("exercise seed 000", 2, 60, 120),
+        // The rest have budgets that end calls before six attempts, which keeps the walk short.
+        exercise("exercise tight budget", 2, 60, 12),
+        exercise("exercise low cap", 3, 4, 6),
+        exercise("exercise budget exactly 1+2+4", 2, 60, 7),
+        exercise("exercise wide", 10, 1000, 40),
+        Case {
+            name: "default ms",
+            kind: Kind::Invariants(Preset::Default),
+            policy: Policy::builder(Preset::Default).build().unwrap(),
+        },
+        Case { name: "default seconds", kind: Kind::Invariants(Preset::Default), policy: seconds },
+        Case {
+            name: "strict",
+            kind: Kind::Invariants(Preset::Strict),
+            policy: Policy::builder(Preset::Strict).build().unwrap(),
+        },
+    ]
+}
+
+/// Whether `s` is resent at all for `op` under `preset`, as the design states the tables.
+fn preset_retries(preset: Preset, s: Sym, op: Operation) -> bool {
+    let read = op == Operation::Read;
+    let idempotent = op != Operation::Write;
+    let code = match s {
+        Sym::Status(c) | Sym::StatusAfter(c, _) => Some(c),
+        _ => None,
+    };
+    match preset {
+        Preset::Default => match (s, code) {
+            (_, Some(408 | 429)) | (Sym::ConnectTimeout, _) => true,
+            (_, Some(500 | 502 | 503 | 504)) | (Sym::Timeout | Sym::Reset, _) => idempotent,
+            _ => false,
+        },
+        Preset::Strict => match (s, code) {
+            (_, Some(429 | 502 | 503 | 504)) | (Sym::Timeout | Sym::Reset | Sym::ConnectTimeout, _) => read,
+            _ => false,
+        },
+        Preset::Exercise => model_classify(s, op) == ModelClass::Retry,
+    }
+}
+
+/// The design's invariants for one planned call.
+fn check_invariants(
+    case: &Case,
+    preset: Preset,
+    outcomes: &[Sym],
+    op: Operation,
+    draw: u8,
+    waits: &[u64],
+    verdict: Verdict,
+) {
+    let p = &case.policy;
+    let ctx = || format!("{} {op:?} draw {draw} {outcomes:?} -> {waits:?} {verdict:?}", case.name);
+    let hz = u64::from(p.tick_hz());
+    let (base, cap) = (p.backoff().base, p.backoff().cap);
+
+    // Waits never sum past the budget.
+    assert!(waits.iter().sum::<u64>() <= p.budget(), "budget: {}", ctx());
+    // No more waits than the policy's bound on retries.
+    assert!(waits.len() as u64 <= u64::from(p.max_retries().unwrap()), "max_retries: {}", ctx());
+
+    let mut spent = 0u64;
+    for (i, &w) in waits.iter().enumerate() {
+        let o = outcomes[i];
+        // Every wait follows an outcome the preset resends for this operation; an unkeyed write is
+        // never resent after a response timeout, a 5xx or a reset.
+        assert!(preset_retries(preset, o, op), "resent a non-retryable outcome: {}", ctx());
+        if op == Operation::Write {
+            let ambiguous = matches!(o, Sym::Timeout | Sym::Reset)
+                || matches!(o, Sym::Status(c) | Sym::StatusAfter(c, _) if c >= 500);
+            assert!(!ambiguous, "unkeyed write resent: {}", ctx());
+        }
+        let c = cap.min(base.saturating_mul(1 << i));
+        match retry_after(o) {
+            None => {
+                assert!(w <= c, "wait above its ceiling {c}: {}", ctx());
+                // Equal jitter keeps a fixed half; strict has no jitter at all.
+                let floor = if preset == Preset::Strict { c } else { c / 2 };
+                assert!(w >= floor, "wait below {floor}: {}", ctx());
+            }
+            Some(ra) => {
+                let asked = ra * hz;
+                assert!(w >= asked, "Retry-After lowered the wait: {}", ctx());
+                assert!(w <= c.max(asked + c), "wait above ceiling and Retry-After: {}", ctx());
+                assert!(asked <= p.budget() - spent, "waited on a Retry-After past the budget: {}", ctx());
+            }
+        }
+        spent += w;
+    }
+
+    // The outcome the call ended on.
+    let end = waits.len();
+    if end >= outcomes.len() {
+        assert_eq!(verdict, Verdict::GaveUp(GiveUp::OutcomesExhausted), "{}", ctx());
+        return;
+    }
+    let last = outcomes[end];
+    let retried = preset_retries(preset, last, op);
+    match last {
+        Sym::Ok => assert_eq!(verdict, Verdict::Ok, "{}", ctx()),
+        Sym::Status(c) | Sym::StatusAfter(c, _) if (400..=499).contains(&c) && !retried => {
+            assert_eq!(verdict, Verdict::Failed, "non-retryable 4xx: {}", ctx())
+        }
+        _ if !retried => {
+            assert!(matches!(verdict, Verdict::Failed | Verdict::Unknown), "{}", ctx());
+            if verdict == Verdict::Unknown {
+                assert!(op != Operation::Read, "a read is never unknown: {}", ctx());
+            }
+        }
+        _ if end + 1 == outcomes.len() => {
+            assert_eq!(verdict, Verdict::GaveUp(GiveUp::OutcomesExhausted), "{}", ctx())
+        }
+        _ => {
+            let attempts_left = p.max_attempts().is_none_or(|m| end as u64 + 1 < u64::from(m));
+            match retry_after(last) {
+                // A Retry-After beyond the remaining budget gives up now and says what was asked.
+                Some(ra) if ra * hz > p.budget() - spent && attempts_left => assert_eq!(
+                    verdict,
+                    Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: ra * hz }),
+                    "{}",
+                    ctx()
+                ),
+                _ => assert!(
+                    matches!(verdict, Verdict::GaveUp(GiveUp::Budget | GiveUp::Attempts)),
+                    "{}",
+                    ctx()
+                ),
+            }
+            if !attempts_left {
+                assert_eq!(verdict, Verdict::GaveUp(GiveUp::Attempts), "{}", ctx());
+            }
+        }
+    }
+}
+
+struct Stats {
+    cases: u64,
+    sequences: u64,
+}
+
+/// Plans `outcomes` and checks it; true if the call is still failing at the end (so a longer
+/// sequence can reach another attempt).
+fn check(
+    case: &Case,
+    outcomes: &[Sym],
+    core_outcomes: &mut Vec<Outcome>,
+    op: Operation,
+    draw: u8,
+    stats: &mut Stats,
+) -> bool {
+    let draws = [Draw::percent(draw).unwrap(); MAX_LEN];
+    let got = plan::<8>(&case.policy, op, core_outcomes, &draws).unwrap();
+    stats.cases += 1;
+    match case.kind {
+        Kind::Exercise { base, cap, budget } => {
+            let want = model_solve(outcomes, op, base, cap, budget, &[draw; MAX_LEN]);
+            assert_eq!(
+                (got.waits.as_slice(), expect_of(got.verdict)),
+                (want.0.as_slice(), Some(want.1)),
+                "{} {op:?} draw {draw} outcomes {outcomes:?}",
+                case.name
+            );
+        }
+        Kind::Invariants(preset) => {
+            check_invariants(case, preset, outcomes, op, draw, &got.waits, got.verdict);
+        }
+    }
+    let live =
+        got.verdict == Verdict::GaveUp(GiveUp::OutcomesExhausted) && got.waits.len() + 1 == outcomes.len();
+    if !live && !outcomes.is_empty() && outcomes.len() < MAX_LEN {
+        // An ended call ignores whatever follows (whatever the draws: checked once, to save time).
+        if draw == DRAWS[0] {
+            core_outcomes.push(Outcome::status(503));
+            let again = plan::<8>(&case.policy, op, core_outcomes, &draws).unwrap();
+            core_outcomes.pop();
+            assert_eq!(again, got, "{} {op:?}: outcomes after the end changed the plan", case.name);
+        }
+        // Every sequence that starts with this prefix, up to the longest length.
+        let free = MAX_LEN - outcomes.len();
+        stats.sequences += (1..=free).map(|n| (ALPHABET.len() as u64).pow(n as u32)).sum::<u64>();
+    }
+    stats.sequences += 1;
+    live
+}
+
+fn walk(
+    case: &Case,
+    prefix: &mut Vec<Sym>,
+    core: &mut Vec<Outcome>,
+    op: Operation,
+    draw: u8,
+    stats: &mut Stats,
+) {
+    for s in ALPHABET {
+        prefix.push(s);
+        core.push(to_outcome(s));
+        if check(case, prefix, core, op, draw, stats) && prefix.len() < MAX_LEN {
+            walk(case, prefix, core, op, draw, stats);
+        }
+        core.pop();
+        prefix.pop();
+    }
+}
+
+/// Outcomes, operation, draws, expected waits and verdict.
+type SeedCase = (Vec<Sym>, Operation, Vec<u8>, Vec<u64>, &'static str);
+
+#[test]
+fn model_reproduces_seed_000_tests() {
+    use Sym::{Ok as K, Status as S, StatusAfter as RA, Timeout as T};
+    let read = Operation::Read;
+    let kw = Operation::KeyedWrite;
+    let w = Operation::Write;
+    let cases: Vec<SeedCase> = vec![
+        (vec![S(500), S(500), K], kw, vec![50, 50], vec![1, 3], "ok"),
+        (vec![T, K], w, vec![50], vec![], "unknown"),
+        (vec![RA(429, 30), K], w, vec![0], vec![30], "ok"),
+        (vec![S(503); 10], read, vec![99; 9], vec![1, 3, 7, 15, 31, 59], "gave_up"),
+        (vec![S(400), K], read, vec![0], vec![], "failed"),
+        (vec![S(401)], kw, vec![], vec![], "failed"),
+        (vec![S(500); 10], read, vec![0; 9], vec![1, 2, 4, 8, 16, 30, 30], "gave_up"),
+        (vec![RA(429, 200), K], read, vec![0], vec![], "gave_up"),
+        (vec![S(429), T, K], w, vec![0, 0], vec![1], "unknown"),
+        (vec![S(500), S(500)], read, vec![0, 0], vec![1], "gave_up"),
+        (vec![T, S(502), K], kw, vec![99, 99], vec![1, 3], "ok"),
+    ];
+    let p = wary_tests::seed000_policy();
+    for (outcomes, op, draws, waits, verdict) in cases {
+        let (got, v) = model_solve(&outcomes, op, 2, 60, 120, &draws);
+        let name = match v {
+            Expect::Ok => "ok",
+            Expect::Failed => "failed",
+            Expect::Unknown => "unknown",
+            _ => "gave_up",
+        };
+        assert_eq!((&got, name), (&waits, verdict), "model: {outcomes:?}");
+        // And the core agrees on the seed's own cases.
+        let core: Vec<Outcome> = outcomes.iter().map(|s| to_outcome(*s)).collect();
+        let planned = wary_tests::solve(&core, op, &p, &draws);
+        assert_eq!((planned.waits.to_vec(), planned.verdict.name()), (waits, verdict), "core: {outcomes:?}");
+    }
+}
+
+#[test]
+fn every_sequence_up_to_six_matches_the_model_or_the_invariants() {
+    let start = Instant::now();
+    let mut stats = Stats { cases: 0, sequences: 0 };
+    for case in grid() {
+        for op in OPS {
+            for draw in DRAWS {
+                // The empty sequence: nothing attempted.
+                check(&case, &[], &mut Vec::new(), op, draw, &mut stats);
+                let mut core = Vec::with_capacity(MAX_LEN + 1);
+                walk(&case, &mut Vec::with_capacity(MAX_LEN), &mut core, op, draw, &mut stats);
+            }
+        }
+    }
+    println!(
+        "exhaustive: {} planned cases covering {} sequences in {:.1?}",
+        stats.cases,
+        stats.sequences,
+        start.elapsed()
+    );
+    assert!(stats.cases > 100_000, "the walk reached too few cases: {}", stats.cases);
+}
