@@ -54,6 +54,7 @@ pub fn bench(root: &Path) -> Result<()> {
     step("flash on thumbv7em-none-eabihf, opt-level z (bench-size/)");
     let size_target = root.join("target/bench-size");
     run(&root.join("bench-size"), "cargo", &["build", "--release", "--target-dir", s(&size_target)?])?;
+    check_no_panic(&llvm_size, &size_target)?;
     let mut flash = String::new();
     for bin in SIZE_BINARIES {
         let elf = size_target.join(THUMB).join("release").join(bin);
@@ -89,6 +90,42 @@ pub fn bench(root: &Path) -> Result<()> {
         ],
     )?;
     eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The binaries that hold only the core's decision path (and the fleet budget).
+const CORE_ONLY: [&str; 2] = ["wary", "wary_fleet"];
+
+/// Builds bench-size (opt-level z, fat LTO) and fails if the core's decision path pulls in any
+/// panic or formatting code: the link-time proof that the lints' "no panic paths" holds.
+pub fn no_panic(root: &Path) -> Result<()> {
+    ensure_targets(&[THUMB])?;
+    let llvm_size = llvm_size()?;
+    let size_target = root.join("target/bench-size");
+    step("no panic path: the core's decision path built alone for thumbv7em (bench-size/)");
+    run(&root.join("bench-size"), "cargo", &["build", "--release", "--target-dir", s(&size_target)?])?;
+    check_no_panic(&llvm_size, &size_target)
+}
+
+fn check_no_panic(llvm_size: &str, size_target: &Path) -> Result<()> {
+    // llvm-nm sits beside llvm-size in rustup's llvm-tools.
+    let nm = Path::new(llvm_size).with_file_name("llvm-nm");
+    for bin in CORE_ONLY {
+        let elf = size_target.join(THUMB).join("release").join(bin);
+        let symbols =
+            output(s(&nm)?, &["-C", s(&elf)?]).with_context(|| format!("llvm-nm {}", elf.display()))?;
+        let offending: Vec<&str> = symbols
+            .lines()
+            .filter(|l| l.contains("panic") || l.contains("core::fmt") || l.contains("unwrap_failed"))
+            .collect();
+        if !offending.is_empty() {
+            bail!(
+                "{bin}: the core's decision path links panic or formatting code:\n{}",
+                offending.join("\n")
+            );
+        }
+        eprintln!("    {bin}: {} symbols, none for panics or formatting", symbols.lines().count());
+    }
     Ok(())
 }
 

@@ -50,6 +50,12 @@ pub fn run_all(root: &Path) -> Result<()> {
     step("host tests");
     run(root, "cargo", &["test", "--workspace"])?;
 
+    crate::bench::no_panic(root)?;
+
+    // A short pass over every fuzz target where a nightly toolchain exists; skipped, with a
+    // notice, where it does not.
+    crate::fuzz::fuzz(root, 20, false)?;
+
     step("firmware: on-target tests under QEMU");
     crate::qemu::qemu(root)?;
     Ok(())

@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod demo;
+mod fuzz;
 mod qemu;
 mod util;
 
@@ -26,6 +27,15 @@ enum Verb {
     Bench,
     /// The main job: cloud, gateway, firmware under QEMU and a sensor fleet through a fault storm.
     Demo,
+    /// Every cargo-fuzz target in fuzz/ (nightly) for a while each; fails on any crash.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Skip with a notice instead of failing when no nightly toolchain is installed.
+        #[arg(long)]
+        skip_without_nightly: bool,
+    },
     /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
     Qemu,
     /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
@@ -39,6 +49,7 @@ fn main() -> Result<()> {
         Verb::Ci => ci::run_all(&root),
         Verb::Bench => bench::bench(&root),
         Verb::Demo => demo::demo(&root),
+        Verb::Fuzz { seconds, skip_without_nightly } => fuzz::fuzz(&root, seconds, !skip_without_nightly),
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),
     }
