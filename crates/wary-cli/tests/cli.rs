@@ -195,3 +195,32 @@ fn a_ledger_written_by_the_runner_replays_with_no_divergence() {
     assert!(text.contains("attempts per call: mean"), "{text}");
     assert!(text.contains("   1 | #"), "{text}");
 }
+
+/// A ledger logged by the uplink firmware on the Cortex-M4 under QEMU (`cargo xtask qemu`, as
+/// `defmt-print` shows it) converts to JSON lines and replays on the host with no divergence:
+/// the fingerprint and every decision agree across targets.
+#[test]
+fn a_device_ledger_from_defmt_replays_on_the_host() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let log = std::fs::read_to_string(format!("{data}/uplink-defmt.log")).unwrap();
+    let out = wary(&["ledger", "from-defmt", "--policy", &format!("{data}/uplink-policy.toml")], &log);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "fingerprints disagree: {}", String::from_utf8_lossy(&out.stderr));
+    let jsonl = stdout(&out);
+    let attempts = log.lines().filter(|l| l.contains("wary-ledger v1")).count();
+    assert_eq!(jsonl.lines().count(), attempts + 1, "one policy line, then one line per attempt");
+    let dir = std::env::temp_dir().join(format!("wary-defmt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("device.jsonl");
+    std::fs::write(&path, &jsonl).unwrap();
+    let out = wary(&["replay", path.to_str().unwrap()], "");
+    let report = stdout(&out);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains(": 0 divergences"), "{report}");
+    // Under another policy the same lines are reported, not silently accepted.
+    let other = dir.join("other.toml");
+    std::fs::write(&other, "preset = \"default\"\nbase = 100\ncap = 2000\nbudget = 9000\nmax_attempts = 6\n")
+        .unwrap();
+    let out = wary(&["ledger", "from-defmt", "--policy", other.to_str().unwrap()], &log);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the one given"));
+}

@@ -115,15 +115,22 @@ impl Draw {
     }
 
     /// `x · draw`, rounded down: always below `x` unless `x` is 0.
+    ///
+    /// Exact in 64-bit arithmetic, splitting `x` so that no product can wrap: a 128-bit division
+    /// would link a kilobyte-sized runtime routine into a device's flash.
     #[inline]
     pub const fn scale(&self, x: u64) -> u64 {
-        // u128 so that no u64 product can wrap.
-        let product = (x as u128).saturating_mul(self.value as u128);
-        let scaled = match self.kind {
-            DrawKind::Percent => product / 100,
-            DrawKind::Unit => product >> 32,
-        };
-        scaled as u64
+        let v = self.value as u64;
+        match self.kind {
+            // x = 100q + r: ⌊x·p/100⌋ = q·p + ⌊r·p/100⌋, and p < 100 keeps both terms below x.
+            DrawKind::Percent => {
+                (x / 100).saturating_mul(v).saturating_add((x % 100).saturating_mul(v) / 100)
+            }
+            // x = hi·2³² + lo: ⌊x·v/2³²⌋ = hi·v + ⌊lo·v/2³²⌋, each product below 2⁶⁴.
+            DrawKind::Unit => {
+                (x >> 32).saturating_mul(v).saturating_add(((x & 0xffff_ffff).saturating_mul(v)) >> 32)
+            }
+        }
     }
 }
 
@@ -254,5 +261,16 @@ mod tests {
         assert_eq!(pct(99).as_percent(), Some(99));
         assert_eq!(Draw::unit(7).as_unit(), Some(7));
         assert_eq!(pct(50).scale(u64::MAX), u64::MAX / 2);
+        // The split arithmetic agrees with 128-bit arithmetic everywhere, the edges included.
+        for x in [0, 1, 99, 100, 101, 12_345, (1 << 32) - 1, 1 << 32, (1 << 48) + 7, u64::MAX - 1, u64::MAX] {
+            for p in [0u8, 1, 37, 50, 99] {
+                let want = (u128::from(x) * u128::from(p) / 100) as u64;
+                assert_eq!(pct(p).scale(x), want, "{x} · {p}%");
+            }
+            for v in [0u32, 1, 0x8000_0000, 0xdead_beef, u32::MAX] {
+                let want = ((u128::from(x) * u128::from(v)) >> 32) as u64;
+                assert_eq!(Draw::unit(v).scale(x), want, "{x} · {v}/2³²");
+            }
+        }
     }
 }

@@ -397,6 +397,39 @@ impl Table {
         self
     }
 
+    /// Feeds every rule to a fingerprint, in a fixed order.
+    pub(crate) fn fingerprint_into(&self, h: &mut crate::policy::Fnv) {
+        let code = |r: Rule| match r {
+            Rule::RetryAny => 0u8,
+            Rule::RetryIdempotent => 1,
+            Rule::Fail => 2,
+        };
+        for slot in &self.statuses {
+            match slot {
+                Some((c, r)) => {
+                    h.u16(*c);
+                    h.u8(code(*r));
+                }
+                None => h.u16(0),
+            }
+        }
+        for r in [
+            self.client_error,
+            self.server_error,
+            self.other_status,
+            self.connect_timeout,
+            self.response_timeout,
+            self.refused,
+            self.reset,
+            self.tls,
+            self.bad_body,
+            self.stream_before,
+        ] {
+            h.u8(code(r));
+        }
+        h.u8(u8::from(self.reads_only));
+    }
+
     /// The rule for a status code.
     #[inline]
     pub const fn status_rule(&self, code: u16) -> Rule {

@@ -46,9 +46,9 @@ pub fn plan<const N: usize>(
     let mut state = CallState::new();
     let mut rest = outcomes.iter().peekable();
     while let Some(outcome) = rest.next() {
-        let last = rest.peek().is_none();
-        let draw = if policy.classify(op, outcome) == Class::Retry {
-            if last {
+        let class = policy.classify(op, outcome);
+        let draw = if class == Class::Retry {
+            if rest.peek().is_none() {
                 // No attempt left to wait for: the call ran out while still failing.
                 return Ok(Plan { waits, verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) });
             }
@@ -67,7 +67,7 @@ pub fn plan<const N: usize>(
             }
             None => None,
         };
-        match policy.decide(&mut state, op, outcome, draw, elapsed) {
+        match policy.decide_class(&mut state, class, outcome, draw, elapsed) {
             Decision::Done(verdict) => return Ok(Plan { waits, verdict }),
             Decision::Retry { wait } => {
                 waits.push(wait).map_err(|_| PlanError::CapacityExceeded { capacity: N })?;

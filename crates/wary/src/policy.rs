@@ -269,22 +269,82 @@ impl Policy {
     }
 
     /// A 32-bit fingerprint of every setting, recorded in ledgers so a replay can tell that a
-    /// record was made under another policy (FNV-1a over the settings; not cryptographic).
+    /// record was made under another policy (FNV-1a over the settings in a fixed, explicit
+    /// encoding, so a device and a laptop agree; not cryptographic).
     pub fn fingerprint(&self) -> u32 {
-        struct Fnv(u32);
-        impl core::hash::Hasher for Fnv {
-            fn finish(&self) -> u64 {
-                u64::from(self.0)
-            }
-            fn write(&mut self, bytes: &[u8]) {
-                for b in bytes {
-                    self.0 = (self.0 ^ u32::from(*b)).wrapping_mul(0x0100_0193);
-                }
-            }
+        let mut h = Fnv::new();
+        h.u32(self.tick_hz);
+        h.u64(self.backoff.base);
+        h.u64(self.backoff.cap);
+        h.u8(match self.backoff.jitter {
+            Jitter::Equal => 0,
+            Jitter::Full => 1,
+            Jitter::Decorrelated => 2,
+            Jitter::None => 3,
+        });
+        h.u64(self.budget);
+        h.opt_u64(self.deadline);
+        h.opt_u64(self.max_attempts.map(u64::from));
+        h.u64(self.min_attempt);
+        h.opt_u64(self.max_retry_after);
+        h.u8(match self.retry_after_mode {
+            RetryAfterMode::Max => 0,
+            RetryAfterMode::Spread => 1,
+        });
+        h.u8(u8::from(self.retry_after_rules.accept_dates));
+        h.u8(match self.retry_after_rules.duplicates {
+            crate::retry_after::Duplicates::Reject => 0,
+            crate::retry_after::Duplicates::Longest => 1,
+        });
+        self.table.fingerprint_into(&mut h);
+        h.finish()
+    }
+}
+
+/// FNV-1a, fed fixed-width little-endian fields: the same bytes on every target (a derived
+/// `Hash` would feed `usize` lengths and discriminants, whose width differs between a 32-bit
+/// device and a 64-bit host).
+pub(crate) struct Fnv(u32);
+
+impl Fnv {
+    const fn new() -> Self {
+        Fnv(0x811c_9dc5)
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u32::from(*b)).wrapping_mul(0x0100_0193);
         }
-        let mut h = Fnv(0x811c_9dc5);
-        core::hash::Hash::hash(self, &mut h);
-        h.0
+    }
+
+    pub(crate) fn u8(&mut self, v: u8) {
+        self.bytes(&[v]);
+    }
+
+    pub(crate) fn u16(&mut self, v: u16) {
+        self.bytes(&v.to_le_bytes());
+    }
+
+    fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+
+    fn opt_u64(&mut self, v: Option<u64>) {
+        match v {
+            Some(v) => {
+                self.u8(1);
+                self.u64(v);
+            }
+            None => self.u8(0),
+        }
+    }
+
+    const fn finish(&self) -> u32 {
+        self.0
     }
 }
 
@@ -445,6 +505,10 @@ pub trait StaticPolicy {
 mod tests {
     use super::*;
 
+    /// The fingerprint of seed 000's policy in this encoding; a change here breaks replays of
+    /// ledgers made before it.
+    const FINGERPRINT_SEED000: u32 = 0x5924_342a;
+
     fn seed000() -> PolicyBuilder {
         Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
     }
@@ -496,6 +560,10 @@ mod tests {
         assert_eq!(a.fingerprint(), seed000().build().unwrap().fingerprint());
         assert_ne!(a.fingerprint(), seed000().budget(121).build().unwrap().fingerprint());
         assert_ne!(a.fingerprint(), seed000().jitter(Jitter::None).build().unwrap().fingerprint());
+        let t = Table::EXERCISE.with_status(503, crate::Rule::RetryAny).unwrap();
+        assert_ne!(a.fingerprint(), seed000().table(t).build().unwrap().fingerprint());
+        // Pinned: the encoding is fixed, so a device's ledger replays on any host.
+        assert_eq!(a.fingerprint(), FINGERPRINT_SEED000);
     }
 
     #[test]

@@ -281,6 +281,9 @@ fn properties(tally: &mut Tally) {
     tally.check("waits never sum past the budget", within_budget);
     tally.check("an unkeyed write is never resent after a 5xx or timeout", write_safe);
     tally.check("a 4xx other than 429 is never retried", four_xx_final);
+    // The same fingerprint as on the host (crates/wary/src/policy.rs pins it), so a device's
+    // ledger replays on a laptop.
+    tally.check("the policy fingerprint matches the host's", Seed000::POLICY.fingerprint() == 0x5924_342a);
 }
 
 #[embassy_executor::main]
