@@ -13,7 +13,7 @@ use crate::util::{ensure_apt, ensure_targets, output, run, run_env, step};
 /// Must match the `iai-callgrind` version in crates/wary-bench: the runner refuses any other.
 const IAI_RUNNER_VERSION: &str = "0.16.1";
 /// The size binaries in bench-size/, `baseline` first: the others are deltas against it.
-const SIZE_BINARIES: [&str; 4] = ["baseline", "wary", "wary_fleet", "backon"];
+const SIZE_BINARIES: [&str; 5] = ["baseline", "wary", "wary_plan", "wary_fleet", "backon"];
 const THUMB: &str = "thumbv7em-none-eabihf";
 
 /// Runs every benchmark and the simulation.
@@ -94,7 +94,7 @@ pub fn bench(root: &Path) -> Result<()> {
 }
 
 /// The binaries that hold only the core's decision path (and the fleet budget).
-const CORE_ONLY: [&str; 2] = ["wary", "wary_fleet"];
+const CORE_ONLY: [&str; 3] = ["wary", "wary_plan", "wary_fleet"];
 
 /// Builds bench-size (opt-level z, fat LTO) and fails if the core's decision path pulls in any
 /// panic or formatting code: the link-time proof that the lints' "no panic paths" holds.

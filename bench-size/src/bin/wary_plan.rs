@@ -1,0 +1,27 @@
+//! `plan` over the decision path: a whole schedule into a fixed-capacity wait array, on outcomes,
+//! draws and a policy the compiler cannot see.
+#![no_std]
+#![no_main]
+
+use core::hint::black_box;
+
+use wary::plan::plan;
+use wary::{Draw, Operation, Outcome, Policy, Preset};
+
+static POLICY: Policy = match Policy::builder(Preset::Default).build() {
+    Ok(p) => p,
+    Err(_) => panic!(),
+};
+
+#[unsafe(no_mangle)]
+pub extern "C" fn _start() -> ! {
+    wary_bench_size::run(|i| {
+        let policy: &Policy = black_box(&POLICY);
+        let outcomes = black_box([Outcome::status(i[0] as u16); 8]);
+        let draws = black_box([Draw::unit(i[2]); 8]);
+        match plan::<16>(policy, Operation::Read, &outcomes, &draws) {
+            Ok(p) => p.waits.iter().sum(),
+            Err(_) => 0,
+        }
+    })
+}
