@@ -124,7 +124,15 @@ async fn main() -> Result<()> {
     let out =
         std::env::args().nth(1).map_or_else(|| PathBuf::from("target/demo/timeline.svg"), PathBuf::from);
     let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await?;
-    let keyed = Arc::new(Gateway::start(config(&cloud, false), Box::new(std::io::sink()))?);
+    // The keyed gateway's ledger, for `wary stats` and `wary replay` after the run.
+    let ledger_path = out.with_file_name("ledger.jsonl");
+    if let Some(dir) = ledger_path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let ledger = std::io::BufWriter::new(
+        std::fs::File::create(&ledger_path).with_context(|| format!("creating {}", ledger_path.display()))?,
+    );
+    let keyed = Arc::new(Gateway::start(config(&cloud, false), Box::new(ledger))?);
     let legacy = Arc::new(Gateway::start(config(&cloud, true), Box::new(std::io::sink()))?);
     let tally = Arc::new(Tally::default());
     let t0 = Instant::now();
@@ -251,6 +259,7 @@ async fn main() -> Result<()> {
         lost += d.number("readings").saturating_sub(d.number("landed") + d.number("failed"));
     }
     writeln!(o, "timeline: {}", out.display())?;
+    writeln!(o, "ledger: {} (try `wary stats` and `wary replay` on it)", ledger_path.display())?;
     writeln!(o, "duplicates: {duplicates}")?;
     writeln!(o, "lost: {lost}")?;
     Ok(())
