@@ -74,7 +74,11 @@ async fn main() -> Result<()> {
             eprintln!("wary-gateway: {n} readings, stream closed");
         }
         Some(path) => {
-            let _ = std::fs::remove_file(path);
+            // A socket left by an earlier run is replaced; any other file at the path is not.
+            use std::os::unix::fs::FileTypeExt as _;
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+                std::fs::remove_file(path)?;
+            }
             let sock = tokio::net::UnixListener::bind(path)?;
             loop {
                 tokio::select! {

@@ -119,7 +119,7 @@ impl Metrics {
         metric(
             "wary_gateway_attempts_total",
             "counter",
-            "Attempts sent.",
+            "Attempts of calls that have ended (counted at their verdict).",
             &one(self.stats.attempts().to_string()),
         );
         metric(
