@@ -27,8 +27,7 @@ use embassy_nrf::{bind_interrupts, peripherals, rng, uarte};
 use embassy_time::{Duration, Timer};
 use panic_probe as _;
 use wary::ledger::Ledger;
-use wary::{FleetBudget, Policy, Preset};
-use wary_uplink::{Config, Modem, Outbox, Reading, SplitMix64, uplink};
+use wary_uplink::{Config, FLEET, Modem, Outbox, POLICY, Reading, SplitMix64, uplink};
 
 /// Readings the sensor makes; the run ends when all have settled.
 const READINGS: u32 = 20;
@@ -41,19 +40,6 @@ const BOOT: u32 = 1;
 /// An answer not complete within this is a response timeout: a cellular modem's HTTP request
 /// can take seconds (attach, DNS, TLS), far longer than the emulator under QEMU.
 const MODEM_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Milliseconds: 100 ms base, 2 s cap, 8 s of waits per call, at most 6 attempts (as under QEMU).
-static POLICY: Policy =
-    match Policy::builder(Preset::Default).base(100).cap(2_000).budget(8_000).max_attempts(6).build() {
-        Ok(p) => p,
-        Err(_) => panic!("uplink policy refused"),
-    };
-
-/// The device-wide retry budget: 10 tokens, half a token back per success.
-static FLEET: FleetBudget = match FleetBudget::new(10, 500) {
-    Ok(f) => f,
-    Err(_) => panic!("fleet budget refused"),
-};
 
 static OUTBOX_CELL: Outbox<OUTBOX> = Outbox::new();
 
@@ -147,27 +133,8 @@ async fn main(spawner: Spawner) {
     let s =
         uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;
 
-    let mean = s.mean_milli;
-    defmt::info!(
-        "SUMMARY readings={=u32} landed={=u32} failed={=u32} gave_up={=u32} unknown={=u32} left={=u32} rounds={=u32} refused={=u32} noise={=u32} lost_answers={=u32} calls={=u32} attempts={=u64} mean={=u64}.{=u64:03} p95={=u32} max={=u32}",
-        READINGS,
-        s.landed,
-        s.failed,
-        s.gave_up,
-        s.unknown,
-        s.left,
-        s.rounds,
-        OUTBOX_CELL.refused(),
-        modem.noise(),
-        modem.lost_answers(),
-        s.calls,
-        s.attempts,
-        mean / 1000,
-        mean % 1000,
-        s.p95,
-        s.max
-    );
-    if s.landed == READINGS && s.failed == 0 && s.left == 0 {
+    s.log(READINGS, OUTBOX_CELL.refused(), modem.noise(), modem.lost_answers());
+    if s.all_landed(READINGS) {
         defmt::info!("every reading landed; idle");
     } else {
         defmt::error!("{=u32} of {=u32} readings did not land; idle", READINGS - s.landed, READINGS);

@@ -30,7 +30,7 @@ use rand_core::RngCore;
 use wary::ledger::Ledger;
 use wary::retry_after::Rules;
 use wary::run::{EmbassyClock, Runner};
-use wary::{FleetBudget, Key, Operation, Outcome, Policy, Verdict};
+use wary::{FleetBudget, Key, Operation, Outcome, Policy, Preset, Verdict};
 use wary_modem_proto::{
     Event, Line, LineBuf, LineError, MAX_LINE, PostExchange, ProtoError, SEED_QUERY, parse_line, post_command,
 };
@@ -344,6 +344,20 @@ pub struct Config {
     pub max_rounds: u32,
 }
 
+/// The uplink's policy, in milliseconds: 100 ms base, 2 s cap, 8 s of waits per call, at most six
+/// attempts. One definition for every board, so a device ledger replays under one known policy.
+pub static POLICY: Policy =
+    match Policy::builder(Preset::Default).base(100).cap(2_000).budget(8_000).max_attempts(6).build() {
+        Ok(p) => p,
+        Err(_) => panic!("uplink policy refused"),
+    };
+
+/// The device-wide retry budget: 10 tokens, half a token back per success.
+pub static FLEET: FleetBudget = match FleetBudget::new(10, 500) {
+    Ok(f) => f,
+    Err(_) => panic!("fleet budget refused"),
+};
+
 /// What happened, for the summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, defmt::Format)]
 pub struct Summary {
@@ -369,6 +383,36 @@ pub struct Summary {
     pub p95: u32,
     /// Attempts per call, most.
     pub max: u32,
+}
+
+impl Summary {
+    /// True if every one of `readings` landed and none is left.
+    pub const fn all_landed(&self, readings: u32) -> bool {
+        self.landed == readings && self.failed == 0 && self.left == 0
+    }
+
+    /// Logs the `SUMMARY` line the host-side scenario checks.
+    pub fn log(&self, readings: u32, refused: u32, noise: u32, lost_answers: u32) {
+        defmt::info!(
+            "SUMMARY readings={=u32} landed={=u32} failed={=u32} gave_up={=u32} unknown={=u32} left={=u32} rounds={=u32} refused={=u32} noise={=u32} lost_answers={=u32} calls={=u32} attempts={=u64} mean={=u64}.{=u64:03} p95={=u32} max={=u32}",
+            readings,
+            self.landed,
+            self.failed,
+            self.gave_up,
+            self.unknown,
+            self.left,
+            self.rounds,
+            refused,
+            noise,
+            lost_answers,
+            self.calls,
+            self.attempts,
+            self.mean_milli / 1000,
+            self.mean_milli % 1000,
+            self.p95,
+            self.max
+        );
+    }
 }
 
 /// Sends readings from `outbox` until `config.readings` have settled (landed or failed) or

@@ -13,8 +13,7 @@ use embassy_executor::Spawner;
 use embassy_time::Duration;
 use mps2_an386::{exit, exit_code};
 use wary::ledger::Ledger;
-use wary::{FleetBudget, Policy, Preset};
-use wary_uplink::{Config, Modem, Outbox, SplitMix64, sense, uplink};
+use wary_uplink::{Config, FLEET, Modem, Outbox, POLICY, SplitMix64, sense, uplink};
 
 /// Readings the sensor makes; the run ends when all have settled.
 const READINGS: u32 = 20;
@@ -26,19 +25,6 @@ const DEVICE: u32 = 0x0a38_6001;
 const BOOT: u32 = 1;
 /// Seed used only if the modem does not answer `AT+SEED?` (logged as a warning).
 const FALLBACK_SEED: u64 = 0x5eed_0a38_6001;
-
-/// Milliseconds: 100 ms base, 2 s cap, 8 s of waits per call, at most 6 attempts.
-static POLICY: Policy =
-    match Policy::builder(Preset::Default).base(100).cap(2_000).budget(8_000).max_attempts(6).build() {
-        Ok(p) => p,
-        Err(_) => panic!("uplink policy refused"),
-    };
-
-/// The device-wide retry budget: 10 tokens, half a token back per success.
-static FLEET: FleetBudget = match FleetBudget::new(10, 500) {
-    Ok(f) => f,
-    Err(_) => panic!("fleet budget refused"),
-};
 
 static OUTBOX_CELL: Outbox<OUTBOX> = Outbox::new();
 
@@ -84,27 +70,8 @@ async fn main(spawner: Spawner) {
     let s =
         uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;
 
-    let mean = s.mean_milli;
-    defmt::info!(
-        "SUMMARY readings={=u32} landed={=u32} failed={=u32} gave_up={=u32} unknown={=u32} left={=u32} rounds={=u32} refused={=u32} noise={=u32} lost_answers={=u32} calls={=u32} attempts={=u64} mean={=u64}.{=u64:03} p95={=u32} max={=u32}",
-        READINGS,
-        s.landed,
-        s.failed,
-        s.gave_up,
-        s.unknown,
-        s.left,
-        s.rounds,
-        OUTBOX_CELL.refused(),
-        modem.noise(),
-        modem.lost_answers(),
-        s.calls,
-        s.attempts,
-        mean / 1000,
-        mean % 1000,
-        s.p95,
-        s.max
-    );
-    if s.landed == READINGS && s.failed == 0 && s.left == 0 {
+    s.log(READINGS, OUTBOX_CELL.refused(), modem.noise(), modem.lost_answers());
+    if s.all_landed(READINGS) {
         exit(exit_code::PASS)
     } else {
         defmt::error!("{=u32} of {=u32} readings did not land", READINGS - s.landed, READINGS);
