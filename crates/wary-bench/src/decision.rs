@@ -7,9 +7,7 @@
 use core::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use wary::{
-    CallState, Class, Decision, Draw, FleetBudget, GiveUp, Operation, Outcome, Policy, Preset, Verdict,
-};
+use wary::{CallState, Decision, Draw, FleetBudget, Operation, Outcome, Policy, Preset, Verdict};
 
 /// The AWS study's base, in ms.
 pub const BASE: u64 = 5;
@@ -68,24 +66,7 @@ pub fn step(
     draw: Draw,
     elapsed: Option<u64>,
 ) -> Decision {
-    let Some(fleet) = fleet else {
-        return policy.decide(state, op, outcome, draw, elapsed);
-    };
-    // Classified once, as the runner does, and the class handed to `decide_class`.
-    let class = policy.classify(op, outcome);
-    let allows = match class {
-        Class::Ok => {
-            fleet.on_success();
-            true
-        }
-        Class::Retry | Class::Unknown => fleet.on_failure(),
-        _ => true,
-    };
-    let decision = policy.decide_class(state, class, outcome, draw, elapsed);
-    match decision {
-        Decision::Retry { .. } if !allows => Decision::Done(Verdict::GaveUp(GiveUp::Throttled)),
-        d => d,
-    }
+    policy.decide_with_fleet(state, op, outcome, draw, elapsed, fleet).1
 }
 
 /// `calls` calls through wary's decision path: each meets [`FAILURES`], one retry decision

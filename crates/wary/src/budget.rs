@@ -156,6 +156,36 @@ impl Policy {
         self.decide_class(state, self.classify(op, outcome), outcome, draw, elapsed)
     }
 
+    /// One attempt's whole decision as the runner makes it: classify, charge the fleet budget
+    /// for a failure that says the server or the path is in trouble (or refund it on success),
+    /// decide, and turn a retry the fleet refuses into `gave_up` (throttled). The cost is taken
+    /// now, before any wait, so a retry waiting in backoff already holds it.
+    #[inline]
+    pub fn decide_with_fleet(
+        &self,
+        state: &mut CallState,
+        op: Operation,
+        outcome: &Outcome,
+        draw: Draw,
+        elapsed: Option<u64>,
+        fleet: Option<&crate::FleetBudget>,
+    ) -> (Class, Decision) {
+        let class = self.classify(op, outcome);
+        let allowed = match (class, fleet) {
+            (Class::Ok, Some(f)) => {
+                f.on_success();
+                true
+            }
+            (Class::Retry | Class::Unknown, Some(f)) => f.on_failure(),
+            _ => true,
+        };
+        let decision = match self.decide_class(state, class, outcome, draw, elapsed) {
+            Decision::Retry { .. } if !allowed => Decision::Done(Verdict::GaveUp(GiveUp::Throttled)),
+            d => d,
+        };
+        (class, decision)
+    }
+
     /// [`Policy::decide`] for an outcome already classified (by [`Policy::classify`] for the
     /// same operation), so a caller that needs the class too classifies once.
     #[inline]

@@ -26,14 +26,14 @@ use embedded_hal_async::delay::DelayNs;
 use portable_atomic::{AtomicBool, Ordering};
 use rand_core::RngCore;
 
+use crate::Verdict;
 use crate::backoff::Draw;
 use crate::budget::{CallState, Decision};
-use crate::classify::{Class, Operation, Outcome};
+use crate::classify::{Operation, Outcome};
 use crate::key::Key;
 use crate::ledger::{Record, Sink};
 use crate::policy::Policy;
 use crate::throttle::FleetBudget;
-use crate::{GiveUp, Verdict};
 
 /// A monotonic clock in the policy's ticks.
 pub trait Clock {
@@ -269,23 +269,10 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                 Err(o) => (o, None),
             };
             last = Some(outcome);
-            let class = self.policy.classify(op, &outcome);
-            // Every failure that says the server or the path is in trouble costs a fleet token,
-            // taken now, so a retry waiting in backoff already holds it.
-            let fleet_allows = match (class, self.fleet) {
-                (Class::Ok, Some(f)) => {
-                    f.on_success();
-                    true
-                }
-                (Class::Retry | Class::Unknown, Some(f)) => f.on_failure(),
-                _ => true,
-            };
             let draw = Draw::from_rng(&mut self.rng);
             let elapsed = t1.saturating_sub(start);
-            let mut decision = self.policy.decide_class(&mut state, class, &outcome, draw, Some(elapsed));
-            if matches!(decision, Decision::Retry { .. }) && !fleet_allows {
-                decision = Decision::Done(Verdict::GaveUp(GiveUp::Throttled));
-            }
+            let (class, decision) =
+                self.policy.decide_with_fleet(&mut state, op, &outcome, draw, Some(elapsed), self.fleet);
             let record = Record {
                 key,
                 attempt: number,
