@@ -6,7 +6,8 @@ use anyhow::Result;
 
 use crate::util::{ensure_targets, run, step};
 
-const THUMB: [&str; 2] = ["thumbv7em-none-eabihf", "thumbv6m-none-eabi"];
+/// Cortex-M4F/M7F, Cortex-M0/M0+ (no compare-and-swap), Cortex-M33 (Armv8-M).
+const THUMB: [&str; 3] = ["thumbv7em-none-eabihf", "thumbv6m-none-eabi", "thumbv8m.main-none-eabihf"];
 
 /// Runs the full check.
 pub fn run_all(root: &Path) -> Result<()> {
@@ -38,13 +39,14 @@ pub fn run_all(root: &Path) -> Result<()> {
     )?;
 
     for target in THUMB {
-        step(&format!("core for {target}, no default features and with defmt"));
-        run(root, "cargo", &["build", "-p", "wary", "--target", target, "--no-default-features"])?;
-        run(
-            root,
-            "cargo",
-            &["build", "-p", "wary", "--target", target, "--no-default-features", "--features", "defmt"],
-        )?;
+        step(&format!("core for {target}: no features, then each feature on its own, then all"));
+        for features in ["", "defmt", "embassy-time", "defmt,embassy-time"] {
+            let mut args = vec!["build", "-p", "wary", "--target", target, "--no-default-features"];
+            if !features.is_empty() {
+                args.extend(["--features", features]);
+            }
+            run(root, "cargo", &args)?;
+        }
     }
 
     step("host tests");

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use wary::ledger::{Record, Sink};
-use wary::run::{Runner, Stopped};
+use wary::run::{Attempt, Runner, Stopped};
 use wary::{FleetBudget, Operation, Policy, Verdict};
 use wary_host::ledger::JsonLedger;
 use wary_host::spec::PolicySpec;
@@ -76,6 +76,9 @@ pub enum GatewayError {
     /// The fleet budget settings are invalid.
     #[error("fleet budget: {0:?}")]
     Fleet(wary::PolicyError),
+    /// The policy counts in other ticks than the gateway's millisecond clock.
+    #[error("the gateway's policy must count milliseconds (tick_hz 1000), not {0} ticks per second")]
+    TickRate(u32),
     /// The gateway has stopped.
     #[error("gateway stopped")]
     Stopped,
@@ -125,6 +128,10 @@ impl Gateway {
     /// Starts the workers on the current tokio runtime; `ledger` gets the JSON lines.
     pub fn start(config: Config, ledger: Box<dyn Write + Send>) -> Result<Gateway, GatewayError> {
         let policy = config.policy.build()?;
+        // The runner's clock and the sleeps are in milliseconds.
+        if policy.tick_hz() != 1000 {
+            return Err(GatewayError::TickRate(policy.tick_hz()));
+        }
         let fleet = FleetBudget::new(config.fleet_max_tokens, config.fleet_ratio_milli)
             .map_err(GatewayError::Fleet)?;
         let mut json = JsonLedger::new(ledger);
@@ -339,7 +346,8 @@ async fn worker(
         let Some(job) = job else { break };
         let r = job.reading;
         let client = &shared.client;
-        let send = |_| upstream.send(client, &policy, &r);
+        // Ticks are milliseconds here (checked in `Gateway::start`).
+        let send = |a: Attempt| upstream.send(client, &policy, &r, a.remaining);
         let result: Result<u64, Stopped> = if upstream.legacy {
             let probe = LegacyProbe { client, upstream: &upstream, reading: r };
             runner.call_with_probe(Operation::Write, r.key(), send, probe).await

@@ -42,12 +42,14 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Sends `reading` once; `Ok(id)` is the cloud's effect id.
+    /// Sends `reading` once; `Ok(id)` is the cloud's effect id. `remaining` is the call's time
+    /// left before its deadline, in milliseconds: the attempt's timeout is capped to it.
     pub async fn send(
         &self,
         client: &HttpClient,
         policy: &Policy,
         reading: &Reading,
+        remaining: Option<u64>,
     ) -> Result<u64, Outcome> {
         let body = serde_json::json!({"sensor": reading.sensor, "boot": reading.boot, "seq": reading.seq, "value": reading.value});
         let mut b = Request::builder().method(Method::POST).header("content-type", "application/json");
@@ -80,7 +82,9 @@ impl Upstream {
             let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| Outcome::BadBody)?;
             v.get("id").and_then(serde_json::Value::as_u64).ok_or(Outcome::BadBody)
         };
-        match tokio::time::timeout(self.attempt_timeout, attempt).await {
+        let limit =
+            remaining.map_or(self.attempt_timeout, |ms| self.attempt_timeout.min(Duration::from_millis(ms)));
+        match tokio::time::timeout(limit, attempt).await {
             Ok(r) => r,
             Err(_) => Err(Outcome::ResponseTimeout),
         }

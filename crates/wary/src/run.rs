@@ -137,6 +137,10 @@ pub struct Attempt {
     pub number: u32,
     /// The call's idempotency key: send it on every attempt.
     pub key: Key,
+    /// Ticks left before the call's deadline as this attempt starts (`None` without a
+    /// deadline): an attempt caps its own timeout to it, so a slow answer cannot hold the call
+    /// past its deadline.
+    pub remaining: Option<u64>,
 }
 
 /// What a probe found out about a write that may have landed.
@@ -260,7 +264,8 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             }
             let number = state.attempts().saturating_add(1);
             let t0 = self.clock.now();
-            let result = attempt(Attempt { number, key }).await;
+            let remaining = self.policy.deadline().map(|d| d.saturating_sub(t0.saturating_sub(start)));
+            let result = attempt(Attempt { number, key, remaining }).await;
             let t1 = self.clock.now();
             // After receiving: a response that arrives after a cancel is not accepted.
             let (outcome, value) = match result {

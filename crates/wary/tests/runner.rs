@@ -463,6 +463,16 @@ fn deadline_counts_attempt_time_and_no_sleep_starts_past_it() {
     // Every attempt started early enough to end (at 300 ms each) by the deadline.
     let sleeps: u64 = h.sleeps().iter().sum();
     assert!(sleeps + 300 * h.sends() as u64 <= 1000, "{:?} {}", h.sleeps(), h.sends());
+    // Each attempt is told how long it has left: the first the whole deadline, later ones less
+    // by the attempts and waits before them.
+    let sent = h.sends.borrow();
+    assert_eq!(sent[0].remaining, Some(1000));
+    let mut spent = 300;
+    for (a, wait) in sent.iter().skip(1).zip(h.sleeps()) {
+        spent += wait;
+        assert_eq!(a.remaining, Some(1000 - spent));
+        spent += 300;
+    }
     assert!(h.sends() >= 2);
 }
 
@@ -481,7 +491,7 @@ fn every_attempt_carries_the_same_key_and_the_ledger_has_one_record_each() {
     };
     let r = block_on(runner.call(Operation::KeyedWrite, KEY, |a| s.attempt(a)));
     assert_eq!(r.unwrap(), 3);
-    assert!(h.sends.borrow().iter().all(|a| a.key == KEY));
+    assert!(h.sends.borrow().iter().all(|a| a.key == KEY && a.remaining.is_none()));
     assert_eq!(h.sends.borrow().iter().map(|a| a.number).collect::<Vec<_>>(), [1, 2, 3]);
     let recs: Vec<_> = ledger.records().copied().collect();
     assert_eq!(recs.len(), 3);
