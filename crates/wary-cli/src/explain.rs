@@ -45,8 +45,40 @@ pub struct Explanation {
     pub tick_hz: u32,
     /// Outcome × operation → class.
     pub table: Vec<TableRow>,
+    /// The fleet retry budget, when one is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetExplained>,
     /// Risky settings.
     pub warnings: Vec<String>,
+}
+
+/// What a fleet retry budget allows.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FleetExplained {
+    /// Tokens.
+    pub max_tokens: u32,
+    /// Thousandths of a token back per success.
+    pub ratio_milli: u32,
+    /// Failed attempts, fleet-wide and with no success between them, before retries stop (the
+    /// bucket's start: retries need more than half the tokens).
+    pub failures_before_throttle: u32,
+    /// Successes that pay for one failure once the bucket is at its threshold.
+    pub successes_per_failure: u32,
+}
+
+/// The fleet budget's consequences, computed by running the real bucket.
+pub fn fleet(tokens: u32, ratio_milli: u32) -> Option<FleetExplained> {
+    let b = wary::FleetBudget::new(tokens, ratio_milli).ok()?;
+    let mut failures = 0u32;
+    while b.on_failure() {
+        failures += 1;
+    }
+    Some(FleetExplained {
+        max_tokens: tokens,
+        ratio_milli,
+        failures_before_throttle: failures + 1,
+        successes_per_failure: 1000u32.div_ceil(ratio_milli),
+    })
 }
 
 /// One row of the classification grid.
@@ -171,6 +203,7 @@ pub fn explain(policy: &Policy, known_retry_after: Option<u64>) -> Explanation {
         longest_call,
         tick_hz: policy.tick_hz(),
         table,
+        fleet: None,
         warnings,
     }
 }
@@ -215,6 +248,18 @@ pub fn render(e: &Explanation, policy: &Policy) -> String {
     for r in &e.table {
         let _ = writeln!(s, "{:<22} {:<8} {:<12} {:<8}", r.outcome, r.read, r.keyed_write, r.write);
     }
+    if let Some(f) = &e.fleet {
+        let _ = writeln!(
+            s,
+            "\nfleet budget: {} tokens, {}.{:03} back per success: retries stop fleet-wide after {} failed attempts \
+             with no success between them, and then take {} successes per failure to keep going",
+            f.max_tokens,
+            f.ratio_milli / 1000,
+            f.ratio_milli % 1000,
+            f.failures_before_throttle,
+            f.successes_per_failure
+        );
+    }
     for w in &e.warnings {
         let _ = writeln!(s, "\nwarning: {w}");
     }
@@ -242,6 +287,16 @@ mod tests {
             (grid.read.as_str(), grid.keyed_write.as_str(), grid.write.as_str()),
             ("retry", "retry", "unknown")
         );
+    }
+
+    #[test]
+    fn fleet_budget_consequences_come_from_the_bucket() {
+        // gRPC A6's example: 10 tokens, 0.1 back: the fifth failure leaves 5, not above half.
+        let f = fleet(10, 100).unwrap();
+        assert_eq!((f.failures_before_throttle, f.successes_per_failure), (5, 10));
+        let f = fleet(3, 1000).unwrap();
+        assert_eq!((f.failures_before_throttle, f.successes_per_failure), (2, 1));
+        assert!(fleet(0, 100).is_none());
     }
 
     #[test]

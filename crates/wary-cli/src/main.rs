@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use wary_cli::{explain, from_defmt, plan, replay};
-use wary_host::spec::PolicySpec;
+use wary_host::spec::{FleetSpec, PolicySpec};
 
 #[derive(Parser)]
 #[command(name = "wary", version, about = "Retry policies for device uplinks: plan, explain, replay, stats")]
@@ -214,10 +214,13 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
         ($($f:ident),*) => { $( if a.$f.is_some() { spec.$f = a.$f.clone(); } )* };
     }
     flag!(preset, tick_hz, base, cap, budget, deadline, max_attempts, jitter, retry_after);
-    if let (Some(t), Some(r)) = (a.fleet_tokens, a.fleet_ratio) {
-        wary::FleetBudget::new(t, r).map_err(|e| anyhow::anyhow!("fleet budget: {e}"))?;
-    } else if a.fleet_tokens.is_some() || a.fleet_ratio.is_some() {
-        bail!("--fleet-tokens and --fleet-ratio go together");
+    match (a.fleet_tokens, a.fleet_ratio) {
+        (Some(tokens), Some(ratio_milli)) => spec.fleet = Some(FleetSpec { tokens, ratio_milli }),
+        (None, None) => {}
+        _ => bail!("--fleet-tokens and --fleet-ratio go together"),
+    }
+    if let Some(f) = &spec.fleet {
+        f.build().map_err(|e| anyhow::anyhow!("fleet budget: {e}"))?;
     }
     let policy = match spec.build() {
         Ok(p) => p,
@@ -229,7 +232,8 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let e = explain::explain(&policy, a.known_retry_after);
+    let mut e = explain::explain(&policy, a.known_retry_after);
+    e.fleet = spec.fleet.and_then(|f| explain::fleet(f.tokens, f.ratio_milli));
     if a.json {
         println!("{}", serde_json::to_string(&e)?);
     } else {

@@ -66,10 +66,13 @@ fn explain_text_and_toml_and_refusals() {
     let dir = std::env::temp_dir().join(format!("wary-explain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("policy.toml");
-    std::fs::write(&cfg, "preset = \"strict\"\nbudget = 300\n").unwrap();
+    std::fs::write(&cfg, "preset = \"strict\"\nbudget = 300\n[fleet]\ntokens = 10\nratio_milli = 100\n").unwrap();
     let out = wary(&["explain", "--config", cfg.to_str().unwrap()], "");
     let text = stdout(&out);
     assert!(text.contains("at most 2 retries"), "{text}");
+    assert!(text.contains("retries stop fleet-wide after 5 failed attempts"), "{text}");
+    let out = wary(&["explain", "--fleet-tokens", "10", "--fleet-ratio", "0"], "");
+    assert_eq!(out.status.code(), Some(2), "a bad fleet budget is refused");
     assert!(text.contains("503"), "{text}");
     let out =
         wary(&["explain", "--base", "1", "--cap", "100", "--budget", "50", "--known-retry-after", "1"], "");

@@ -51,6 +51,28 @@ pub struct PolicySpec {
     /// Exact status rules on top of the preset's table: `[[503, "retry_any"], …]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub statuses: Vec<(u16, String)>,
+    /// The fleet retry budget shared with the calls made under this policy, if any. Not part of
+    /// the policy's fingerprint: it is shared state, not a per-call setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetSpec>,
+}
+
+/// A fleet retry budget's settings (`wary::FleetBudget::new`): gRPC A6's `maxTokens` and
+/// `tokenRatio` (in thousandths).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSpec {
+    /// Tokens, 1..=1000.
+    pub tokens: u32,
+    /// Thousandths of a token back per success, 1..=1000.
+    pub ratio_milli: u32,
+}
+
+impl FleetSpec {
+    /// Builds and checks the budget.
+    pub fn build(&self) -> Result<wary::FleetBudget, SpecError> {
+        Ok(wary::FleetBudget::new(self.tokens, self.ratio_milli)?)
+    }
 }
 
 /// Why a spec could not become a policy.
@@ -169,6 +191,7 @@ impl PolicySpec {
             retry_after_dates: Some(p.retry_after_rules().accept_dates),
             reject_duplicate_retry_after: Some(p.retry_after_rules().duplicates == Duplicates::Reject),
             statuses: statuses.iter().map(|(c, r)| (*c, rule_name(*r).to_owned())).collect(),
+            fleet: None,
         }
     }
 }
@@ -202,6 +225,10 @@ mod tests {
         assert!(matches!(s.build(), Err(SpecError::UnknownName { field: "jitter", .. })));
         let s = PolicySpec { base: Some(0), ..PolicySpec::default() };
         assert_eq!(s.build(), Err(SpecError::Policy(PolicyError::ZeroBase)));
+        let f = FleetSpec { tokens: 0, ratio_milli: 100 };
+        assert_eq!(f.build().err(), Some(SpecError::Policy(PolicyError::BadFleetBudget)));
+        let t: PolicySpec = toml::from_str("base = 50\n[fleet]\ntokens = 10\nratio_milli = 100\n").unwrap();
+        assert_eq!(t.fleet, Some(FleetSpec { tokens: 10, ratio_milli: 100 }));
         assert!(serde_json::from_str::<PolicySpec>(r#"{"bsae": 1}"#).is_err());
     }
 }
