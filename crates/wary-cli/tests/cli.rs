@@ -66,7 +66,8 @@ fn explain_text_and_toml_and_refusals() {
     let dir = std::env::temp_dir().join(format!("wary-explain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("policy.toml");
-    std::fs::write(&cfg, "preset = \"strict\"\nbudget = 300\n[fleet]\ntokens = 10\nratio_milli = 100\n").unwrap();
+    std::fs::write(&cfg, "preset = \"strict\"\nbudget = 300\n[fleet]\ntokens = 10\nratio_milli = 100\n")
+        .unwrap();
     let out = wary(&["explain", "--config", cfg.to_str().unwrap()], "");
     let text = stdout(&out);
     assert!(text.contains("at most 2 retries"), "{text}");
