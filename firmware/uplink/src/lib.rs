@@ -11,7 +11,8 @@
 //! - **A full outbox refuses the new reading and counts the refusal** ([`Outbox::offer`]); the
 //!   sensor keeps its reading and offers it again, so nothing is dropped silently.
 //! - **One attempt per AT command**: the modem never retries; the runner decides.
-//! - Every attempt is logged with defmt by the ledger (`wary` at debug level).
+//! - Every attempt is logged with defmt by the ledger, as a `wary-ledger v1` line that
+//!   `wary ledger from-defmt` turns into the host's replayable JSON lines.
 
 #![no_std]
 #![deny(missing_docs)]
