@@ -20,7 +20,7 @@ pub fn demo(root: &Path) -> Result<()> {
     let device_counts = device.lines().next().unwrap_or_default().to_owned();
 
     step("fleet leg: cloud + gateways + 60 sensors through calm, 503 storm, 429, drops, outage, recovery");
-    run(root, "cargo", &["build", "--release", "--quiet", "-p", "wary-demo", "-p", "wary-cli"])?;
+    run(root, "cargo", &["build", "--release", "--quiet", "-p", "wary-demo"])?;
     let out = root.join("target/demo/timeline.svg");
     let out_s = out.to_string_lossy().into_owned();
     let bin = root.join("target/release/wary-demo");
@@ -28,11 +28,5 @@ pub fn demo(root: &Path) -> Result<()> {
     if !out.exists() {
         bail!("the demo did not write {out_s}");
     }
-    // The gateway's ledger, recomputed decision by decision by the core: a field incident
-    // reproduces the same way on a laptop.
-    step("replaying the keyed gateway's ledger with the core");
-    let ledger = root.join("target/demo/ledger.jsonl");
-    let wary = root.join("target/release/wary");
-    run(root, &wary.to_string_lossy(), &["replay", &ledger.to_string_lossy()])?;
     Ok(())
 }

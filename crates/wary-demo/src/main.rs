@@ -213,6 +213,15 @@ async fn main() -> Result<()> {
     std::fs::write(&out, svg::timeline(&events, &bands))
         .with_context(|| format!("writing {}", out.display()))?;
 
+    // Every decision in the keyed gateway's ledger, recomputed by the core: a field incident
+    // reproduces the same way on a laptop.
+    let text = std::fs::read_to_string(&ledger_path)
+        .with_context(|| format!("reading {}", ledger_path.display()))?;
+    // Workers may still be finishing a call: replay only whole lines.
+    let whole = text.get(..text.rfind('\n').map_or(0, |i| i + 1)).unwrap_or_default();
+    let loaded = wary_cli::replay::load(whole);
+    let replayed: usize = loaded.calls.iter().map(|c| c.records.len()).sum();
+    let divergences = wary_cli::replay::replay(&loaded).len() + loaded.bad_lines.len();
     let device = std::env::var("WARY_DEMO_DEVICE").ok().map(|s| Counts::parse(&s));
     let mut o = std::io::stdout().lock();
     writeln!(
@@ -260,7 +269,12 @@ async fn main() -> Result<()> {
     }
     writeln!(o, "timeline: {}", out.display())?;
     writeln!(o, "ledger: {} (try `wary stats` and `wary replay` on it)", ledger_path.display())?;
+    writeln!(o, "{:<34}{:>10}", "ledger decisions replayed", replayed)?;
+    writeln!(o, "{:<34}{:>10}", "replay divergences", divergences)?;
     writeln!(o, "duplicates: {duplicates}")?;
     writeln!(o, "lost: {lost}")?;
+    if divergences > 0 {
+        anyhow::bail!("{divergences} decisions in the ledger diverge from the core's");
+    }
     Ok(())
 }
