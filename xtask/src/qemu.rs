@@ -188,46 +188,14 @@ pub fn uplink_scenario(root: &Path, faults: &str) -> Result<String> {
     let sock_arg = sock.to_str().context("temp path is not UTF-8")?.to_owned();
     step(&format!("uplink scenario: cloud faults `{faults}`, modem faults `{}`", MODEM_FAULTS.join(" ")));
     let chardev = format!("socket,id=modem,path={sock_arg},server=on,wait=on");
-    let args = [
-        "-cpu",
-        "cortex-m4",
-        "-machine",
-        "mps2-an386",
-        "-nographic",
-        "-monitor",
-        "none",
-        "-chardev",
-        &chardev,
-        "-serial",
-        "chardev:modem",
-        "-semihosting-config",
-        "enable=on,target=native",
-        "-kernel",
-        &elf_arg,
-    ];
-    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf_arg}", args.join(" "));
     let started = Instant::now();
-    let mut qemu = Command::new("qemu-system-arm")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting qemu-system-arm")?;
-    let frames = qemu.stdout.take().context("qemu stdout")?;
+    let (mut qemu, mut printer) = start_qemu(
+        &elf_arg,
+        &["-chardev", &chardev, "-serial", "chardev:modem"],
+        Stdio::null(),
+        Stdio::piped(),
+    )?;
     let mut children = Children(vec![]);
-    let printer = Command::new("defmt-print")
-        .args(["-e", &elf_arg])
-        .stdin(Stdio::from(frames))
-        .stdout(Stdio::piped())
-        .spawn();
-    let mut printer = match printer {
-        Ok(p) => p,
-        Err(err) => {
-            children.0.push(qemu);
-            return Err(err).context("starting defmt-print");
-        }
-    };
     let log = printer.stdout.take().context("defmt-print stdout")?;
     let log_reader = thread::spawn(move || {
         let mut summary = None;
@@ -415,41 +383,9 @@ fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
     // UART0 talks to itself over a UDP socket, so the UART test needs no peer process.
     let serial = format!("udp:127.0.0.1:{port}@127.0.0.1:{port}");
     let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
-    let args = [
-        "-cpu",
-        "cortex-m4",
-        "-machine",
-        "mps2-an386",
-        "-nographic",
-        // Without it the monitor's banner lands in the defmt stream.
-        "-monitor",
-        "none",
-        "-serial",
-        &serial,
-        "-semihosting-config",
-        "enable=on,target=native",
-        "-kernel",
-        elf_arg,
-    ];
-    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf_arg}", args.join(" "));
     let started = Instant::now();
-    let mut qemu = Command::new("qemu-system-arm")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting qemu-system-arm")?;
-    let frames = qemu.stdout.take().context("qemu stdout")?;
-    let printer = Command::new("defmt-print").args(["-e", elf_arg]).stdin(Stdio::from(frames)).spawn();
-    let mut printer = match printer {
-        Ok(child) => child,
-        Err(err) => {
-            let _ = qemu.kill();
-            let _ = qemu.wait();
-            return Err(err).context("starting defmt-print");
-        }
-    };
+    let (mut qemu, mut printer) =
+        start_qemu(elf_arg, &["-serial", &serial], Stdio::piped(), Stdio::inherit())?;
     let mut qemu_stderr = qemu.stderr.take().context("qemu stderr")?;
     let stderr_reader = thread::spawn(move || {
         let mut text = String::new();
@@ -476,6 +412,42 @@ fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
         Some(_) => {
             eprintln!("    {name} passed in {elapsed:.1} s");
             Ok(())
+        }
+    }
+}
+
+/// Starts QEMU's mps2-an386 on `elf` with `serial` as UART0's backend, its stdout (defmt frames
+/// over semihosting) piped into `defmt-print`.
+fn start_qemu(
+    elf: &str,
+    serial: &[&str],
+    qemu_stderr: Stdio,
+    printer_stdout: Stdio,
+) -> Result<(Child, Child)> {
+    // Without `-monitor none` the monitor's banner lands in the defmt stream.
+    let mut args = vec!["-cpu", "cortex-m4", "-machine", "mps2-an386", "-nographic", "-monitor", "none"];
+    args.extend_from_slice(serial);
+    args.extend(["-semihosting-config", "enable=on,target=native", "-kernel", elf]);
+    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf}", args.join(" "));
+    let mut qemu = Command::new("qemu-system-arm")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(qemu_stderr)
+        .spawn()
+        .context("starting qemu-system-arm")?;
+    let frames = qemu.stdout.take().context("qemu stdout")?;
+    let printer = Command::new("defmt-print")
+        .args(["-e", elf])
+        .stdin(Stdio::from(frames))
+        .stdout(printer_stdout)
+        .spawn();
+    match printer {
+        Ok(printer) => Ok((qemu, printer)),
+        Err(err) => {
+            let _ = qemu.kill();
+            let _ = qemu.wait();
+            Err(err).context("starting defmt-print")
         }
     }
 }

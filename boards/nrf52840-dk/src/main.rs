@@ -122,13 +122,7 @@ async fn main(spawner: Spawner) {
         Err(_) => panic!("could not spawn the sensor task"),
     }
 
-    let config = Config {
-        device,
-        boot: BOOT,
-        readings: READINGS,
-        round_pause: Duration::from_millis(500),
-        max_rounds: 40,
-    };
+    let config = Config::new(device, BOOT, READINGS);
     let mut ledger = Ledger::<32>::new();
     let s =
         uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;

@@ -345,6 +345,14 @@ pub struct Config {
     pub max_rounds: u32,
 }
 
+impl Config {
+    /// `readings` readings from `device` in boot `boot`, pausing 500 ms after a round that kept a
+    /// reading and stopping after 40 rounds.
+    pub const fn new(device: u32, boot: u32, readings: u32) -> Self {
+        Config { device, boot, readings, round_pause: Duration::from_millis(500), max_rounds: 40 }
+    }
+}
+
 /// The uplink's policy, in milliseconds: 100 ms base, 2 s cap, 8 s of waits per call, at most six
 /// attempts. One definition for every board, so a device ledger replays under one known policy.
 pub static POLICY: Policy =

@@ -59,13 +59,7 @@ async fn main(spawner: Spawner) {
         }
     }
 
-    let config = Config {
-        device: DEVICE,
-        boot: BOOT,
-        readings: READINGS,
-        round_pause: Duration::from_millis(500),
-        max_rounds: 40,
-    };
+    let config = Config::new(DEVICE, BOOT, READINGS);
     let mut ledger = Ledger::<32>::new();
     let s =
         uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;
