@@ -132,8 +132,12 @@ impl Gateway {
         if policy.tick_hz() != 1000 {
             return Err(GatewayError::TickRate(policy.tick_hz()));
         }
-        let fleet = FleetBudget::new(config.fleet_max_tokens, config.fleet_ratio_milli)
-            .map_err(GatewayError::Fleet)?;
+        // A `[fleet]` in the policy spec wins over the config's own fields.
+        let (tokens, ratio) = match config.policy.fleet {
+            Some(f) => (f.tokens, f.ratio_milli),
+            None => (config.fleet_max_tokens, config.fleet_ratio_milli),
+        };
+        let fleet = FleetBudget::new(tokens, ratio).map_err(GatewayError::Fleet)?;
         let mut json = JsonLedger::new(ledger);
         // A ledger that cannot be written never stops the gateway; it counts the failures.
         let _ = json.policy(&policy, &config.policy);

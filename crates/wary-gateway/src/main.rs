@@ -26,8 +26,11 @@ struct Args {
     #[arg(long)]
     unix: Option<PathBuf>,
     /// Serve Prometheus text on this loopback address (`GET /metrics`).
-    #[arg(long, default_value = "127.0.0.1:9464")]
+    #[arg(long, default_value = "127.0.0.1:9464", conflicts_with = "no_metrics")]
     metrics: SocketAddr,
+    /// Serve no metrics endpoint.
+    #[arg(long)]
+    no_metrics: bool,
     /// Append the JSON-lines ledger here.
     #[arg(long)]
     ledger: Option<PathBuf>,
@@ -65,9 +68,11 @@ async fn main() -> Result<()> {
         None => Box::new(std::io::sink()),
     };
     let gw = Arc::new(Gateway::start(config, ledger)?);
-    let listener = tokio::net::TcpListener::bind(args.metrics).await?;
-    eprintln!("wary-gateway: metrics on http://{}/metrics", listener.local_addr()?);
-    tokio::spawn(gw.clone().serve_metrics(listener));
+    if !args.no_metrics {
+        let listener = tokio::net::TcpListener::bind(args.metrics).await?;
+        eprintln!("wary-gateway: metrics on http://{}/metrics", listener.local_addr()?);
+        tokio::spawn(gw.clone().serve_metrics(listener));
+    }
     match &args.unix {
         None => {
             let n = gw.serve(tokio::io::stdin(), tokio::io::stdout()).await?;

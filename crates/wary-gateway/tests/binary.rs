@@ -631,3 +631,36 @@ async fn metrics_off_loopback_is_refused() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_table_in_the_policy_spec_sets_the_gateway_budget() {
+    use wary_gateway::{Config, Gateway, GatewayError};
+    use wary_host::spec::FleetSpec;
+    let mut c = Config::new("http://127.0.0.1:9");
+    c.policy.fleet = Some(FleetSpec { tokens: 3, ratio_milli: 250 });
+    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    assert_eq!(gw.fleet_tokens_milli(), 3_000, "the spec's 3 tokens, not the config's 100");
+    gw.shutdown().await;
+    let mut c = Config::new("http://127.0.0.1:9");
+    c.policy.fleet = Some(FleetSpec { tokens: 0, ratio_milli: 250 });
+    assert!(matches!(Gateway::start(c, Box::new(std::io::sink())), Err(GatewayError::Fleet(_))));
+}
+
+#[test]
+fn no_metrics_serves_no_endpoint() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wary-gateway"))
+        .args(["--upstream", "http://127.0.0.1:9", "--no-metrics"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("metrics on"), "{stderr}");
+    assert!(stderr.contains("0 readings, stream closed"), "{stderr}");
+    let both = Command::new(env!("CARGO_BIN_EXE_wary-gateway"))
+        .args(["--upstream", "http://127.0.0.1:9", "--no-metrics", "--metrics", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!both.status.success(), "--metrics and --no-metrics conflict");
+}
