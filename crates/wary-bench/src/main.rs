@@ -141,12 +141,19 @@ fn main() -> Result<()> {
     let mut cells = Vec::new();
     for &n in &args.clients {
         for c in &contenders {
-            for fleet in [false, true] {
-                let spec = fleet.then_some(FleetSpec::A6);
+            for spec in [None, Some(FleetSpec::A6), Some(FleetSpec::A6_PER_CLIENT)] {
                 let world = World::contended(n, args.seed);
                 let contended = sim::run(&c.policy, spec, &world);
                 let outage = sim::run(&c.policy, spec, &World::outage(n, args.outage_ms, args.seed));
-                cells.push(Cell { name: c.name, fleet, world, contended, outage });
+                cells.push(Cell {
+                    name: c.name,
+                    fleet: spec.is_some(),
+                    fleet_label: spec.map_or_else(|| "off".to_owned(), |f| f.label()),
+                    per_client: spec.is_some_and(|f| f.per_client),
+                    world,
+                    contended,
+                    outage,
+                });
             }
         }
     }
@@ -157,7 +164,8 @@ fn main() -> Result<()> {
          serves 1 call per ms and sheds the rest with 503; round trip 10 ± 2 ms; ticks are ms. \
          `none`/`equal`/`full`/`decorrelated`: base 5, cap 2000, retry until success (the AWS study's clients). \
          `wary default`: `Preset::Default` as shipped (base 100, cap 10 s, equal jitter, 30 s budget). \
-         Fleet budget: one `wary::FleetBudget` (10 tokens, 0.1 per success) shared by all clients. \
+         Fleet budget: `wary::FleetBudget` (10 tokens, 0.1 per success), either one shared by all clients (as by \
+         every task of one gateway) or one per client (as on each device of a fleet). \
          Peak calls per tick leaves out t = 0, where every policy sends the same herd of first attempts. Outage: the same clients for {} s with every call failing. ≥: run stopped at its call cap.\n",
         args.seed,
         args.outage_ms / 1000

@@ -24,6 +24,10 @@ pub struct Cell {
     pub name: &'static str,
     /// With the fleet budget.
     pub fleet: bool,
+    /// The fleet budget's label ("off" without one).
+    pub fleet_label: String,
+    /// One bucket per client rather than one for all.
+    pub per_client: bool,
     /// The contended run's world.
     pub world: World,
     /// The contended run.
@@ -67,7 +71,7 @@ pub fn sim_table(cells: &[Cell]) -> String {
             let stop = if s.truncated { "≥" } else { "" };
             vec![
                 c.name.to_owned(),
-                if c.fleet { "A6 10/0.1".into() } else { "off".into() },
+                c.fleet_label.clone(),
                 thousands(u64::from(c.world.clients)),
                 format!("{stop}{}", thousands(s.calls)),
                 format!("{stop}{:.2}", s.amplification(c.world.clients)),
@@ -119,7 +123,9 @@ pub fn svg(cells: &[Cell], names: &[&'static str]) -> String {
     for (p, (title, metric, with_fleet)) in panels.iter().enumerate() {
         let ox = pad + p as f64 * (w + pad);
         let oy = pad;
-        let chosen: Vec<&Cell> = cells.iter().filter(|c| *with_fleet || !c.fleet).collect();
+        // The plot shows the shared bucket; per-client buckets are in the table.
+        let chosen: Vec<&Cell> =
+            cells.iter().filter(|c| !c.per_client && (*with_fleet || !c.fleet)).collect();
         let ys: Vec<f64> = chosen.iter().map(|c| metric(c).max(1e-3)).collect();
         let y0 = ys.iter().copied().fold(f64::INFINITY, f64::min).log10().floor();
         let y1 = ys.iter().copied().fold(0.0, f64::max).log10().ceil().max(y0 + 1.0);
@@ -164,7 +170,7 @@ pub fn svg(cells: &[Cell], names: &[&'static str]) -> String {
                 }
                 let pts: Vec<String> = chosen
                     .iter()
-                    .filter(|c| c.name == *name && c.fleet == fleet)
+                    .filter(|c| c.name == *name && c.fleet == fleet && !c.per_client)
                     .map(|c| format!("{:.1},{:.1}", px(f64::from(c.world.clients)), py(metric(c))))
                     .collect();
                 let dash = if fleet { r#" stroke-dasharray="4 3""# } else { "" };

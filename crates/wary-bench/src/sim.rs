@@ -56,19 +56,30 @@ impl World {
     }
 }
 
-/// A fleet retry budget's settings (`wary::FleetBudget::new`); one bucket shared by every
-/// client of the run, as by every task of one gateway.
+/// A fleet retry budget's settings (`wary::FleetBudget::new`), and whether every client of the
+/// run shares one bucket (as every task of one gateway does) or each has its own (as each device
+/// of a fleet does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FleetSpec {
     /// Tokens.
     pub max_tokens: u32,
     /// Thousandths of a token returned per success.
     pub ratio_milli: u32,
+    /// One bucket per client instead of one for all.
+    pub per_client: bool,
 }
 
 impl FleetSpec {
-    /// gRPC A6's example: 10 tokens, 0.1 back per success.
-    pub const A6: FleetSpec = FleetSpec { max_tokens: 10, ratio_milli: 100 };
+    /// gRPC A6's example: 10 tokens, 0.1 back per success, one bucket for all clients.
+    pub const A6: FleetSpec = FleetSpec { max_tokens: 10, ratio_milli: 100, per_client: false };
+    /// The same bucket, one per client.
+    pub const A6_PER_CLIENT: FleetSpec = FleetSpec { per_client: true, ..FleetSpec::A6 };
+
+    /// The label in tables.
+    pub fn label(&self) -> String {
+        let scope = if self.per_client { "per client" } else { "shared" };
+        format!("A6 {}/{} {scope}", self.max_tokens, f64::from(self.ratio_milli) / 1000.0)
+    }
 }
 
 /// What a run measured.
@@ -102,12 +113,17 @@ impl Stats {
 
 /// Runs one simulation.
 pub fn run(policy: &Policy, fleet: Option<FleetSpec>, world: &World) -> Stats {
-    let fleet = fleet.map(|f| {
-        FleetBudget::new(f.max_tokens, f.ratio_milli)
-            .unwrap_or_else(|e| panic!("fleet budget refused: {e:?}"))
-    });
-    let mut rng = fastrand::Rng::with_seed(world.seed);
     let n = world.clients as usize;
+    let buckets: Vec<FleetBudget> = match fleet {
+        None => Vec::new(),
+        Some(f) => (0..if f.per_client { n } else { 1 })
+            .map(|_| {
+                FleetBudget::new(f.max_tokens, f.ratio_milli)
+                    .unwrap_or_else(|e| panic!("fleet budget refused: {e:?}"))
+            })
+            .collect(),
+    };
+    let mut rng = fastrand::Rng::with_seed(world.seed);
     let mut states = vec![CallState::new(); n];
     // Min-heap on (tick, client): ties go to the lower client, so a run is a pure function of
     // its inputs.
@@ -138,7 +154,9 @@ pub fn run(policy: &Policy, fleet: Option<FleetSpec>, world: &World) -> Stats {
         let now = t + rtt;
         let draw = Draw::unit(rng.u32(..));
         let state = &mut states[client as usize];
-        match step(policy, fleet.as_ref(), state, Operation::Read, &outcome, draw, Some(now)) {
+        // One bucket for all, or the client's own (an empty list: no fleet budget).
+        let bucket = buckets.get(if buckets.len() == 1 { 0 } else { client as usize });
+        match step(policy, bucket, state, Operation::Read, &outcome, draw, Some(now)) {
             Decision::Retry { wait } => queue.push(Reverse((now + wait, client))),
             Decision::Done(v) => {
                 s.completion = s.completion.max(now);
@@ -234,6 +252,22 @@ mod tests {
             assert!((with.calls as f64) <= bound, "{}: {with:?}", c.name);
             assert!(with.calls < without.calls, "{}", c.name);
             assert_eq!(with.succeeded, 0);
+        }
+    }
+
+    #[test]
+    fn a_bucket_per_client_bounds_each_client_in_an_outage() {
+        let n = 300u32;
+        let w = World::outage(n, 60_000, 5);
+        let f = FleetSpec::A6_PER_CLIENT;
+        // Each client's own bucket allows its first attempt and the retries while it stays above
+        // half: tokens/2 − 1 of them with no success to refill it.
+        let per_client = 1 + u64::from(f.max_tokens / 2 - 1);
+        for c in contenders() {
+            let with = run(&c.policy, Some(f), &w);
+            assert!(with.calls <= u64::from(n) * per_client, "{}: {with:?}", c.name);
+            let shared = run(&c.policy, Some(FleetSpec::A6), &w);
+            assert!(shared.calls <= with.calls, "{}: one shared bucket stops sooner", c.name);
         }
     }
 
