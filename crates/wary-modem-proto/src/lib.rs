@@ -382,7 +382,8 @@ impl Answer {
         match self {
             Answer::Status { status, .. } if (200..300).contains(status) => Outcome::Ok,
             Answer::Status { status, retry_after, date } => {
-                let values = retry_after.as_deref().into_iter();
+                // Several Retry-After headers arrive joined with `|`.
+                let values = retry_after.as_deref().into_iter().flat_map(|v| v.split(|b| *b == b'|'));
                 let secs = rules.read(values, date.as_deref(), None).ok().flatten();
                 Outcome::Status { code: *status, retry_after: secs }
             }

@@ -212,3 +212,15 @@ fn random_bytes_are_classified_without_panicking() {
         let _ = parse_command(&bytes);
     }
 }
+
+/// Duplicate Retry-After headers reach the device joined with `|`: lenient rules take the
+/// longest, strict rules refuse them (seed 003), so no wait is taken from either.
+#[test]
+fn duplicate_retry_after_values_reach_the_rules() {
+    let answer =
+        Answer::Status { status: 429, retry_after: Some(Field::from_slice(b"1|3600").unwrap()), date: None };
+    assert_eq!(answer.outcome(&Rules::LENIENT), Outcome::status_after(429, 3600));
+    assert_eq!(answer.outcome(&Rules::STRICT), Outcome::status(429));
+    let one = Answer::Status { status: 503, retry_after: Some(Field::from_slice(b"2").unwrap()), date: None };
+    assert_eq!(one.outcome(&Rules::STRICT), Outcome::status_after(503, 2));
+}

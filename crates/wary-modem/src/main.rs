@@ -353,8 +353,15 @@ fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
         let Some((name, value)) = line.split_once(':') else { continue };
         let value = value.trim();
         match name.to_ascii_lowercase().as_str() {
-            // The first Retry-After only: the line carries one value.
-            "retry-after" if resp.retry_after.is_none() => resp.retry_after = Some(value.to_owned()),
+            // Several Retry-After headers travel joined with `|`, which neither form can hold, so
+            // the device's rules see the duplicates (strict rules refuse them).
+            "retry-after" => match &mut resp.retry_after {
+                Some(v) => {
+                    v.push('|');
+                    v.push_str(value);
+                }
+                None => resp.retry_after = Some(value.to_owned()),
+            },
             "date" => resp.date = Some(value.to_owned()),
             "content-type" => json_type = value.starts_with("application/json"),
             _ => {}
@@ -386,7 +393,7 @@ mod tests {
                     retry-after: 3600\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n{\"error\":\"slow down\"}";
         let resp = parse_response(raw).unwrap();
         assert_eq!(resp.status, 429);
-        assert_eq!(resp.retry_after.as_deref(), Some("1"));
+        assert_eq!(resp.retry_after.as_deref(), Some("1|3600"), "both headers, joined for the device");
         assert_eq!(resp.date.as_deref(), Some("Sun, 06 Nov 1994 08:49:37 GMT"));
         assert!(resp.json);
         let html = b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\n\r\n{\"id\":0}";
