@@ -125,7 +125,18 @@ impl Policy {
                 }
                 let raised = match self.retry_after_mode {
                     RetryAfterMode::Max => asked,
-                    RetryAfterMode::Spread => asked.saturating_add(draw.scale(self.backoff.ceiling(k))),
+                    RetryAfterMode::Spread => {
+                        // The spread past the server's value is ours: trimmed to what the call can
+                        // still wait, so it never turns a Retry-After that fits into a give-up.
+                        let mut room = left;
+                        if let Some(d) = deadline_left {
+                            if d < room {
+                                room = d;
+                            }
+                        }
+                        let spread = asked.saturating_add(draw.scale(self.backoff.ceiling(k)));
+                        if spread < room { spread } else { room }
+                    }
                 };
                 if raised > backoff { raised } else { backoff }
             }
@@ -312,6 +323,19 @@ mod tests {
         );
         let mut s = CallState::new();
         assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(100)), Decision::Retry { wait: 0 });
+    }
+
+    #[test]
+    fn the_spread_never_turns_a_retry_after_that_fits_into_a_give_up() {
+        // Budget 2,050 ms: the server's 2 s fits; its spread (up to the 100 ms ceiling) is trimmed.
+        let p = Policy::builder(Preset::Default).budget(2_050).build().unwrap();
+        let s = CallState::new();
+        let o = Outcome::status_after(429, 2);
+        assert_eq!(p.next_wait(&s, &o, Draw::unit(u32::MAX), None), Ok(2_050));
+        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, None), Ok(2_000));
+        // Past the budget the server's own value still gives up at once.
+        let p = Policy::builder(Preset::Default).budget(1_999).build().unwrap();
+        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, None), Err(GiveUp::RetryAfterTooLong { asked: 2_000 }));
     }
 
     #[test]
