@@ -68,6 +68,11 @@ pub enum Decision {
 }
 
 impl Policy {
+    /// The operation of an HTTP request under this policy's table (see [`crate::Table::operation`]).
+    pub fn operation(&self, method: &str, keyed: bool) -> Operation {
+        self.table.operation(method, keyed)
+    }
+
     /// The class of `outcome` for `op` under this policy's table.
     #[inline]
     pub const fn classify(&self, op: Operation, outcome: &Outcome) -> Class {

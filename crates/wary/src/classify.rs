@@ -430,6 +430,23 @@ impl Table {
         h.u8(u8::from(self.reads_only));
     }
 
+    /// The operation of an HTTP method under this table: a table that retries reads only
+    /// (seed 003's strict preset) counts only GET and HEAD as reads, so a PUT or DELETE is not
+    /// resent; otherwise [`Operation::from_method`].
+    pub fn operation(&self, method: &str, keyed: bool) -> Operation {
+        match method {
+            "GET" | "HEAD" => Operation::Read,
+            _ if self.reads_only => {
+                if keyed {
+                    Operation::KeyedWrite
+                } else {
+                    Operation::Write
+                }
+            }
+            _ => Operation::from_method(method, keyed),
+        }
+    }
+
     /// The rule for a status code.
     #[inline]
     pub const fn status_rule(&self, code: u16) -> Rule {
@@ -572,6 +589,18 @@ mod tests {
         assert_eq!(full.with_status(700, Rule::Fail), Err(PolicyError::TableFull));
         // Replacing an existing rule needs no free slot.
         assert!(full.with_status(600, Rule::RetryAny).is_ok());
+    }
+
+    #[test]
+    fn strict_counts_only_get_and_head_as_reads() {
+        assert_eq!(Table::STRICT.operation("GET", false), Operation::Read);
+        assert_eq!(Table::STRICT.operation("HEAD", false), Operation::Read);
+        assert_eq!(Table::STRICT.operation("PUT", false), Operation::Write);
+        assert_eq!(Table::STRICT.operation("DELETE", true), Operation::KeyedWrite);
+        assert_eq!(Table::DEFAULT.operation("PUT", false), Operation::Read);
+        // So a PUT that timed out under strict is not resent.
+        let put = Table::STRICT.operation("PUT", false);
+        assert_eq!(Table::STRICT.classify(&Outcome::ResponseTimeout, put), Class::Unknown);
     }
 
     #[test]
