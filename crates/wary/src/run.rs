@@ -260,7 +260,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
         loop {
             // Before sending.
             if self.cancel.is_cancelled() {
-                return Err(stopped(Verdict::Cancelled, &state, last));
+                return Err(self.cancelled_call(key, op, start, &state, last));
             }
             let number = state.attempts().saturating_add(1);
             let t0 = self.clock.now();
@@ -299,13 +299,13 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                     self.ledger.record(&record);
                     // Before sleeping.
                     if self.cancel.is_cancelled() {
-                        return Err(stopped(Verdict::Cancelled, &state, last));
+                        return Err(self.cancelled_call(key, op, start, &state, last));
                     }
                     let ticks_hz = u64::from(self.policy.tick_hz());
                     let sleep = sleep_ticks(&mut self.delay, wait, ticks_hz);
                     let woke = select(pin!(sleep), pin!(self.cancel.cancelled())).await;
                     if let Either::Second(()) = woke {
-                        return Err(stopped(Verdict::Cancelled, &state, last));
+                        return Err(self.cancelled_call(key, op, start, &state, last));
                     }
                     // After sleeping: checked at the top of the loop, before the next send.
                 }
@@ -316,28 +316,78 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                     }
                     return Err(stopped(Verdict::Failed, &state, last));
                 }
-                Decision::Done(Verdict::Unknown) => match probe.landed(key).await {
-                    Landed::Yes(v) => {
-                        self.ledger.record(&Record { verdict: Some(Verdict::Ok), ..record });
-                        return Ok(v);
+                Decision::Done(Verdict::Unknown) => {
+                    // The probe is raced against the cancel signal like any wait.
+                    let raced = select(pin!(probe.landed(key)), pin!(self.cancel.cancelled())).await;
+                    let landed = match raced {
+                        Either::First(landed) => landed,
+                        Either::Second(()) => {
+                            self.ledger.record(&record);
+                            return Err(self.cancelled_call(key, op, start, &state, last));
+                        }
+                    };
+                    match landed {
+                        Landed::Yes(v) => {
+                            self.ledger.record(&Record { verdict: Some(Verdict::Ok), ..record });
+                            return Ok(v);
+                        }
+                        // Confirmed not landed: one resend, counted as a retry, so it obeys the
+                        // stop rules a retry does: the attempt cap, the deadline (the probe's time
+                        // counted) and the fleet budget.
+                        Landed::No if !resent && self.may_resend(number, start) => {
+                            resent = true;
+                            self.ledger.record(&record);
+                        }
+                        Landed::No | Landed::Unknown => {
+                            self.ledger.record(&Record { verdict: Some(Verdict::Unknown), ..record });
+                            return Err(stopped(Verdict::Unknown, &state, last));
+                        }
                     }
-                    // Confirmed not landed: one resend, if the cap allows it and it was not
-                    // resent already.
-                    Landed::No if !resent && self.policy.max_attempts().is_none_or(|cap| number < cap) => {
-                        resent = true;
-                        self.ledger.record(&record);
-                    }
-                    Landed::No | Landed::Unknown => {
-                        self.ledger.record(&Record { verdict: Some(Verdict::Unknown), ..record });
-                        return Err(stopped(Verdict::Unknown, &state, last));
-                    }
-                },
+                }
                 Decision::Done(verdict) => {
                     self.ledger.record(&Record { verdict: Some(verdict), ..record });
                     return Err(stopped(verdict, &state, last));
                 }
             }
         }
+    }
+}
+
+impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'_, D, C, R, X, L> {
+    /// True if a write the probe found not landed may be resent now.
+    fn may_resend(&self, attempts: u32, start: u64) -> bool {
+        let policy = self.policy;
+        let under_cap = policy.max_attempts().is_none_or(|cap| attempts < cap);
+        let elapsed = self.clock.now().saturating_sub(start);
+        let in_time = policy.deadline().is_none_or(|d| elapsed.saturating_add(policy.min_attempt()) <= d);
+        let fleet_allows = self.fleet.is_none_or(FleetBudget::allows_retry);
+        under_cap && in_time && fleet_allows
+    }
+
+    /// Ends a cancelled call: its last ledger record says so, carrying the attempts sent.
+    fn cancelled_call(
+        &mut self,
+        key: Key,
+        op: Operation,
+        start: u64,
+        state: &CallState,
+        last: Option<Outcome>,
+    ) -> Stopped {
+        let record = Record {
+            key,
+            attempt: state.attempts(),
+            op,
+            outcome: Outcome::Cancelled,
+            class: crate::Class::Cancelled,
+            draw: None,
+            wait: 0,
+            attempt_ticks: 0,
+            total_ticks: self.clock.now().saturating_sub(start),
+            verdict: Some(Verdict::Cancelled),
+            policy: self.policy.fingerprint(),
+        };
+        self.ledger.record(&record);
+        stopped(Verdict::Cancelled, state, last)
     }
 }
 

@@ -374,21 +374,56 @@ fn fleet_budget_holds_amplification_during_a_total_outage() {
 
 #[test]
 fn fleet_budget_refills_with_successes() {
-    let fleet = FleetBudget::new(10, 100).unwrap();
     let p = Policy::builder(Preset::Default).max_attempts(4).build().unwrap();
-    let h = Harness::new();
-    // 50 % of calls fail once then succeed: 1 token out, 0.1 back… per call ~-0.8: amplification
-    // stays well below the unbudgeted 2 attempts per failing call.
-    for i in 0..100 {
-        let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
-        let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(i + 1)).fleet(&fleet);
-        let script: &[Outcome] =
-            if i % 2 == 0 { &[Outcome::status(503), Outcome::Ok] } else { &[Outcome::Ok] };
-        let s = Scripted { outcomes: script, sends: &h.sends, clock: &h.clock, attempt_ms: 0 };
-        let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
-    }
-    assert!(fleet.tokens_milli() <= 10_000);
-    assert!(h.sends() < 150, "{}", h.sends());
+    // Eight calls that each fail once then succeed drain a 10-token bucket by 0.9 a call with
+    // 0.1 back; with 1.0 back (ratio 1000) the successes pay for every failure.
+    let run = |ratio: u32| {
+        let fleet = FleetBudget::new(10, ratio).unwrap();
+        let h = Harness::new();
+        let mut throttled = 0;
+        for i in 0..8 {
+            let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+            let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(i + 1)).fleet(&fleet);
+            let s = Scripted {
+                outcomes: &[Outcome::status(503), Outcome::Ok],
+                sends: &h.sends,
+                clock: &h.clock,
+                attempt_ms: 0,
+            };
+            if let Err(e) = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a))) {
+                assert_eq!(e.verdict, Verdict::GaveUp(GiveUp::Throttled));
+                throttled += 1;
+            }
+        }
+        (fleet.tokens_milli(), throttled)
+    };
+    // 10 → 9.1 → 8.2 → 7.3 → 6.4 → 5.5, then the sixth failure leaves 4.5: throttled from then on.
+    let (tokens, throttled) = run(100);
+    assert_eq!(throttled, 3);
+    assert!(tokens < 5_000, "{tokens}");
+    // Refilled by every success: never throttled, and back at the maximum.
+    assert_eq!(run(1000), (10_000, 0));
+}
+
+#[test]
+fn cancelled_calls_end_with_a_cancelled_record() {
+    let clock = FakeClock::default();
+    let log = RefCell::default();
+    let sends = RefCell::default();
+    let token = CancelToken::new();
+    let p = strict();
+    let mut ledger = Ledger::<8>::new();
+    let delay = Sleeps { clock: &clock, log: &log, cancel_during: Some(&token) };
+    let mut runner = Runner::new(&p, delay, &clock, Xorshift(1)).cancel(&token).ledger(&mut ledger);
+    let s = Scripted { outcomes: &[Outcome::status(503); 3], sends: &sends, clock: &clock, attempt_ms: 0 };
+    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    assert_eq!(r.unwrap_err().verdict, Verdict::Cancelled);
+    let recs: Vec<_> = ledger.records().copied().collect();
+    assert_eq!(recs.len(), 2, "the attempt, then the cancel");
+    assert_eq!((recs[1].attempt, recs[1].verdict), (1, Some(Verdict::Cancelled)));
+    assert_eq!(recs[1].outcome, Outcome::Cancelled);
+    assert_eq!(ledger.stats().calls(), 1);
+    assert_eq!(ledger.stats().attempts(), 1, "the cancel sent nothing");
 }
 
 // ---- probes, streams, deadline, keys, ledger ----
@@ -518,4 +553,82 @@ fn runner_future_is_small() {
     println!("runner future for a typical call: {size} bytes");
     assert!(size < 1024, "{size}");
     drop(fut);
+}
+
+#[test]
+fn a_resend_after_the_probe_obeys_the_fleet_budget_and_the_deadline() {
+    // Throttled: the bucket is at its threshold, so the write stays unknown, never resent.
+    let fleet = FleetBudget::new(2, 100).unwrap();
+    let h = Harness::new();
+    let probe = FixedProbe { answer: Landed::No, asked: Cell::new(0) };
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(5)).fleet(&fleet);
+    let s = Scripted {
+        outcomes: &[Outcome::ResponseTimeout, Outcome::Ok],
+        sends: &h.sends,
+        clock: &h.clock,
+        attempt_ms: 0,
+    };
+    let r = block_on(runner.call_with_probe(Operation::Write, KEY, |a| s.attempt(a), &probe));
+    assert_eq!((r.unwrap_err().verdict, h.sends(), probe.asked.get()), (Verdict::Unknown, 1, 1));
+
+    // Past the deadline once the probe has answered: not resent either.
+    let h = Harness::new();
+    struct SlowProbe<'a>(&'a FakeClock);
+    impl Probe<u32> for SlowProbe<'_> {
+        fn landed(&mut self, _: Key) -> impl Future<Output = Landed<u32>> {
+            self.0.advance(900);
+            core::future::ready(Landed::No)
+        }
+    }
+    let p = Policy::builder(Preset::Default).deadline(1_000).min_attempt(200).build().unwrap();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(5));
+    let s = Scripted {
+        outcomes: &[Outcome::ResponseTimeout, Outcome::Ok],
+        sends: &h.sends,
+        clock: &h.clock,
+        attempt_ms: 0,
+    };
+    let r = block_on(runner.call_with_probe(Operation::Write, KEY, |a| s.attempt(a), SlowProbe(&h.clock)));
+    assert_eq!((r.unwrap_err().verdict, h.sends()), (Verdict::Unknown, 1));
+}
+
+#[test]
+fn a_cancel_ends_a_probe_that_would_never_answer() {
+    struct Stuck;
+    impl Probe<u32> for Stuck {
+        fn landed(&mut self, _: Key) -> impl Future<Output = Landed<u32>> {
+            core::future::pending()
+        }
+    }
+    let h = Harness::new();
+    let token = CancelToken::new();
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(5)).cancel(&token);
+    let s = Scripted {
+        outcomes: &[Outcome::ResponseTimeout, Outcome::Ok],
+        sends: &h.sends,
+        clock: &h.clock,
+        attempt_ms: 0,
+    };
+    let call = runner.call_with_probe(Operation::Write, KEY, |a| s.attempt(a), Stuck);
+    let canceller = async {
+        let mut polled = false;
+        core::future::poll_fn(|cx| {
+            if polled {
+                Poll::Ready(())
+            } else {
+                polled = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await;
+        token.cancel();
+    };
+    let (r, ()) = block_on(join(call, canceller));
+    assert_eq!((r.unwrap_err().verdict, h.sends()), (Verdict::Cancelled, 1));
 }
