@@ -38,11 +38,12 @@
 //! | 32 | modem line of binary garbage | `parse_line` | `LineError::Garbage`, skipped as noise |
 //! | 33 | `+HTTPPOST:` with fields that do not parse | `parse_line`, `PostExchange` | `LineError::Malformed` → `ProtoError::Malformed` → `Outcome::Reset` |
 //! | 34 | `OK` with no `+HTTPPOST:` before it | `PostExchange` | `ProtoError::NoInfo` → `Outcome::Reset` (may have landed) |
-//! | 35 | `ERROR` alone | `PostExchange` | `ProtoError::Rejected` → `Outcome::Refused` (never sent) |
+//! | 35 | `ERROR` with no other line since the command | `PostExchange` | `ProtoError::Rejected` → `Outcome::Refused` (never sent) |
 //! | 36 | an answer cut short (no final `OK`) | the device's answer timeout | `ProtoError::Timeout` → `Outcome::ResponseTimeout` |
 //! | 37 | gateway frame longer than 4096 bytes | `read_frame` | `FrameError::Oversized`, body not read |
 //! | 38 | gateway frame whose body is not a reading | `read_frame` | `FrameError::Garbage` |
 //! | 39 | gateway stream that ends inside a frame | `read_frame` | `FrameError::Truncated` |
+//! | 40 | `ERROR` after a status line or after noise | `PostExchange` | `ProtoError::Malformed` / `NoInfo` → `Outcome::Reset` (may have landed) |
 
 use wary::classify::TABLE_STATUSES;
 use wary::policy::MAX_TICKS;
@@ -423,4 +424,15 @@ fn row_39_gateway_stream_ends_inside_a_frame() {
     bytes.extend_from_slice(b"{\"sensor\":");
     assert!(matches!(read(&bytes), Err(FrameError::Truncated)));
     assert!(matches!(read(&[]), Ok(None)));
+}
+
+#[test]
+fn row_40_modem_error_after_a_status_or_noise() {
+    let mut x = PostExchange::new();
+    assert_eq!(x.feed(parse_line(b"+HTTPPOST: 201,\"\",\"\"")), None);
+    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::Malformed)));
+    let mut x = PostExchange::new();
+    assert_eq!(x.feed(parse_line(b"+HTTPE\xffR: TIMEOUT")), None);
+    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::NoInfo)));
+    assert_eq!(ProtoError::NoInfo.outcome(), Outcome::Reset);
 }

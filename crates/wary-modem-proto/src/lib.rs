@@ -402,7 +402,7 @@ pub enum ProtoError {
     Malformed,
     /// A final `OK` with no `+HTTPPOST` before it (the information line was lost).
     NoInfo,
-    /// `ERROR` alone: the modem refused the command, so nothing was sent.
+    /// `ERROR` and no other line since the command: the modem refused it, so nothing was sent.
     Rejected,
 }
 
@@ -462,8 +462,13 @@ impl PostExchange {
             Ok(Line::Error) => Some(match self.info.take() {
                 Some(Ok(Answer::Link(e))) => Ok(Answer::Link(e)),
                 Some(Err(e)) => Err(e),
-                // `ERROR` after a status, or alone: the modem refused the command.
-                Some(Ok(Answer::Status { .. })) | None => Err(ProtoError::Rejected),
+                // A status line proves the request went out: whatever `ERROR` means after it,
+                // the write may have landed.
+                Some(Ok(Answer::Status { .. })) => Err(ProtoError::Malformed),
+                // `ERROR` after noise may follow a garbled `+HTTPERR: TIMEOUT`: may have landed.
+                None if self.noise > 0 => Err(ProtoError::NoInfo),
+                // `ERROR` and nothing else since the command: the modem refused it, unsent.
+                None => Err(ProtoError::Rejected),
             }),
             Ok(Line::Seed(_)) | Err(LineError::Garbage | LineError::Overflow) => {
                 self.noise = self.noise.saturating_add(1);

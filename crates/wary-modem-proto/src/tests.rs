@@ -104,6 +104,21 @@ fn a_lost_info_line_or_a_malformed_one_is_maybe_sent() {
     assert_eq!(ProtoError::Rejected.outcome(), Outcome::Refused);
 }
 
+/// Only an `ERROR` with nothing else since the command means "never sent". After a status line,
+/// or after noise that may have been a garbled `+HTTPERR: TIMEOUT`, the write may have landed,
+/// so an unkeyed write is not resent.
+#[test]
+fn error_after_a_status_or_noise_may_have_landed() {
+    let (got, _) = exchange(b"\r\n+HTTPPOST: 201,\"\",\"\"\r\n\r\nERROR\r\n");
+    assert_eq!(got.unwrap(), Err(ProtoError::Malformed));
+    let (got, noise) = exchange(b"\r\n+HTTPE\xffR: TIMEOUT\r\n\r\nERROR\r\n");
+    assert_eq!((got.unwrap(), noise), (Err(ProtoError::NoInfo), 1));
+    for e in [ProtoError::Malformed, ProtoError::NoInfo] {
+        let write = wary::Table::DEFAULT.classify(&e.outcome(), wary::Operation::Write);
+        assert_eq!(write, wary::Class::Unknown, "{e:?}");
+    }
+}
+
 #[test]
 fn malformed_post_lines() {
     for line in [
