@@ -109,21 +109,40 @@ impl Rules {
     {
         let date_header = date.and_then(|d| parse_http_date(d).ok());
         let mut result: Option<u64> = None;
+        let mut first_error: Option<RetryAfterError> = None;
         for value in values {
             if result.is_some() && self.duplicates == Duplicates::Reject {
                 return Err(RetryAfterError::Duplicate);
             }
-            let parsed = parse(value)?;
-            if matches!(parsed, RetryAfter::Date(_)) && !self.accept_dates {
-                return Err(RetryAfterError::DateNotAccepted);
-            }
-            let secs = parsed.resolve(date_header, now)?;
-            result = Some(match result {
-                Some(prev) if prev > secs => prev,
-                _ => secs,
+            let secs = parse(value).and_then(|parsed| {
+                if matches!(parsed, RetryAfter::Date(_)) && !self.accept_dates {
+                    return Err(RetryAfterError::DateNotAccepted);
+                }
+                parsed.resolve(date_header, now)
             });
+            match secs {
+                Ok(secs) => {
+                    result = Some(match result {
+                        Some(prev) if prev > secs => prev,
+                        _ => secs,
+                    });
+                }
+                // Strict rules refuse what they cannot read.
+                Err(e) if self.duplicates == Duplicates::Reject => return Err(e),
+                // Lenient rules take the longest value they can read: one garbled header must
+                // not lower the wait a good one asks for.
+                Err(e) => {
+                    if first_error.is_none() {
+                        first_error = Some(e);
+                    }
+                }
+            }
         }
-        Ok(result)
+        match (result, first_error) {
+            (Some(secs), _) => Ok(Some(secs)),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
     }
 }
 
@@ -262,8 +281,10 @@ fn rfc850(v: &[u8]) -> Option<u64> {
         return None;
     }
     let yy = digits(&[*y1, *y2])?;
-    // Two-digit years: 70..99 are 1970..1999, 00..69 are 2000..2069 (RFC 9110 asks recipients to
-    // read a year more than 50 years ahead as the past one; this fixed split agrees until 2019+50).
+    // Two-digit years: 70..99 are 1970..1999, 00..69 are 2000..2069. RFC 9110 asks recipients to
+    // read a year more than 50 years ahead as the past one, which from 2025 on would put 70..76
+    // in this century; either reading of such a Retry-After is decades off, and ends the same
+    // way (no wait, or a give-up), so the fixed split needs no clock to parse.
     let year = if yy >= 70 { yy.checked_add(1900)? } else { yy.checked_add(2000)? };
     to_unix(year, month(&[*m1, *m2, *m3])?, digits(&[*d1, *d2])?, time_of_day(time)?)
 }
@@ -361,6 +382,10 @@ mod tests {
         assert_eq!(lenient.read([later], Some(date), None), Ok(Some(60)));
         assert_eq!(lenient.read(core::iter::empty(), Some(date), None), Ok(None));
         assert_eq!(lenient.read([b"x".as_slice()], None, None), Err(RetryAfterError::Malformed));
+        // One garbled header does not lower the wait a good one asks for.
+        assert_eq!(lenient.read([b"3600".as_slice(), b"junk"], None, None), Ok(Some(3600)));
+        assert_eq!(lenient.read([b"junk".as_slice(), b"7"], None, None), Ok(Some(7)));
+        assert_eq!(Rules::STRICT.read([b"junk".as_slice()], None, None), Err(RetryAfterError::Malformed));
         // A garbage Date header leaves the caller's clock as the reference.
         assert_eq!(lenient.read([later], Some(b"yesterday"), Some(SUNDAY)), Ok(Some(60)));
         assert_eq!(lenient.read([later], Some(b"yesterday"), None), Err(RetryAfterError::NoReference));
