@@ -93,7 +93,7 @@ fn seed000_seven_retries_at_most_with_every_draw_at_zero() {
 #[test]
 fn seed004_classification_table() {
     let t = Table::DEFAULT;
-    let class = |o: Outcome, op| t.classify(&o, op);
+    let class = |o: Outcome, op| t.classify(op, &o);
     for code in [400, 401, 403, 404, 422] {
         for op in [Operation::Read, Operation::KeyedWrite, Operation::Write] {
             assert_eq!(

@@ -114,7 +114,7 @@ fn error_after_a_status_or_noise_may_have_landed() {
     let (got, noise) = exchange(b"\r\n+HTTPE\xffR: TIMEOUT\r\n\r\nERROR\r\n");
     assert_eq!((got.unwrap(), noise), (Err(ProtoError::NoInfo), 1));
     for e in [ProtoError::Malformed, ProtoError::NoInfo] {
-        let write = wary::Table::DEFAULT.classify(&e.outcome(), wary::Operation::Write);
+        let write = wary::Table::DEFAULT.classify(wary::Operation::Write, &e.outcome());
         assert_eq!(write, wary::Class::Unknown, "{e:?}");
     }
 }

@@ -76,7 +76,7 @@ impl Policy {
     /// The class of `outcome` for `op` under this policy's table.
     #[inline]
     pub const fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
-        self.table.classify(outcome, op)
+        self.table.classify(op, outcome)
     }
 
     /// The wait before the next attempt of a call whose last outcome was retryable, or why the

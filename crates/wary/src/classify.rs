@@ -14,11 +14,11 @@
 //! ```
 //! use wary::{Class, Operation, Outcome, Rule, Table};
 //! let t = Table::DEFAULT;
-//! assert_eq!(t.classify(&Outcome::status(503), Operation::Read), Class::Retry);
-//! assert_eq!(t.classify(&Outcome::status(503), Operation::Write), Class::Unknown);
-//! assert_eq!(t.classify(&Outcome::status(400), Operation::Read), Class::Failed);
+//! assert_eq!(t.classify(Operation::Read, &Outcome::status(503)), Class::Retry);
+//! assert_eq!(t.classify(Operation::Write, &Outcome::status(503)), Class::Unknown);
+//! assert_eq!(t.classify(Operation::Read, &Outcome::status(400)), Class::Failed);
 //! let api = t.with_status(503, Rule::RetryAny).unwrap();
-//! assert_eq!(api.classify(&Outcome::status(503), Operation::Write), Class::Retry);
+//! assert_eq!(api.classify(Operation::Write, &Outcome::status(503)), Class::Retry);
 //! ```
 
 use crate::error::PolicyError;
@@ -486,7 +486,7 @@ impl Table {
 
     /// The class of `outcome` for `op`.
     #[inline]
-    pub const fn classify(&self, outcome: &Outcome, op: Operation) -> Class {
+    pub const fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
         let rule = match outcome {
             Outcome::Ok => return Class::Ok,
             Outcome::Cancelled => return Class::Cancelled,
@@ -519,7 +519,7 @@ mod tests {
     const OPS: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
 
     fn row(t: &Table, o: Outcome) -> [Class; 3] {
-        OPS.map(|op| t.classify(&o, op))
+        OPS.map(|op| t.classify(op, &o))
     }
 
     use Class::{Failed as F, Retry as R, Unknown as U};
@@ -600,7 +600,7 @@ mod tests {
         assert_eq!(Table::DEFAULT.operation("PUT", false), Operation::Read);
         // So a PUT that timed out under strict is not resent.
         let put = Table::STRICT.operation("PUT", false);
-        assert_eq!(Table::STRICT.classify(&Outcome::ResponseTimeout, put), Class::Unknown);
+        assert_eq!(Table::STRICT.classify(put, &Outcome::ResponseTimeout), Class::Unknown);
     }
 
     #[test]
