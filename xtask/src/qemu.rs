@@ -22,19 +22,18 @@ use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, output, step
 
 const TARGET: &str = "thumbv7em-none-eabihf";
 /// The on-target test binaries, run in this order; each exits 0 only if all its checks passed.
-const TEST_BINS: &[&str] = &["selftest", "conformance"];
+const TEST_BINS: &[&str] = &["selftest", "conformance", "uplinktest"];
 /// Every firmware binary, for `size`.
-const ALL_BINS: &[&str] = &["selftest", "conformance", "uplink"];
+const ALL_BINS: &[&str] = &["selftest", "conformance", "uplinktest", "uplink"];
 /// The cloud's faults in `cargo xtask qemu`'s uplink scenario: 503s, 429s with Retry-After: 1,
 /// and replies lost after the write landed.
 pub const UPLINK_FAULTS: &str = "503=0.2,429=0.1:ra=1,drop_after_effect=0.1,seed=7";
 /// The modem's own faults: a share of answers preceded by a garbage or oversized line, and a
 /// share cut short after the HTTP request was made.
 const MODEM_FAULTS: &[&str] = &["--garbage", "0.15", "--truncate", "0.04"];
-/// Must match `firmware/qemu/src/bin/uplink.rs`: readings, device id and boot count in the keys.
+/// Must match `firmware/qemu/src/bin/uplink.rs`: the readings it makes. The device id and the
+/// boot nonce in the keys are read from its SUMMARY line (the nonce changes every run).
 const UPLINK_READINGS: u32 = 20;
-const UPLINK_DEVICE: u32 = 0x0a38_6001;
-const UPLINK_BOOT: u32 = 1;
 /// The nRF52840-DK application: its cargo workspace (from the repository root) and binary.
 const BOARD_DIR: &str = "boards/nrf52840-dk";
 const BOARD_BIN: &str = "wary-nrf52840-dk";
@@ -153,7 +152,8 @@ fn flash_symbols(nm: &str, prefix: &str) -> (u64, u64) {
     (core, all)
 }
 
-/// A QEMU wall-time limit for the uplink scenario; a healthy run takes about 10 s.
+/// A QEMU wall-time limit for the uplink scenario; a healthy run takes 10 to 30 s (the round
+/// pauses grow while the fleet budget refuses retries).
 const UPLINK_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Runs the uplink scenario and returns its summary: builds the firmware and `wary-modem`,
@@ -264,13 +264,27 @@ pub fn uplink_scenario(root: &Path, faults: &str) -> Result<String> {
         other => bail!("wary-modem failed: {other:?}"),
     }
     let summary = summary.context("the firmware printed no SUMMARY line")?;
-    let check = exactly_once(&report)?;
+    let (device, boot) = device_and_boot(&summary)?;
+    let check = exactly_once(&report, device, boot)?;
     let stats = attempt_stats(&summary);
     Ok(format!("uplink: {summary}\nattempts per call: {stats}\nserver: {check}\nwall time {elapsed:.1} s"))
 }
 
-/// Checks the modem's report: each of the readings' keys applied exactly once, no duplicates.
-fn exactly_once(report: &str) -> Result<String> {
+/// The `device=` and `boot=` fields (hex) of the SUMMARY line: the keys' device and boot parts.
+fn device_and_boot(summary: &str) -> Result<(u32, u32)> {
+    let hex = |name: &str| -> Result<u32> {
+        let value = summary
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .with_context(|| format!("no {name}= in the SUMMARY line: {summary}"))?;
+        u32::from_str_radix(value, 16).with_context(|| format!("{name}={value} is not a 32-bit hex number"))
+    };
+    Ok((hex("device")?, hex("boot")?))
+}
+
+/// Checks the modem's report: each of the readings' keys (from `device` in boot `boot`)
+/// applied exactly once, no duplicates.
+fn exactly_once(report: &str, device: u32, boot: u32) -> Result<String> {
     let report: serde_json::Value = serde_json::from_str(report.trim())
         .with_context(|| format!("wary-modem printed no JSON report: {report:?}"))?;
     let cloud = &report["cloud"];
@@ -280,7 +294,7 @@ fn exactly_once(report: &str) -> Result<String> {
     }
     let mut missing = vec![];
     for seq in 0..UPLINK_READINGS {
-        let key = wary::Key::from_parts(UPLINK_DEVICE, UPLINK_BOOT, u64::from(seq)).to_hex();
+        let key = wary::Key::from_parts(device, boot, u64::from(seq)).to_hex();
         let effects = report["keys"][key.as_str()]["effects"].as_u64().unwrap_or(0);
         if effects != 1 {
             missing.push(format!("reading {seq} (key {key}): {effects} effects"));
@@ -294,7 +308,8 @@ fn exactly_once(report: &str) -> Result<String> {
         bail!("the cloud applied {keyed} keyed effects, expected {UPLINK_READINGS}");
     }
     Ok(format!(
-        "{UPLINK_READINGS} keys, each applied exactly once (duplicates 0); requests {}, replays {}, \
+        "{UPLINK_READINGS} keys of device {device:08x} boot {boot:08x}, each applied exactly once \
+         (duplicates 0); requests {}, replays {}, \
          faults injected {}, by status {}; modem {}",
         cloud["requests"],
         cloud["replays"],
@@ -526,6 +541,14 @@ mod tests {
         let nm = "00000100 00000010 T wary::run::Runner::call\n00000200 00000020 t main\n\
                   00000300 00000008 R wary::classify::Table::DEFAULT\n20000000 00000040 B wary::X\n";
         assert_eq!(flash_symbols(nm, "wary::"), (0x18, 0x38));
+    }
+
+    #[test]
+    fn reads_device_and_boot_from_the_summary() {
+        let s = "device=0a386001 boot=9f00e2c4 readings=20 landed=20";
+        assert_eq!(device_and_boot(s).unwrap(), (0x0a38_6001, 0x9f00_e2c4));
+        assert!(device_and_boot("readings=20 landed=20").is_err());
+        assert!(device_and_boot("device=0a386001 boot=xyz").is_err());
     }
 
     #[test]

@@ -6,10 +6,13 @@
 //!   `modem_tx`/`modem_rx` in `main` (firmware/README.md lists the DK's free pins).
 //! - **Jitter seed**: 8 bytes from the hardware RNG (bias correction on), per boot.
 //! - **Device id**: FICR DEVICEID[0], the low 32 bits of the factory-programmed 64-bit id.
-//! - **Boot count**: [`BOOT`], fixed at 1: nothing is persisted yet, so every boot reuses the
-//!   keys of the last one (the cloud would replay, not apply, a reading with a reused key).
-//!   Persist it before deploying: a counter in a flash page reserved at the end of FLASH in
-//!   `memory.x`, incremented at boot through `embassy_nrf::nvmc::Nvmc`.
+//! - **Boot field of the keys**: a 32-bit nonce from the hardware RNG, drawn at every boot, so
+//!   a rebooted board does not reuse its earlier keys (the cloud would replay, not apply, a
+//!   reading with a reused key). Unique per boot with high probability only: two boots collide
+//!   with probability 2^-32 per pair (about 1 in 86 000 over 100 boots of one board). For a
+//!   guarantee, persist a boot counter instead: a flash page reserved at the end of FLASH in
+//!   `memory.x` (4 KiB at `0x000F_F000`), incremented at boot through
+//!   `embassy_nrf::nvmc::Nvmc` before the first reading (firmware/README.md).
 //! - **Readings**: the on-die temperature sensor (`TEMP`), one every [`PERIOD`].
 //!
 //! Logs over defmt-rtt (`cargo run --release` prints them through probe-rs); a panic is
@@ -35,8 +38,6 @@ const READINGS: u32 = 20;
 const OUTBOX: usize = 4;
 /// Time between temperature readings.
 const PERIOD: Duration = Duration::from_secs(1);
-/// Boot count in every key: 1 until it is persisted (see the crate docs).
-const BOOT: u32 = 1;
 /// An answer not complete within this is a response timeout: a cellular modem's HTTP request
 /// can take seconds (attach, DNS, TLS), far longer than the emulator under QEMU.
 const MODEM_TIMEOUT: Duration = Duration::from_secs(15);
@@ -80,17 +81,20 @@ async fn main(spawner: Spawner) {
     let p = embassy_nrf::init(config);
 
     let device = device_id();
-    let seed = {
+    // 8 bytes of jitter seed, then 4 of boot nonce (the keys' boot field), all from the
+    // hardware RNG with bias correction: fresh at every boot.
+    let (seed, boot) = {
         let mut rng = rng::Rng::new(p.RNG, Irqs);
         rng.set_bias_correction(true);
-        let mut bytes = [0u8; 8];
+        let mut bytes = [0u8; 12];
         rng.fill_bytes(&mut bytes).await;
-        u64::from_le_bytes(bytes)
+        let [s0, s1, s2, s3, s4, s5, s6, s7, b0, b1, b2, b3] = bytes;
+        (u64::from_le_bytes([s0, s1, s2, s3, s4, s5, s6, s7]), u32::from_le_bytes([b0, b1, b2, b3]))
     };
     defmt::info!(
-        "wary uplink on nRF52840-DK: device {=u32:08x}, boot {=u32}, jitter seed {=u64:016x}",
+        "wary uplink on nRF52840-DK: device {=u32:08x}, boot nonce {=u32:08x}, jitter seed {=u64:016x}",
         device,
-        BOOT,
+        boot,
         seed
     );
 
@@ -122,7 +126,7 @@ async fn main(spawner: Spawner) {
         Err(_) => panic!("could not spawn the sensor task"),
     }
 
-    let config = Config::new(device, BOOT, READINGS);
+    let config = Config::new(device, boot, READINGS);
     let mut ledger = Ledger::<32>::new();
     let s =
         uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;

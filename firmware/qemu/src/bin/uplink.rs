@@ -4,7 +4,8 @@
 //! every reading landed.
 //!
 //! The jitter seed comes from the host, per run: `AT+SEED?` to the modem emulator. QEMU has no
-//! non-volatile memory, so the boot count in the keys is fixed at [`BOOT`].
+//! non-volatile memory and no RNG, so the boot field of the keys is a per-boot nonce derived
+//! from that seed ([`boot_nonce`]): a new run (a "reboot") gets new keys, as on real hardware.
 
 #![no_std]
 #![no_main]
@@ -21,10 +22,18 @@ const READINGS: u32 = 20;
 const OUTBOX: usize = 4;
 /// This device's id in every key.
 const DEVICE: u32 = 0x0a38_6001;
-/// Boot count in every key (no non-volatile memory under QEMU).
-const BOOT: u32 = 1;
 /// Seed used only if the modem does not answer `AT+SEED?` (logged as a warning).
 const FALLBACK_SEED: u64 = 0x5eed_0a38_6001;
+
+/// The boot field of the keys: the host's per-run seed through SplitMix64's finalizer (a
+/// bijection, so distinct seeds rarely share their high 32 bits), kept apart from the jitter
+/// stream; unique per run with high probability.
+fn boot_nonce(seed: u64) -> u32 {
+    let mut z = seed ^ 0xb007_b007_b007_b007;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) >> 32) as u32
+}
 
 static OUTBOX_CELL: Outbox<OUTBOX> = Outbox::new();
 
@@ -59,7 +68,9 @@ async fn main(spawner: Spawner) {
         }
     }
 
-    let config = Config::new(DEVICE, BOOT, READINGS);
+    let boot = boot_nonce(seed);
+    defmt::info!("device {=u32:08x}, boot nonce {=u32:08x}", DEVICE, boot);
+    let config = Config::new(DEVICE, boot, READINGS);
     let mut ledger = Ledger::<32>::new();
     let s =
         uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;
