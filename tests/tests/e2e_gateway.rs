@@ -133,8 +133,15 @@ async fn legacy_writes_are_never_resent_blind_and_the_probe_resolves_unknowns() 
         let effects = cloud.reading_effects(&r.reading_id());
         assert!(effects <= 1, "reading {} applied {effects} times", r.reading_id());
         match a.verdict.as_str() {
-            "ok" => assert_eq!(effects, 1, "acked ok but not applied: {}", r.reading_id()),
-            "unknown" => unknown += 1,
+            "ok" => {
+                assert_eq!(effects, 1, "acked ok but not applied: {}", r.reading_id());
+                assert!(a.done && !a.surfaced, "{a:?}");
+            }
+            // Final for the sensor (never resent), and surfaced to a person.
+            "unknown" => {
+                assert!(a.done && a.surfaced, "an unknown must not be resent: {a:?}");
+                unknown += 1;
+            }
             other => panic!("unexpected verdict {other}"),
         }
     }
@@ -144,6 +151,12 @@ async fn legacy_writes_are_never_resent_blind_and_the_probe_resolves_unknowns() 
     // Both probe answers happened: landed (500 / drop after effect) and not landed (one resend).
     assert!(m.probe_landed > 0 && m.probe_not_landed > 0, "{m:?}");
     assert_eq!(m.unresolved, unknown);
+    assert_eq!(m.surfaced_total, unknown);
+    let listed: BTreeSet<(u32, u64)> = m.surfaced.iter().map(|s| (s.sensor, s.seq)).collect();
+    let unknowns: BTreeSet<(u32, u64)> =
+        acks.iter().filter(|a| a.verdict == "unknown").map(|a| (a.sensor, a.seq)).collect();
+    assert_eq!(listed, unknowns);
+    assert!(gw.prometheus().contains(&format!("wary_gateway_surfaced_total {unknown}\n")));
     cloud.shutdown().await;
 }
 
@@ -229,4 +242,101 @@ async fn a_hostile_cloud_cannot_hold_the_gateway_past_its_budgets() {
         drop(gw);
         cloud.shutdown().await;
     }
+}
+
+/// How long the relay keeps a server connection open after its client went away.
+const LINGER: Duration = Duration::from_millis(1_500);
+
+/// A TCP relay in front of the cloud that, like a load balancer, lets the server finish a
+/// request whose client gave up: when the client closes, the server side stays open for
+/// [`LINGER`] (the cloud alone would see the close and drop the request unapplied). Returns
+/// the relay's base URL.
+async fn relay(cloud: &Cloud) -> String {
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+    let target = cloud.url("").trim_start_matches("http://").trim_end_matches('/').to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(target.as_str()).await else { return };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    tokio::time::sleep(LINGER).await;
+                    drop(sw);
+                });
+                let mut buf = [0u8; 4096];
+                let mut client_open = true;
+                while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                    if client_open && cw.write_all(&buf[..n]).await.is_err() {
+                        client_open = false;
+                    }
+                }
+                let _ = cw.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A legacy write the server applies only after the client's attempt timed out: the probe must
+/// not read before it can have landed, or its 404 allows a resend that applies it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_waits_out_a_write_still_in_flight() {
+    // Every legacy write sleeps 300 ms, then applies; the gateway gives up on it after 250 ms,
+    // and the relay lets the server finish it. Read at once, the probe would find nothing.
+    let faults = "scope=legacy,slow=1.0:ms=300:before=true,seed=1";
+    let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
+    let mut c = config(&cloud);
+    c.upstream.base = relay(&cloud).await;
+    c.upstream.legacy = true;
+    c.upstream.attempt_timeout = Duration::from_millis(250);
+    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let all = readings(4, 3);
+    let acks = drive(&gw, &all).await;
+    assert_eq!(acks.len(), all.len());
+    // Any resend still on its way lands within its 300 ms.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for a in &acks {
+        let r = Reading { sensor: a.sensor, boot: a.boot, seq: a.seq, value: 0 };
+        assert_eq!(cloud.reading_effects(&r.reading_id()), 1, "applied twice or never: {a:?}");
+        // The probe, 250 ms after the timeout, finds it landed: ok, with no resend.
+        assert_eq!(a.verdict, "ok", "{a:?}");
+    }
+    let stats = cloud.stats();
+    assert_eq!(stats.duplicates.reading_ids, 0, "{stats:?}");
+    let m = gw.metrics();
+    assert_eq!((m.probe_landed, m.probe_not_landed), (all.len() as u64, 0), "{m:?}");
+    cloud.shutdown().await;
+}
+
+/// The probe stays inside the call's deadline: when the grace and one read do not fit, the
+/// reading is surfaced at once, with no read and no resend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_never_runs_past_the_call_deadline() {
+    let faults = "scope=legacy,slow=1.0:ms=600:before=true,seed=1";
+    let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
+    let mut c = config(&cloud);
+    c.upstream.base = relay(&cloud).await;
+    c.upstream.legacy = true;
+    c.upstream.attempt_timeout = Duration::from_millis(300);
+    c.policy.deadline = Some(400);
+    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let t0 = Instant::now();
+    let a = gw.submit(Reading { sensor: 7, boot: 1, seq: 1, value: 1 }).await.unwrap();
+    let took = t0.elapsed();
+    assert_eq!(a.verdict, "unknown", "{a:?}");
+    assert!(a.done && a.surfaced, "{a:?}");
+    // The 300 ms attempt, then no 300 ms grace past the 400 ms deadline.
+    assert!(took < Duration::from_millis(550), "{took:?}");
+    // Let the slow write land: it was sent once, and read never.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(cloud.reading_effects("7-1-1"), 1);
+    assert_eq!(cloud.stats().requests, 1, "{:?}", cloud.stats());
+    assert_eq!(gw.metrics().surfaced_total, 1);
+    cloud.shutdown().await;
 }

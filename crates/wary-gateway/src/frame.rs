@@ -49,9 +49,16 @@ pub struct Ack {
     /// Why it gave up, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// True if the sensor may forget the reading (`ok`, or `failed`: resending cannot fix it).
-    /// Otherwise the sensor keeps it and sends it again later.
+    /// True if the sensor must not send the reading again: `ok`; `failed` (resending cannot
+    /// fix it); or `unknown`, which is also [`Ack::surfaced`]. Otherwise (`gave_up`,
+    /// `cancelled`: the reading did not land) the sensor keeps it and sends it again later.
     pub done: bool,
+    /// True for an `unknown` verdict: the write **may have landed**; the probe could not tell,
+    /// so the gateway surfaced it to a person (see [`crate::Metrics::surfaced`]). The sensor
+    /// must **never resend** it (a resend could apply it twice), and must not count it as
+    /// delivered either. Always comes with `done: true`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub surfaced: bool,
 }
 
 /// Why a frame could not be read.

@@ -16,7 +16,7 @@ use wary_host::spec::PolicySpec;
 use wary_host::time::{MonotonicClock, TokioDelay};
 
 use crate::frame::{Ack, FrameError, Reading, read_frame, write_frame};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Surfaced};
 use crate::upstream::{HttpClient, LegacyProbe, Upstream, client};
 
 /// The gateway's settings.
@@ -49,6 +49,7 @@ impl Config {
                 base: base.trim_end_matches('/').to_owned(),
                 legacy: false,
                 attempt_timeout: Duration::from_secs(5),
+                probe_grace: None,
             },
             policy: PolicySpec {
                 budget: Some(10_000),
@@ -260,9 +261,9 @@ impl Gateway {
     }
 
     /// Serves `GET /metrics` on `listener` (bind it to 127.0.0.1) until the task is dropped.
+    /// An accept error (out of file descriptors, say) backs off ([`AcceptBackoff`]).
     pub async fn serve_metrics(self: Arc<Self>, listener: TcpListener) {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else { continue };
+        let handle = |(mut sock, _): (tokio::net::TcpStream, std::net::SocketAddr)| {
             let gw = self.clone();
             tokio::spawn(async move {
                 let mut buf = [0u8; 2048];
@@ -297,7 +298,8 @@ impl Gateway {
                 let _ = sock.write_all(resp.as_bytes()).await;
                 let _ = sock.shutdown().await;
             });
-        }
+        };
+        accept_loop(|| listener.accept(), handle, |_, _| {}).await;
     }
 
     /// Stops the workers now. In-flight calls are dropped without an ack.
@@ -320,18 +322,85 @@ impl Drop for Gateway {
     }
 }
 
+/// The sleep after a failed `accept`: 5 ms, doubling up to 1 s, back to 5 ms after a success.
+/// Accept errors (out of file descriptors, out of buffers) tend to last a while; accepting
+/// again at once would spin a core and starve the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptBackoff {
+    next: Duration,
+}
+
+impl AcceptBackoff {
+    /// The first sleep.
+    pub const FIRST: Duration = Duration::from_millis(5);
+    /// The longest sleep.
+    pub const CAP: Duration = Duration::from_secs(1);
+
+    /// A backoff that has seen no error.
+    pub const fn new() -> Self {
+        AcceptBackoff { next: Self::FIRST }
+    }
+
+    /// An accept failed: the sleep before the next one.
+    pub fn failed(&mut self) -> Duration {
+        let d = self.next;
+        self.next = d.saturating_mul(2).min(Self::CAP);
+        d
+    }
+
+    /// An accept succeeded: the next error starts from [`Self::FIRST`] again.
+    pub fn succeeded(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Accepts forever: each success goes to `handle`; after an error `on_error` is told it and
+/// the sleep, then the loop sleeps ([`AcceptBackoff`]) before accepting again.
+pub async fn accept_loop<T, E, A, Fut, H, O>(mut accept: A, mut handle: H, mut on_error: O)
+where
+    A: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    H: FnMut(T),
+    O: FnMut(&E, Duration),
+{
+    let mut backoff = AcceptBackoff::new();
+    loop {
+        match accept().await {
+            Ok(conn) => {
+                backoff.succeeded();
+                handle(conn);
+            }
+            Err(e) => {
+                let d = backoff.failed();
+                on_error(&e, d);
+                tokio::time::sleep(d).await;
+            }
+        }
+    }
+}
+
 fn ack(reading: &Reading, verdict: Verdict) -> Ack {
     let reason = match verdict {
         Verdict::GaveUp(g) => Some(g.name().to_owned()),
         _ => None,
     };
+    // An `unknown` may have landed: it is final for the sensor (a resend is the blind resend
+    // the design forbids) and surfaced to a person instead.
+    let surfaced = matches!(verdict, Verdict::Unknown);
     Ack {
         sensor: reading.sensor,
         boot: reading.boot,
         seq: reading.seq,
         verdict: verdict.name().to_owned(),
         reason,
-        done: matches!(verdict, Verdict::Ok | Verdict::Failed),
+        done: surfaced || matches!(verdict, Verdict::Ok | Verdict::Failed),
+        surfaced,
     }
 }
 
@@ -352,8 +421,10 @@ async fn worker(
         let client = &shared.client;
         // Ticks are milliseconds here (checked in `Gateway::start`).
         let send = |a: Attempt| upstream.send(client, &policy, &r, a.remaining);
+        // The call's deadline, for the probe (the runner tells attempts, not probes).
+        let deadline = policy.deadline().map(|d| tokio::time::Instant::now() + Duration::from_millis(d));
         let result: Result<u64, Stopped> = if upstream.legacy {
-            let probe = LegacyProbe { client, upstream: &upstream, reading: r };
+            let probe = LegacyProbe { client, upstream: &upstream, reading: r, deadline };
             runner.call_with_probe(Operation::Write, r.key(), send, probe).await
         } else {
             runner.call(Operation::KeyedWrite, r.key(), send).await
@@ -362,6 +433,81 @@ async fn worker(
             Ok(_) => Verdict::Ok,
             Err(s) => s.verdict,
         };
+        if verdict == Verdict::Unknown {
+            lock(&shared.metrics).surface(Surfaced { sensor: r.sensor, boot: r.boot, seq: r.seq });
+        }
         let _ = job.reply.send(ack(&r, verdict));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn accept_backoff_grows_caps_and_resets() {
+        let mut b = AcceptBackoff::new();
+        let ms: Vec<u128> = (0..10).map(|_| b.failed().as_millis()).collect();
+        assert_eq!(ms, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        b.succeeded();
+        assert_eq!(b.failed(), AcceptBackoff::FIRST);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_accept_loop_that_keeps_failing_does_not_spin() {
+        let calls = AtomicU32::new(0);
+        let errors = AtomicU32::new(0);
+        let accept = || {
+            calls.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(Err::<(), _>(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))
+        };
+        let run = accept_loop(
+            accept,
+            |()| {},
+            |_, _| {
+                errors.fetch_add(1, Ordering::Relaxed);
+            },
+        );
+        assert!(tokio::time::timeout(Duration::from_millis(300), run).await.is_err());
+        // 5 + 10 + 20 + 40 + 80 + 160 ms: about six tries in 300 ms, not millions.
+        let n = calls.load(Ordering::Relaxed);
+        assert!((3..=8).contains(&n), "{n} accepts in 300 ms");
+        assert_eq!(errors.load(Ordering::Relaxed), n);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_success_resets_the_backoff() {
+        // Five errors, one success, then errors: the sleep after the success starts at 5 ms.
+        let calls = AtomicU32::new(0);
+        let sleeps = Mutex::new(Vec::new());
+        let accept = || {
+            let n = calls.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(if n == 5 { Ok(()) } else { Err(()) })
+        };
+        let run = accept_loop(accept, |()| {}, |_, d: Duration| lock(&sleeps).push(d.as_millis()));
+        let _ = tokio::time::timeout(Duration::from_millis(400), run).await;
+        let s = lock(&sleeps).clone();
+        assert_eq!(s.get(..7), Some(&[5, 10, 20, 40, 80, 5, 10][..]), "{s:?}");
+    }
+
+    #[test]
+    fn an_unknown_is_final_for_the_sensor_and_surfaced() {
+        let r = Reading { sensor: 1, boot: 2, seq: 3, value: 4 };
+        let a = ack(&r, Verdict::Unknown);
+        assert!(a.done && a.surfaced && a.verdict == "unknown", "{a:?}");
+        let a = ack(&r, Verdict::GaveUp(wary::GiveUp::Budget));
+        assert!(!a.done && !a.surfaced, "{a:?}");
+        for v in [Verdict::Ok, Verdict::Failed] {
+            let a = ack(&r, v);
+            assert!(a.done && !a.surfaced, "{a:?}");
+        }
+        // On the wire: `surfaced` is there when true, and old acks without it still parse.
+        let json = serde_json::to_string(&ack(&r, Verdict::Unknown)).unwrap();
+        assert!(json.contains("\"surfaced\":true") && json.contains("\"done\":true"), "{json}");
+        let old: Ack =
+            serde_json::from_str(r#"{"sensor":1,"boot":2,"seq":3,"verdict":"ok","done":true}"#).unwrap();
+        assert!(!old.surfaced);
     }
 }

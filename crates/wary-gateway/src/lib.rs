@@ -3,7 +3,8 @@
 //! their verdict, so a restart loses nothing (the sensor re-sends what was not acked).
 //!
 //! - keyed writes (`POST /readings`, key from sensor, boot and sequence), or a legacy mode
-//!   (`POST /legacy/readings` unkeyed; an `unknown` goes to the `GET` probe, never a resend);
+//!   (`POST /legacy/readings` unkeyed; an `unknown` goes to the `GET` probe, never a resend;
+//!   one the probe cannot resolve is acked `done` and `surfaced`: the sensor never resends it);
 //! - one shared fleet retry budget; a JSON-lines ledger; attempt statistics;
 //! - a bounded queue: a full queue stops reading frames (backpressure to the sensors);
 //! - Prometheus text on `GET /metrics`.
@@ -17,5 +18,5 @@ pub mod upstream;
 
 pub use frame::{Ack, FrameError, MAX_FRAME, Reading};
 pub use gateway::{Config, Gateway, GatewayError};
-pub use metrics::{Event, Metrics};
+pub use metrics::{Event, Metrics, Surfaced};
 pub use upstream::Upstream;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use wary_gateway::gateway::accept_loop;
 use wary_gateway::{Config, Gateway};
 use wary_host::spec::PolicySpec;
 
@@ -46,6 +47,10 @@ struct Args {
     /// Time per attempt, milliseconds.
     #[arg(long, default_value_t = 5000)]
     attempt_timeout_ms: u64,
+    /// Legacy mode: wait this long before probing a write that may still be in flight,
+    /// milliseconds (default: the attempt timeout).
+    #[arg(long)]
+    probe_grace_ms: Option<u64>,
 }
 
 #[tokio::main]
@@ -57,6 +62,7 @@ async fn main() -> Result<()> {
     let mut config = Config::new(&args.upstream);
     config.upstream.legacy = args.legacy;
     config.upstream.attempt_timeout = Duration::from_millis(args.attempt_timeout_ms);
+    config.upstream.probe_grace = args.probe_grace_ms.map(Duration::from_millis);
     config.queue = args.queue;
     config.workers = args.workers;
     if let Some(p) = &args.policy {
@@ -85,20 +91,23 @@ async fn main() -> Result<()> {
                 std::fs::remove_file(path)?;
             }
             let sock = tokio::net::UnixListener::bind(path)?;
-            loop {
-                tokio::select! {
-                    accepted = sock.accept() => {
-                        let (stream, _) = accepted?;
-                        let gw = gw.clone();
-                        tokio::spawn(async move {
-                            let (r, w) = stream.into_split();
-                            if let Err(e) = gw.serve(r, w).await {
-                                eprintln!("wary-gateway: stream closed: {e}");
-                            }
-                        });
+            let handle = |(stream, _): (tokio::net::UnixStream, _)| {
+                let gw = gw.clone();
+                tokio::spawn(async move {
+                    let (r, w) = stream.into_split();
+                    if let Err(e) = gw.serve(r, w).await {
+                        eprintln!("wary-gateway: stream closed: {e}");
                     }
-                    _ = tokio::signal::ctrl_c() => break,
-                }
+                });
+            };
+            // An accept error (say, out of file descriptors) is waited out, not fatal and
+            // not a busy loop; its kind is logged, never its text.
+            let on_error = |e: &std::io::Error, d: Duration| {
+                eprintln!("wary-gateway: accept failed ({:?}); next try in {} ms", e.kind(), d.as_millis());
+            };
+            tokio::select! {
+                () = accept_loop(|| sock.accept(), handle, on_error) => {}
+                _ = tokio::signal::ctrl_c() => {}
             }
         }
     }

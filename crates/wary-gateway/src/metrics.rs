@@ -10,6 +10,21 @@ use wary::{Class, Key, Verdict};
 /// Attempt-count buckets (the last holds "this many or more").
 pub const BUCKETS: usize = 32;
 
+/// Surfaced readings kept in [`Metrics::surfaced`] (the most recent; the count is exact).
+pub const SURFACED_KEPT: usize = 1024;
+
+/// A reading whose write may have landed and that nobody could resolve: surfaced to a person,
+/// never resent. Identity only, no payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Surfaced {
+    /// Sensor id.
+    pub sensor: u32,
+    /// Boot count.
+    pub boot: u32,
+    /// Sequence number.
+    pub seq: u64,
+}
+
 /// One attempt on the timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
@@ -44,8 +59,12 @@ pub struct Metrics {
     pub probe_landed: u64,
     /// Unknowns the probe found not landed (one resend).
     pub probe_not_landed: u64,
-    /// Unknowns nobody could resolve.
+    /// Unknowns nobody could resolve (from the ledger).
     pub unresolved: u64,
+    /// Readings acked `unknown` (may have landed; surfaced to a person; never resent).
+    pub surfaced_total: u64,
+    /// The most recent [`SURFACED_KEPT`] of them, oldest first, for a person to check.
+    pub surfaced: Vec<Surfaced>,
     /// Attempts by outcome kind or status.
     pub outcomes: BTreeMap<String, u64>,
     /// Every attempt, if the timeline is on.
@@ -85,6 +104,15 @@ impl Metrics {
                 verdict: r.verdict,
             });
         }
+    }
+
+    /// Notes a reading acked `unknown`: surfaced to a person.
+    pub fn surface(&mut self, reading: Surfaced) {
+        self.surfaced_total += 1;
+        if self.surfaced.len() >= SURFACED_KEPT {
+            self.surfaced.remove(0);
+        }
+        self.surfaced.push(reading);
     }
 
     /// Mean attempts per call.
@@ -150,6 +178,12 @@ impl Metrics {
             "counter",
             "Unknown writes handed to the probe, by result.",
             &probes,
+        );
+        metric(
+            "wary_gateway_surfaced_total",
+            "counter",
+            "Readings acked unknown: may have landed, surfaced to a person, never resent.",
+            &one(self.surfaced_total.to_string()),
         );
         metric(
             "wary_gateway_fleet_tokens",

@@ -39,9 +39,18 @@ pub struct Upstream {
     pub legacy: bool,
     /// Time for one attempt, response body included.
     pub attempt_timeout: Duration,
+    /// How long the legacy probe waits before its first read (`None`: [`Self::attempt_timeout`]).
+    /// A write that timed out may still be in flight on the server; a read made at once could
+    /// find nothing, and the resend it allows would apply the reading twice.
+    pub probe_grace: Option<Duration>,
 }
 
 impl Upstream {
+    /// The probe's wait before its first read.
+    pub fn probe_grace(&self) -> Duration {
+        self.probe_grace.unwrap_or(self.attempt_timeout)
+    }
+
     /// Sends `reading` once; `Ok(id)` is the cloud's effect id. `remaining` is the call's time
     /// left before its deadline, in milliseconds: the attempt's timeout is capped to it.
     pub async fn send(
@@ -94,6 +103,11 @@ impl Upstream {
 /// Asks `GET /legacy/readings/<id>` whether a legacy write landed: 200 yes, 404 no. The probe
 /// is a read, so it is safe to repeat: it runs under its own small wary policy, and only when
 /// that gives up is the answer unknown (surfaced to a person, never a blind resend).
+///
+/// It first waits [`Upstream::probe_grace()`]: the write it checks may have timed out on the
+/// client while still being applied on the server, and a 404 read before that lands would
+/// allow a resend that applies it twice. Its reads stop by the call's deadline; if the grace
+/// and one read do not fit before it, the answer is unknown without a read.
 pub struct LegacyProbe<'a> {
     /// The client.
     pub client: &'a HttpClient,
@@ -101,16 +115,27 @@ pub struct LegacyProbe<'a> {
     pub upstream: &'a Upstream,
     /// The reading.
     pub reading: Reading,
+    /// When the call must be over (its deadline), if it has one.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
-/// The probe's own policy: four reads at most, within three seconds of waiting.
-fn probe_policy() -> Option<Policy> {
-    Policy::builder(Preset::Default).base(100).cap(1_000).budget(3_000).max_attempts(4).build().ok()
+/// The probe's own read timeout floor: a read given less than this is not worth starting.
+const MIN_PROBE_READ: Duration = Duration::from_millis(10);
+
+/// The probe's own policy: four reads at most, within three seconds of waiting, and by
+/// `deadline_ms` from its first read when the call has a deadline.
+fn probe_policy(deadline_ms: Option<u64>) -> Option<Policy> {
+    let mut b = Policy::builder(Preset::Default).base(100).cap(1_000).budget(3_000).max_attempts(4);
+    if let Some(d) = deadline_ms {
+        b = b.deadline(d).min_attempt(MIN_PROBE_READ.as_millis() as u64);
+    }
+    b.build().ok()
 }
 
 impl LegacyProbe<'_> {
     /// One read: `Ok` with a definite answer, `Err` with the outcome that left it open.
-    async fn check_once(&self, policy: &Policy) -> Result<Landed<u64>, Outcome> {
+    /// `remaining` (ms) caps its timeout.
+    async fn check_once(&self, policy: &Policy, remaining: Option<u64>) -> Result<Landed<u64>, Outcome> {
         let uri = format!("{}/legacy/readings/{}", self.upstream.base, self.reading.reading_id());
         let req = Request::builder()
             .method(Method::GET)
@@ -129,7 +154,10 @@ impl LegacyProbe<'_> {
                 _ => Err(o),
             }
         };
-        match tokio::time::timeout(self.upstream.attempt_timeout, check).await {
+        let limit = remaining.map_or(self.upstream.attempt_timeout, |ms| {
+            self.upstream.attempt_timeout.min(Duration::from_millis(ms))
+        });
+        match tokio::time::timeout(limit, check).await {
             Ok(r) => r,
             Err(_) => Err(Outcome::ResponseTimeout),
         }
@@ -138,11 +166,21 @@ impl LegacyProbe<'_> {
 
 impl Probe<u64> for LegacyProbe<'_> {
     async fn landed(&mut self, key: Key) -> Landed<u64> {
-        let Some(policy) = probe_policy() else { return Landed::Unknown };
+        let grace = self.upstream.probe_grace();
+        // Time left for reads after the grace, if the call has a deadline.
+        let left = self
+            .deadline
+            .map(|d| d.saturating_duration_since(tokio::time::Instant::now()).saturating_sub(grace));
+        if left.is_some_and(|l| l < MIN_PROBE_READ) {
+            return Landed::Unknown;
+        }
+        tokio::time::sleep(grace).await;
+        let left_ms = left.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
+        let Some(policy) = probe_policy(left_ms) else { return Landed::Unknown };
         let clock = MonotonicClock::new();
         let mut runner = Runner::new(&policy, TokioDelay, &clock, process_rng());
         let this = &*self;
-        match runner.call(Operation::Read, key, |_| this.check_once(&policy)).await {
+        match runner.call(Operation::Read, key, |a| this.check_once(&policy, a.remaining)).await {
             Ok(answer) => answer,
             Err(_) => Landed::Unknown,
         }

@@ -287,6 +287,7 @@ fn check_acks(acks: &[Value], sent: &[Reading]) {
         assert_eq!(a["verdict"], "ok", "{a}");
         assert_eq!(a["done"], true, "{a}");
         assert!(a.get("reason").is_none(), "{a}");
+        assert!(a.get("surfaced").is_none(), "{a}");
         assert!(seen.insert((sensor, boot, seq)), "acked twice: {a}");
     }
     let want: BTreeSet<Id> = sent.iter().map(id).collect();
@@ -567,6 +568,7 @@ async fn metrics_endpoint_agrees_with_what_was_sent() {
         for p in ["landed", "not_landed", "unknown"] {
             assert_eq!(m[&format!("wary_gateway_probes_total{{result=\"{p}\"}}")], 0.0, "{p}");
         }
+        assert_eq!(m["wary_gateway_surfaced_total"], 0.0);
         cloud.shutdown().await;
     })
     .await;
@@ -663,4 +665,41 @@ fn no_metrics_serves_no_endpoint() {
         .output()
         .unwrap();
     assert!(!both.status.success(), "--metrics and --no-metrics conflict");
+}
+
+/// A legacy write the probe cannot resolve is acked `unknown`, done and surfaced: on the wire,
+/// the sensor is told never to resend it, and the gateway counts it for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_legacy_unknown_is_final_and_surfaced() {
+    within(async {
+        // Every write applies then answers 500; every probe read answers 500 too.
+        let cloud = Cloud::start("127.0.0.1:0", "500=1.0,seed=2".parse::<Faults>().unwrap()).await.unwrap();
+        let dir = Scratch::new("surfaced");
+        let mut a = args(&cloud, &dir);
+        a.extend(["--legacy", "--probe-grace-ms", "50"].map(str::to_owned));
+        let mut gw = Gw::spawn(&a);
+        let addr = gw.metrics_addr().await;
+        let sent = readings(0..2, 1);
+        for r in &sent {
+            gw.send(&reading_frame(r));
+        }
+        let acks = gw.acks(sent.len()).await;
+        for ack in &acks {
+            assert_eq!(ack["verdict"], "unknown", "{ack}");
+            assert_eq!(ack["done"], true, "an unknown must not be resent: {ack}");
+            assert_eq!(ack["surfaced"], true, "{ack}");
+        }
+        let m = scrape(addr).await;
+        assert_eq!(m["wary_gateway_surfaced_total"], 2.0);
+        assert_eq!(m["wary_gateway_calls_total{verdict=\"unknown\"}"], 2.0);
+        gw.close_stdin();
+        let (status, stderr) = gw.wait().await;
+        assert!(status.success(), "{status}: {stderr}");
+        assert_clean_stderr(&stderr);
+        for r in &sent {
+            assert_eq!(cloud.reading_effects(&r.reading_id()), 1, "{r:?}");
+        }
+        cloud.shutdown().await;
+    })
+    .await;
 }

@@ -32,6 +32,12 @@ pub fn outcome(policy: &Policy, status: StatusCode, headers: &HeaderMap, now_uni
 /// The outcome of a client error, from its source chain: hyper-util's connect errors, hyper's
 /// errors, io errors and timeouts (tokio's and tower's). An error it cannot place is a
 /// [`Outcome::Reset`]: the request may have been sent, so an unkeyed write is never resent.
+///
+/// A TLS handshake or certificate failure happens inside the connector, so it arrives as a
+/// connect error; it is [`Outcome::Tls`] (failed at once, never retried), not a refusal.
+/// It is recognised by type and kind, never by the error's text (see [`is_tls_io`]). A TLS
+/// library whose errors are not `io::Error`s (native-tls) is not recognised: its connect
+/// errors stay [`Outcome::Refused`].
 pub fn error_outcome(err: &(dyn Error + 'static)) -> Outcome {
     let mut connect = false;
     let mut cur: Option<&(dyn Error + 'static)> = Some(err);
@@ -41,6 +47,9 @@ pub fn error_outcome(err: &(dyn Error + 'static)) -> Outcome {
         } else if e.is::<tokio::time::error::Elapsed>() || e.is::<tower::timeout::error::Elapsed>() {
             return if connect { Outcome::ConnectTimeout } else { Outcome::ResponseTimeout };
         } else if let Some(io) = e.downcast_ref::<io::Error>() {
+            if connect && is_tls_io(io) {
+                return Outcome::Tls;
+            }
             return match io.kind() {
                 io::ErrorKind::TimedOut if connect => Outcome::ConnectTimeout,
                 io::ErrorKind::TimedOut => Outcome::ResponseTimeout,
@@ -59,6 +68,17 @@ pub fn error_outcome(err: &(dyn Error + 'static)) -> Outcome {
         cur = e.source();
     }
     if connect { Outcome::Refused } else { Outcome::Reset }
+}
+
+/// Whether an io error inside a connect error is a TLS failure: kind `InvalidData`, itself or
+/// in an io error it wraps. A TCP connect never reports that kind; `tokio-rustls` (under
+/// `hyper-rustls`) reports every handshake and certificate error with it.
+fn is_tls_io(io: &io::Error) -> bool {
+    if io.kind() == io::ErrorKind::InvalidData {
+        return true;
+    }
+    // An io error wrapping another (a connector re-wrapping its stream's error).
+    io.get_ref().and_then(|inner| inner.downcast_ref::<io::Error>()).is_some_and(is_tls_io)
 }
 
 /// A client error type the [`crate::tower`] adapter can classify.
@@ -145,8 +165,76 @@ mod tests {
             let h = headers(&[("retry-after", bad), ("date", b"the day after yesterday")]);
             let o = outcome(&p, StatusCode::SERVICE_UNAVAILABLE, &h, None);
             assert_eq!(o.code(), Some(503));
-            assert!(o.retry_after().is_none() || bad.starts_with(b"9"), "{o:?}");
+            // An overlong number saturates (and so gives up as too long); all else is ignored.
+            let want = bad.starts_with(b"9").then_some(u64::MAX);
+            assert_eq!(o.retry_after(), want, "{bad:?}: {o:?}");
         }
+    }
+
+    /// A connector whose every connection fails with `err`'s kind and text (a TLS handshake
+    /// failure, as `tokio-rustls` reports one, or a plain refusal), so the client error's chain
+    /// is the real one: hyper-util's connect error around the connector's own.
+    async fn connect_error(kind: io::ErrorKind) -> Outcome {
+        use bytes::Bytes;
+        use http_body_util::Full;
+        use hyper_util::client::legacy::Client;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let e = io::Error::new(kind, "invalid peer certificate: UnknownIssuer");
+            std::future::ready(Err::<TokioIo<tokio::net::TcpStream>, _>(e))
+        });
+        let client = Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
+        let req = http::Request::get("https://127.0.0.1:9/").body(Full::new(Bytes::new())).unwrap();
+        let err = client.request(req).await.unwrap_err();
+        assert!(err.is_connect());
+        err.outcome()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn tls_failures_in_the_connector_are_tls_not_refused() {
+        assert_eq!(connect_error(io::ErrorKind::InvalidData).await, Outcome::Tls);
+        // The same message under another kind is not TLS: the text is never read.
+        assert_eq!(connect_error(io::ErrorKind::ConnectionRefused).await, Outcome::Refused);
+        assert_eq!(connect_error(io::ErrorKind::TimedOut).await, Outcome::ConnectTimeout);
+    }
+
+    #[derive(Debug)]
+    struct Wrap(&'static str, Box<dyn Error + Send + Sync>);
+
+    impl std::fmt::Display for Wrap {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl Error for Wrap {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(self.1.as_ref())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_synthetic_chain_with_a_nested_invalid_data_error_is_tls() {
+        // connector error → io::Error(Other) wrapping io::Error(InvalidData): still TLS.
+        use bytes::Bytes;
+        use http_body_util::Full;
+        use hyper_util::client::legacy::Client;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let connector = tower::service_fn(|_: http::Uri| {
+            let inner = io::Error::new(io::ErrorKind::InvalidData, "handshake");
+            let outer = io::Error::other(inner);
+            std::future::ready(Err::<TokioIo<tokio::net::TcpStream>, _>(Wrap(
+                "tls connector",
+                Box::new(outer),
+            )))
+        });
+        let client = Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
+        let req = http::Request::get("https://127.0.0.1:9/").body(Full::new(Bytes::new())).unwrap();
+        let err = client.request(req).await.unwrap_err();
+        assert_eq!(error_outcome(&err), Outcome::Tls);
+        // Outside a connect error, bad data on an open connection is not TLS: maybe sent.
+        let e = Wrap("read", Box::new(io::Error::new(io::ErrorKind::InvalidData, "x")));
+        assert_eq!(error_outcome(&e), Outcome::Reset);
     }
 
     #[test]

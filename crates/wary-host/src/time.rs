@@ -41,6 +41,11 @@ impl DelayNs for StdDelay {
 
 /// Milliseconds since the clock was made, from `tokio::time::Instant` (which is
 /// `std::time::Instant` unless a tokio test pauses time), so it agrees with [`TokioDelay`].
+///
+/// **Its [`Clock::now`] is always milliseconds**, whatever the policy's tick rate: give it to a
+/// runner only with a policy whose `tick_hz()` is 1000 (the default), or the deadline and the
+/// ledger's times are off by the ratio. The gateway and the [`crate::tower`] adapter refuse
+/// other rates; for a policy counting other ticks, read [`MonotonicClock::ticks`] instead.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
     start: tokio::time::Instant,
@@ -71,6 +76,7 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    /// Milliseconds (not the policy's ticks: see the type's docs).
     fn now(&self) -> u64 {
         self.millis()
     }

@@ -38,7 +38,7 @@ async fn keyed_post_retries_503s_to_success_with_one_effect_each() {
     let cloud = Cloud::start("127.0.0.1:0", "503=0.6,seed=11".parse().unwrap()).await.unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
-    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(1)).ledger(ledger.clone()), client);
+    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(1)).unwrap().ledger(ledger.clone()), client);
     for i in 0..8 {
         let key = format!("tower-key-{i}");
         let resp = svc.clone().oneshot(post(&cloud.url("/readings"), Some(&key), None)).await.unwrap();
@@ -61,7 +61,7 @@ async fn keyed_post_retries_503s_to_success_with_one_effect_each() {
 async fn unkeyed_post_is_not_resent_after_a_500() {
     let cloud = Cloud::start("127.0.0.1:0", "500=1.0,seed=1".parse().unwrap()).await.unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(2)), client);
+    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(2)).unwrap(), client);
     let resp = svc.oneshot(post(&cloud.url("/legacy/readings"), None, Some("r-500"))).await.unwrap();
     assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(resp.extensions().get::<Verdict>(), Some(&Verdict::Unknown));
@@ -77,7 +77,7 @@ async fn retry_after_is_honoured_in_both_forms() {
         let cloud = Cloud::start("127.0.0.1:0", faults).await.unwrap();
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
-        let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(3)).ledger(ledger.clone()), client);
+        let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(3)).unwrap().ledger(ledger.clone()), client);
         let mut slept_on_429 = 0u64;
         for i in 0..4 {
             let key = format!("ra-{i}");
