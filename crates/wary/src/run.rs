@@ -284,7 +284,9 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                 op,
                 outcome,
                 class,
-                draw: matches!(decision, Decision::Retry { .. }).then_some(draw),
+                // Whenever a wait was computed, the draw decided it, a give-up on the budget or
+                // the deadline included: a replay needs it to reach the same verdict.
+                draw: (class == crate::Class::Retry).then_some(draw),
                 wait: match decision {
                     Decision::Retry { wait } => wait,
                     Decision::Done(_) => 0,

@@ -632,3 +632,34 @@ fn a_cancel_ends_a_probe_that_would_never_answer() {
     let (r, ()) = block_on(join(call, canceller));
     assert_eq!((r.unwrap_err().verdict, h.sends()), (Verdict::Cancelled, 1));
 }
+
+#[test]
+fn a_give_up_that_depended_on_the_draw_records_the_draw() {
+    // Budget 250 ms, base 100: with draws at the top the first wait is 99 ms and the second
+    // (100..199 ms) does not fit at 199; at zero (100) it would. The record must say which draw.
+    let p = Policy::builder(Preset::Default).base(100).cap(1_000).budget(250).build().unwrap();
+    let h = Harness::new();
+    let mut ledger = Ledger::<8>::new();
+    let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
+    let mut runner = Runner::new(&p, delay, &h.clock, Top).ledger(&mut ledger);
+    let s =
+        Scripted { outcomes: &[Outcome::status(503); 4], sends: &h.sends, clock: &h.clock, attempt_ms: 0 };
+    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Budget));
+    let last = *ledger.last().unwrap();
+    assert_eq!(last.draw, Some(wary::Draw::unit(u32::MAX)));
+    // Replaying that decision with the recorded draw gives the same verdict; with a zero draw
+    // it would not.
+    let mut state = wary::CallState::new();
+    let first = ledger.records().next().copied().unwrap();
+    let _ = p.decide(&mut state, first.op, &first.outcome, first.draw.unwrap(), None);
+    let mut zero = state;
+    assert_eq!(
+        p.decide(&mut state, last.op, &last.outcome, last.draw.unwrap(), None),
+        wary::Decision::Done(Verdict::GaveUp(GiveUp::Budget))
+    );
+    assert!(matches!(
+        p.decide(&mut zero, last.op, &last.outcome, wary::Draw::ZERO, None),
+        wary::Decision::Retry { .. }
+    ));
+}
