@@ -13,7 +13,7 @@ use crate::util::{ensure_cargo_install, step};
 
 /// Runs every fuzz target for `seconds`; fails on any crash. `required` turns a missing nightly
 /// toolchain from a skip into an error.
-pub fn fuzz(root: &Path, seconds: u64, required: bool) -> Result<()> {
+pub fn fuzz(root: &Path, seconds: u64, required: bool, seed: Option<u32>) -> Result<()> {
     let dir = root.join("fuzz");
     // Checked first: without nightly there is no point installing cargo-fuzz.
     if !have_nightly() {
@@ -31,11 +31,16 @@ pub fn fuzz(root: &Path, seconds: u64, required: bool) -> Result<()> {
         bail!("`cargo fuzz list` found no targets in {}", dir.display());
     }
     let time = format!("-max_total_time={seconds}");
+    // A fixed seed makes a CI pass repeat the same inputs; an explicit run explores new ones.
+    let seed_arg = seed.map(|s| format!("-seed={s}"));
     for t in &targets {
         step(&format!("fuzz {t} for {seconds} s"));
-        eprintln!("    $ cargo +nightly fuzz run {t} -- {time}");
-        let status =
-            fuzz_command(&dir).args(["run", t, "--", &time]).status().context("starting `cargo fuzz run`")?;
+        let mut args = vec!["run", t.as_str(), "--", time.as_str()];
+        if let Some(s) = &seed_arg {
+            args.push(s);
+        }
+        eprintln!("    $ cargo +nightly fuzz {}", args.join(" "));
+        let status = fuzz_command(&dir).args(&args).status().context("starting `cargo fuzz run`")?;
         if !status.success() {
             bail!("fuzz target {t} failed ({status}): the crashing input is under fuzz/artifacts/{t}/");
         }

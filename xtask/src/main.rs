@@ -49,7 +49,9 @@ fn main() -> Result<()> {
         Verb::Ci => ci::run_all(&root),
         Verb::Bench => bench::bench(&root),
         Verb::Demo => demo::demo(&root),
-        Verb::Fuzz { seconds, skip_without_nightly } => fuzz::fuzz(&root, seconds, !skip_without_nightly),
+        Verb::Fuzz { seconds, skip_without_nightly } => {
+            fuzz::fuzz(&root, seconds, !skip_without_nightly, None)
+        }
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),
     }
