@@ -76,6 +76,13 @@ pub struct Ledger<const N: usize, const B: usize = 16> {
     stats: AttemptStats<B>,
 }
 
+#[cfg(feature = "defmt")]
+impl<const N: usize, const B: usize> defmt::Format for Ledger<N, B> {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "Ledger {{ kept: {=usize}, stats: {} }}", self.ring.len(), self.stats);
+    }
+}
+
 impl<const N: usize, const B: usize> Default for Ledger<N, B> {
     fn default() -> Self {
         Self::new()

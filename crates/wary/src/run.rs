@@ -98,6 +98,13 @@ pub struct CancelToken {
     waker: AtomicWaker,
 }
 
+#[cfg(feature = "defmt")]
+impl defmt::Format for CancelToken {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "CancelToken {{ cancelled: {=bool} }}", self.is_cancelled());
+    }
+}
+
 impl CancelToken {
     /// A token not yet cancelled.
     pub const fn new() -> Self {
@@ -163,6 +170,7 @@ pub trait Probe<T> {
 
 /// No probe: an `unknown` stays unknown.
 #[derive(Debug, Clone, Copy, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct NoProbe;
 
 impl<T> Probe<T> for NoProbe {

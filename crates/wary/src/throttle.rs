@@ -34,6 +34,18 @@ pub struct FleetBudget {
     ratio: u32,
 }
 
+#[cfg(feature = "defmt")]
+impl defmt::Format for FleetBudget {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(
+            f,
+            "FleetBudget {{ tokens_milli: {=u32}, max_milli: {=u32} }}",
+            self.tokens_milli(),
+            self.max
+        );
+    }
+}
+
 impl FleetBudget {
     /// A full bucket of `max_tokens` (1..=1000) that gains `ratio_milli` thousandths of a token
     /// (1..=1000) per success: gRPC A6's `maxTokens` and `tokenRatio`.
