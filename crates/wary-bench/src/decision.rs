@@ -54,21 +54,6 @@ pub fn bench_fleet() -> FleetBudget {
     FleetBudget::new(1000, 1000).unwrap_or_else(|e| panic!("benchmark fleet budget refused: {e:?}"))
 }
 
-/// One decision exactly as the runner (`wary::run`) makes it: classify, charge or refund the
-/// fleet budget, draw, decide, and turn a retry the fleet refuses into `Throttled`.
-#[inline]
-pub fn step(
-    policy: &Policy,
-    fleet: Option<&FleetBudget>,
-    state: &mut CallState,
-    op: Operation,
-    outcome: &Outcome,
-    draw: Draw,
-    elapsed: Option<u64>,
-) -> Decision {
-    policy.decide_with_fleet(state, op, outcome, draw, elapsed, fleet).1
-}
-
 /// `calls` calls through wary's decision path: each meets [`FAILURES`], one retry decision
 /// per failure, then succeeds (one more decision). Returns the total wait so nothing is
 /// optimised away.
@@ -79,7 +64,7 @@ pub fn wary_calls(policy: &Policy, fleet: Option<&FleetBudget>, calls: u32) -> u
         let mut state = CallState::new();
         for outcome in FAILURES.iter().chain(core::iter::once(&Outcome::Ok)) {
             let draw = Draw::unit(rng.u32(..));
-            match step(policy, fleet, &mut state, Operation::Read, outcome, draw, None) {
+            match policy.decide_with_fleet(&mut state, Operation::Read, outcome, draw, None, fleet).1 {
                 Decision::Retry { wait } => total = total.wrapping_add(wait),
                 Decision::Done(v) => total = total.wrapping_add(u64::from(v == Verdict::Ok)),
             }
@@ -125,10 +110,20 @@ mod tests {
         for _ in 0..CALLS {
             let mut s = CallState::new();
             for o in &FAILURES {
-                let d = step(&p, Some(&fleet), &mut s, Operation::Read, o, Draw::unit(rng.u32(..)), None);
+                let d = p
+                    .decide_with_fleet(
+                        &mut s,
+                        Operation::Read,
+                        o,
+                        Draw::unit(rng.u32(..)),
+                        None,
+                        Some(&fleet),
+                    )
+                    .1;
                 assert!(matches!(d, Decision::Retry { .. }), "{o:?} gave {d:?}");
             }
-            let d = step(&p, Some(&fleet), &mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None);
+            let d =
+                p.decide_with_fleet(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None, Some(&fleet)).1;
             assert_eq!(d, Decision::Done(Verdict::Ok));
         }
     }

@@ -4,7 +4,7 @@
 //! server serves at most `capacity` calls per tick and answers the rest with a 503, as a load
 //! shedder does; a capacity of 0 is a total outage. Each response comes back after a round trip
 //! of `latency ± latency_spread` ticks (the AWS study's network noise), and the client then
-//! decides through the real core, [`crate::decision::step`] — `Policy::decide` with a
+//! decides through the real core, `Policy::decide_with_fleet` as the runner does, with a
 //! `Draw::unit` from the run's seeded generator, and the fleet budget when there is one — so
 //! the figures are wary's own, not a copy of its formulas. A tick is a millisecond.
 
@@ -15,7 +15,7 @@ use wary::{
     CallState, Decision, Draw, FleetBudget, GiveUp, Jitter, Operation, Outcome, Policy, Preset, Verdict,
 };
 
-use crate::decision::{BASE, CAP, step};
+use crate::decision::{BASE, CAP};
 
 /// The world a run happens in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +156,7 @@ pub fn run(policy: &Policy, fleet: Option<FleetSpec>, world: &World) -> Stats {
         let state = &mut states[client as usize];
         // One bucket for all, or the client's own (an empty list: no fleet budget).
         let bucket = buckets.get(if buckets.len() == 1 { 0 } else { client as usize });
-        match step(policy, bucket, state, Operation::Read, &outcome, draw, Some(now)) {
+        match policy.decide_with_fleet(state, Operation::Read, &outcome, draw, Some(now), bucket).1 {
             Decision::Retry { wait } => queue.push(Reverse((now + wait, client))),
             Decision::Done(v) => {
                 s.completion = s.completion.max(now);
