@@ -8,6 +8,29 @@
 //! covers the draw applies, none if the draw lands past their sum. Hashing the stream instead of
 //! stepping one global generator keeps the choice for a key's `n`-th attempt independent of how
 //! concurrent clients interleave.
+//!
+//! | name (compact) | effect | what the client gets |
+//! |---|---|---|
+//! | `503` | none | 503, optionally with Retry-After (`ra=`) |
+//! | `429` | none | 429, optionally with Retry-After (`ra=`) |
+//! | `400` | none | 400 |
+//! | `500` | applied | 500 |
+//! | `drop_before_effect` | none | the connection closed (FIN), no reply byte |
+//! | `drop_after_effect` (`drop`) | applied | the connection closed (FIN), no reply byte |
+//! | `reset_after_effect` (`reset`) | applied | the connection reset (RST, `SO_LINGER` 0), no reply byte |
+//! | `slow` | applied | the reply `ms` late (sleeping before the effect with `before=true`) |
+//! | `stall` | applied, or none with `effect=false` | nothing for `ms`, then the reply (504 when nothing was applied) or, with `then=close`, a close |
+//! | `truncated_reply` (`truncated`) | applied | a status line and part of the header block, then a close |
+//! | `garbage_status` | applied, or none with `effect=false` | a status line that is not HTTP (`form=bad_code`, `HTTP/1.1 2x0 OK`) or binary noise (`form=binary`), then a close |
+//! | `huge_header` | applied | the genuine reply with an `X-Padding` header of `bytes` characters (8192 by default), so its header block is larger than a small receive buffer |
+//! | `bad_body` | applied, or none with `effect=false` | 200 with a malformed body |
+//! | `endless_body` | applied, or none with `effect=false` | 200 whose body never ends |
+//!
+//! Refusal windows are not drawn per request: `refuse_at=N:ms=M` closes the listener for `M`
+//! milliseconds when the `N`-th request on an endpoint in scope arrives (counted from 1 since the
+//! script was put in force), so new
+//! connections are refused (RST on connect) until it is reopened on the same port; that request
+//! and connections already open are served as usual. A script may hold several.
 
 use std::fmt;
 use std::str::FromStr;
@@ -31,6 +54,24 @@ pub struct Faults {
     /// Endpoints the rules apply to (all by default).
     #[serde(default)]
     pub scope: Scope,
+    /// Refusal windows, each started by the request with its number.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<Refusal>,
+}
+
+/// A refusal window: when the `at`-th request on an endpoint in scope arrives (counted from 1
+/// since the script was put in force), the listener is closed for `ms` milliseconds, then
+/// reopened on the same port.
+///
+/// JSON: `{"at": 3, "ms": 2000}`; compact: `refuse_at=3:ms=2000`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refusal {
+    /// Number of the request that starts the window, from 1.
+    pub at: u64,
+    /// How long new connections are refused, in milliseconds.
+    #[serde(default = "one_second")]
+    pub ms: u64,
 }
 
 /// One rule: a share of requests and what happens to them.
@@ -43,7 +84,7 @@ pub struct Rule {
     pub fault: Fault,
 }
 
-/// Which endpoints a fault script touches. `/stats` and `/admin/*` are never faulted.
+/// Which endpoints a fault script touches. `/stats`, `/report` and `/admin/*` are never faulted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Scope {
@@ -89,9 +130,52 @@ pub enum Fault {
     /// Connection closed without a reply, before any effect.
     #[serde(rename = "drop_before_effect")]
     DropBeforeEffect,
-    /// The effect is applied, then the connection is closed without a reply.
+    /// The effect is applied, then the connection is closed without a reply (a graceful FIN).
     #[serde(rename = "drop_after_effect")]
     DropAfterEffect,
+    /// The effect is applied, then the connection is reset (`SO_LINGER` 0, so the close sends
+    /// RST) before any reply byte: the client's read fails with a reset, not an end of stream.
+    #[serde(rename = "reset_after_effect")]
+    ResetAfterEffect,
+    /// Nothing is sent for `ms`, past the client's timeout, then the reply or a close. With
+    /// `effect` (the default) the effect is applied and stored before the stall and the key is
+    /// released, so a resend during the stall gets the stored result; without it nothing is
+    /// applied and the reply after the stall is a 504.
+    #[serde(rename = "stall")]
+    Stall {
+        /// How long nothing is sent, in milliseconds (default 10000).
+        #[serde(default = "ten_seconds")]
+        ms: u64,
+        /// Whether the effect is applied before the stall.
+        #[serde(default = "yes")]
+        effect: bool,
+        /// What follows the stall.
+        #[serde(default)]
+        then: StallEnd,
+    },
+    /// The effect is applied, then a status line and part of the header block are sent and the
+    /// connection is closed: the client reads an end of stream in the middle of the headers.
+    #[serde(rename = "truncated_reply")]
+    TruncatedReply,
+    /// Bytes that are not an HTTP status line, then a close; the effect is applied unless
+    /// `effect` is false.
+    #[serde(rename = "garbage_status")]
+    GarbageStatus {
+        /// Which garbage.
+        #[serde(default)]
+        form: GarbageForm,
+        /// Whether the effect is applied first.
+        #[serde(default = "yes")]
+        effect: bool,
+    },
+    /// The genuine reply (effect applied) with an `X-Padding` header of `bytes` characters, so
+    /// its header block does not fit a small device's receive buffer.
+    #[serde(rename = "huge_header")]
+    HugeHeader {
+        /// Length of the padding header's value (default 8192).
+        #[serde(default = "eight_kib")]
+        bytes: usize,
+    },
     /// Sleep `ms` before answering; after the effect unless `before_effect`. The key stays
     /// in flight meanwhile, so a concurrent duplicate gets 409.
     #[serde(rename = "slow")]
@@ -133,6 +217,19 @@ fn one_second() -> u64 {
     1000
 }
 
+fn ten_seconds() -> u64 {
+    10_000
+}
+
+fn eight_kib() -> usize {
+    8 * 1024
+}
+
+/// Longest delay a script may ask for.
+const MAX_DELAY_MS: u64 = 3_600_000;
+/// Largest padding header [`Fault::HugeHeader`] may send.
+pub const MAX_PADDING: usize = 1 << 20;
+
 impl Fault {
     /// Short name, as in the compact form and in [`crate::Stats::faults_injected`].
     pub fn name(&self) -> &'static str {
@@ -143,6 +240,11 @@ impl Fault {
             Fault::ErrorAfterEffect => "500",
             Fault::DropBeforeEffect => "drop_before_effect",
             Fault::DropAfterEffect => "drop_after_effect",
+            Fault::ResetAfterEffect => "reset_after_effect",
+            Fault::Stall { .. } => "stall",
+            Fault::TruncatedReply => "truncated_reply",
+            Fault::GarbageStatus { .. } => "garbage_status",
+            Fault::HugeHeader { .. } => "huge_header",
             Fault::Slow { .. } => "slow",
             Fault::BadBody { .. } => "bad_body",
             Fault::EndlessBody { .. } => "endless_body",
@@ -159,6 +261,63 @@ pub enum BadBodyForm {
     NotJson,
     /// A JSON body under `Content-Type: text/html`.
     WrongType,
+}
+
+/// What follows a [`Fault::Stall`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StallEnd {
+    /// The reply, late.
+    #[default]
+    Reply,
+    /// A close (FIN) without a reply byte.
+    Close,
+}
+
+impl StallEnd {
+    fn as_str(self) -> &'static str {
+        match self {
+            StallEnd::Reply => "reply",
+            StallEnd::Close => "close",
+        }
+    }
+}
+
+/// What a [`Fault::GarbageStatus`] sends instead of a status line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GarbageForm {
+    /// `HTTP/1.1 2x0 OK` and a header block: the shape of HTTP with a status code that is not
+    /// three digits.
+    #[default]
+    BadCode,
+    /// Binary noise, NUL and high bytes included.
+    Binary,
+}
+
+impl GarbageForm {
+    fn as_str(self) -> &'static str {
+        match self {
+            GarbageForm::BadCode => "bad_code",
+            GarbageForm::Binary => "binary",
+        }
+    }
+
+    /// The bytes sent on the wire.
+    pub fn bytes(self) -> Vec<u8> {
+        match self {
+            GarbageForm::BadCode => {
+                b"HTTP/1.1 2x0 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}".to_vec()
+            }
+            // Fixed noise, so a failing run can be replayed byte for byte. The first byte is
+            // forced off `H` so that no prefix can pass for `HTTP/`.
+            GarbageForm::Binary => (0..64u64)
+                .map(|i| (splitmix64(i) >> 56) as u8)
+                .enumerate()
+                .map(|(i, b)| if i == 0 && b == b'H' { 0 } else { b })
+                .collect(),
+        }
+    }
 }
 
 /// A Retry-After header to send, written as a string (JSON also takes a bare number).
@@ -250,7 +409,8 @@ impl Faults {
         Faults::default()
     }
 
-    /// Checks shares (each in `0..=1`, sum at most 1) and delays (at most an hour).
+    /// Checks shares (each in `0..=1`, sum at most 1), delays (at most an hour), padding sizes
+    /// (`1..=`[`MAX_PADDING`]) and refusal windows (from request 1, `1..=3600000` ms).
     pub fn validate(&self) -> Result<(), String> {
         let mut sum = 0.0;
         for rule in &self.rules {
@@ -259,13 +419,29 @@ impl Faults {
             }
             sum += rule.p;
             match rule.fault {
-                Fault::Slow { ms, .. } | Fault::EndlessBody { ms, .. } if ms > 3_600_000 => {
+                Fault::Slow { ms, .. } | Fault::EndlessBody { ms, .. } | Fault::Stall { ms, .. }
+                    if ms > MAX_DELAY_MS =>
+                {
                     return Err(format!("delay {ms} ms of `{}` exceeds an hour", rule.fault.name()));
                 }
                 Fault::EndlessBody { ms: 0, .. } => {
                     return Err("endless_body needs ms > 0".into());
                 }
+                Fault::Stall { ms: 0, .. } => {
+                    return Err("stall needs ms > 0".into());
+                }
+                Fault::HugeHeader { bytes } if bytes == 0 || bytes > MAX_PADDING => {
+                    return Err(format!("huge_header bytes {bytes} is outside 1..={MAX_PADDING}"));
+                }
                 _ => {}
+            }
+        }
+        for refusal in &self.refusals {
+            if refusal.at == 0 {
+                return Err("refuse_at counts requests from 1".into());
+            }
+            if refusal.ms == 0 || refusal.ms > MAX_DELAY_MS {
+                return Err(format!("refusal of {} ms is outside 1..={MAX_DELAY_MS}", refusal.ms));
             }
         }
         // A little slack for decimal shares such as 0.7 + 0.2 + 0.1.
@@ -324,11 +500,15 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 ///
 /// - `seed=N`
 /// - `scope=keyed+legacy+read` (any non-empty subset, `+`-separated)
+/// - `refuse_at=N[:ms=M]`: a [`Refusal`] window of `M` ms (default 1000) at request `N`
 /// - `NAME=SHARE[:OPT=VAL]...` with NAME one of `503`, `429`, `400`, `500`,
-///   `drop_before_effect`, `drop_after_effect` (alias `drop`), `slow`, `bad_body`,
-///   `endless_body`; options: `ra=` ([`RetryAfter`] spec, for 503 and 429), `ms=` (slow,
-///   endless_body), `before=true|false` (slow), `form=not_json|wrong_type` (bad_body),
-///   `effect=true|false` (bad_body, endless_body).
+///   `drop_before_effect`, `drop_after_effect` (alias `drop`), `reset_after_effect` (alias
+///   `reset`), `slow`, `stall`, `truncated_reply` (alias `truncated`), `garbage_status`,
+///   `huge_header`, `bad_body`, `endless_body`; options: `ra=` ([`RetryAfter`] spec, for 503
+///   and 429), `ms=` (slow, stall, endless_body), `before=true|false` (slow),
+///   `then=reply|close` (stall), `form=not_json|wrong_type` (bad_body),
+///   `form=bad_code|binary` (garbage_status), `bytes=` (huge_header), `effect=true|false`
+///   (stall, garbage_status, bad_body, endless_body).
 ///
 /// Example: `503=0.2,429=0.1:ra=2,drop_after_effect=0.05,seed=7`.
 impl FromStr for Faults {
@@ -346,6 +526,18 @@ impl FromStr for Faults {
                 "seed" => {
                     faults.seed = value.parse().map_err(|_| format!("bad seed `{value}`"))?;
                     no_options(name, &opts)?;
+                }
+                "refuse_at" => {
+                    let at =
+                        value.parse().map_err(|_| format!("bad request number `{value}` for `refuse_at`"))?;
+                    let mut refusal = Refusal { at, ms: one_second() };
+                    for &(k, v) in &opts {
+                        match k {
+                            "ms" => refusal.ms = v.parse().map_err(|_| format!("bad ms `{v}`"))?,
+                            _ => return Err(format!("`refuse_at` takes no option `{k}`")),
+                        }
+                    }
+                    faults.refusals.push(refusal);
                 }
                 "scope" => {
                     let mut scope = Scope { keyed: false, legacy: false, read: false };
@@ -395,6 +587,11 @@ fn fault_from_compact(name: &str, opts: &[(&str, &str)]) -> Result<Fault, String
         "500" => Fault::ErrorAfterEffect,
         "drop_before_effect" => Fault::DropBeforeEffect,
         "drop_after_effect" | "drop" => Fault::DropAfterEffect,
+        "reset_after_effect" | "reset" => Fault::ResetAfterEffect,
+        "stall" => Fault::Stall { ms: ten_seconds(), effect: true, then: StallEnd::Reply },
+        "truncated_reply" | "truncated" => Fault::TruncatedReply,
+        "garbage_status" => Fault::GarbageStatus { form: GarbageForm::BadCode, effect: true },
+        "huge_header" => Fault::HugeHeader { bytes: eight_kib() },
         "slow" => Fault::Slow { ms: 1000, before_effect: false },
         "bad_body" => Fault::BadBody { form: BadBodyForm::NotJson, effect: true },
         "endless_body" => Fault::EndlessBody { ms: 1000, effect: true },
@@ -406,10 +603,27 @@ fn fault_from_compact(name: &str, opts: &[(&str, &str)]) -> Result<Fault, String
             (Fault::Unavailable { retry_after } | Fault::TooManyRequests { retry_after }, "ra") => {
                 *retry_after = Some(v.parse()?)
             }
-            (Fault::Slow { ms, .. } | Fault::EndlessBody { ms, .. }, "ms") => {
+            (Fault::Slow { ms, .. } | Fault::EndlessBody { ms, .. } | Fault::Stall { ms, .. }, "ms") => {
                 *ms = v.parse().map_err(|_| format!("bad ms `{v}`"))?;
             }
             (Fault::Slow { before_effect, .. }, "before") => *before_effect = parse_bool(v)?,
+            (Fault::Stall { then, .. }, "then") => {
+                *then = match v {
+                    "reply" => StallEnd::Reply,
+                    "close" => StallEnd::Close,
+                    _ => return Err(format!("unknown stall end `{v}`")),
+                }
+            }
+            (Fault::GarbageStatus { form, .. }, "form") => {
+                *form = match v {
+                    "bad_code" => GarbageForm::BadCode,
+                    "binary" => GarbageForm::Binary,
+                    _ => return Err(format!("unknown garbage_status form `{v}`")),
+                }
+            }
+            (Fault::HugeHeader { bytes }, "bytes") => {
+                *bytes = v.parse().map_err(|_| format!("bad bytes `{v}`"))?;
+            }
             (Fault::BadBody { form, .. }, "form") => {
                 *form = match v {
                     "not_json" => BadBodyForm::NotJson,
@@ -417,7 +631,13 @@ fn fault_from_compact(name: &str, opts: &[(&str, &str)]) -> Result<Fault, String
                     _ => return Err(format!("unknown bad_body form `{v}`")),
                 }
             }
-            (Fault::BadBody { effect, .. } | Fault::EndlessBody { effect, .. }, "effect") => {
+            (
+                Fault::BadBody { effect, .. }
+                | Fault::EndlessBody { effect, .. }
+                | Fault::Stall { effect, .. }
+                | Fault::GarbageStatus { effect, .. },
+                "effect",
+            ) => {
                 *effect = parse_bool(v)?;
             }
             _ => return Err(unknown()),
@@ -453,8 +673,18 @@ impl fmt::Display for Faults {
                     write!(f, ":form={form}:effect={effect}")?;
                 }
                 Fault::EndlessBody { ms, effect } => write!(f, ":ms={ms}:effect={effect}")?,
+                Fault::Stall { ms, effect, then } => {
+                    write!(f, ":ms={ms}:effect={effect}:then={}", then.as_str())?;
+                }
+                Fault::GarbageStatus { form, effect } => {
+                    write!(f, ":form={}:effect={effect}", form.as_str())?;
+                }
+                Fault::HugeHeader { bytes } => write!(f, ":bytes={bytes}")?,
                 _ => {}
             }
+        }
+        for refusal in &self.refusals {
+            write!(f, ",refuse_at={}:ms={}", refusal.at, refusal.ms)?;
         }
         Ok(())
     }
@@ -478,7 +708,10 @@ mod tests {
         let text = "seed=9,scope=keyed+read,503=0.1:ra=date+3,429=0.1:ra=year,400=0.05,500=0.05,\
                     drop=0.05,drop_before_effect=0.05,slow=0.1:ms=20:before=true,\
                     bad_body=0.1:form=wrong_type:effect=false,endless_body=0.01:ms=5,\
-                    429=0.01:ra=garbage,429=0.01:ra=garbage_date,429=0.01:ra=dup,503=0.01:ra=date-30";
+                    429=0.01:ra=garbage,429=0.01:ra=garbage_date,429=0.01:ra=dup,503=0.01:ra=date-30,\
+                    reset=0.05,stall=0.05:ms=20:effect=false:then=close,truncated=0.05,\
+                    garbage_status=0.05:form=binary:effect=false,huge_header=0.05:bytes=100,\
+                    refuse_at=3:ms=50,refuse_at=9";
         let f: Faults = text.parse().unwrap();
         let again: Faults = f.to_string().parse().unwrap();
         assert_eq!(f, again);
@@ -486,6 +719,42 @@ mod tests {
         let from_json = Faults::parse_any(&json).unwrap();
         assert_eq!(f, from_json);
         assert!(!f.scope.legacy);
+        assert_eq!(f.refusals, vec![Refusal { at: 3, ms: 50 }, Refusal { at: 9, ms: 1000 }]);
+        let names: Vec<&str> = f.rules.iter().map(|r| r.fault.name()).collect();
+        for name in ["reset_after_effect", "stall", "truncated_reply", "garbage_status", "huge_header"] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+    }
+
+    #[test]
+    fn new_faults_take_their_options_and_defaults() {
+        let f: Faults =
+            "stall=0.5,garbage_status=0.1,huge_header=0.1,reset=0.1,truncated=0.1".parse().unwrap();
+        assert_eq!(f.rules[0].fault, Fault::Stall { ms: 10_000, effect: true, then: StallEnd::Reply });
+        assert_eq!(f.rules[1].fault, Fault::GarbageStatus { form: GarbageForm::BadCode, effect: true });
+        assert_eq!(f.rules[2].fault, Fault::HugeHeader { bytes: 8192 });
+        assert_eq!(f.rules[3].fault, Fault::ResetAfterEffect);
+        assert_eq!(f.rules[4].fault, Fault::TruncatedReply);
+        let json = Faults::parse_any(
+            r#"{"rules":[{"kind":"stall","p":1,"ms":5,"then":"close"}],"refusals":[{"at":2}]}"#,
+        )
+        .unwrap();
+        assert_eq!(json.rules[0].fault, Fault::Stall { ms: 5, effect: true, then: StallEnd::Close });
+        assert_eq!(json.refusals, vec![Refusal { at: 2, ms: 1000 }]);
+        // A script without refusals serialises as before.
+        let plain = serde_json::to_value("503=1".parse::<Faults>().unwrap()).unwrap();
+        assert!(plain.get("refusals").is_none(), "{plain}");
+    }
+
+    #[test]
+    fn garbage_is_never_an_http_status_line() {
+        let code = GarbageForm::BadCode.bytes();
+        assert!(code.starts_with(b"HTTP/1.1 2x0 "));
+        let noise = GarbageForm::Binary.bytes();
+        assert_eq!(noise.len(), 64);
+        assert!(!noise.starts_with(b"H"));
+        assert!(noise.iter().any(|b| !b.is_ascii()), "noise has high bytes");
+        assert_eq!(noise, GarbageForm::Binary.bytes(), "the same noise every time");
     }
 
     #[test]
@@ -511,6 +780,18 @@ mod tests {
             "scope=all",
             "endless_body=0.1:ms=0",
             "503",
+            "stall=0.1:ms=0",
+            "stall=0.1:ms=3600001",
+            "stall=0.1:then=later",
+            "huge_header=0.1:bytes=0",
+            "huge_header=0.1:bytes=1048577",
+            "garbage_status=0.1:form=utf8",
+            "reset=0.1:ms=5",
+            "truncated=0.1:effect=false",
+            "refuse_at=0",
+            "refuse_at=2:ms=0",
+            "refuse_at=2:p=1",
+            "refuse_at=soon",
         ] {
             assert!(Faults::parse_any(bad).is_err(), "{bad} should be rejected");
         }

@@ -8,14 +8,23 @@
 //! | `POST /legacy/readings` | applies every request, `201 {"id": n}`; an optional `X-Reading-Id` labels the effect |
 //! | `GET /legacy/readings/<reading-id>` | 200 if that reading landed at least once, else 404 |
 //! | `GET /stats` | [`Stats`] as JSON |
+//! | `GET /report` | [`Report`] as JSON: the stats, every key's counters, every reading id's effects |
 //! | `GET`/`POST /admin/faults` | read or replace the [`Faults`] (JSON or compact form) |
+//! | `POST /admin/refuse?ms=N` | closes the listener for `N` ms (1..=3600000): new connections are refused, then it is reopened on the same port; answered once the listener is closed |
 //!
-//! Faults on delivery (500, drop, slow, bad body, endless body) also apply to replays: they model
-//! the path between the store and the client, so the store always keeps the genuine first result.
-//! Request bodies are measured, never logged or kept.
+//! Faults on delivery (500, drops, resets, stalls, truncated or garbage replies, huge headers,
+//! slow, bad body, endless body) also apply to replays: they model the path between the store and
+//! the client, so the store always keeps the genuine first result. Request bodies are measured,
+//! never logged or kept.
+//!
+//! hyper writes every well-formed reply. Faults that break the connection instead (drops, resets,
+//! truncated and garbage replies) work on the raw socket, which each connection shares between
+//! hyper and the request's handler; a refusal window (a scripted [`Refusal`],
+//! `POST /admin/refuse` or [`Cloud::refuse_for`]) closes and reopens the listener itself.
 
 mod faults;
 mod state;
+mod wire;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -34,24 +43,39 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, ToSocketAddrs};
-use tokio::sync::oneshot;
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
-pub use faults::{BadBodyForm, Fault, Faults, RetryAfter, Rule, Scope};
+pub use faults::{
+    BadBodyForm, Fault, Faults, GarbageForm, MAX_PADDING, Refusal, RetryAfter, Rule, Scope, StallEnd,
+};
 use state::{Claim, State, Stored};
-pub use state::{Duplicates, KeyStats, Stats};
+pub use state::{Duplicates, KeyStats, Report, Stats};
+use wire::{Broken, SharedIo};
 
 /// Largest request body accepted (413 above).
 pub const MAX_BODY: usize = 1 << 20;
 /// Longest idempotency key or reading id accepted (400 above).
 pub const MAX_KEY_LEN: usize = 255;
+/// Longest refusal window, in milliseconds (an hour).
+pub const MAX_REFUSAL_MS: u64 = 3_600_000;
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// A request to close the listener for a while; the sender hears back once it is closed.
+type RefuseCmd = (Duration, oneshot::Sender<()>);
+
+/// How long a handler waits for the accept loop to close the listener.
+const REFUSE_ACK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How soon a listener that could not be reopened is tried again.
+const REOPEN_RETRY: Duration = Duration::from_millis(20);
 
 struct Shared {
     state: Mutex<State>,
     faults: Mutex<Faults>,
+    refuse: mpsc::Sender<RefuseCmd>,
 }
 
 impl Shared {
@@ -64,8 +88,27 @@ impl Shared {
         self.faults.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Chooses this request's fault, if its endpoint is in scope.
-    fn pick(&self, endpoint: Endpoint, stream: &str) -> Option<Fault> {
+    /// Puts a new script in force. Per-stream ordinals keep counting; the request numbers of
+    /// refusal windows start again from 1, so `refuse_at=N` means the `N`-th request under it.
+    fn replace_faults(&self, faults: Faults) {
+        // Same lock order as `choose`: faults, then state.
+        let mut current = self.faults();
+        self.state().restart_scoped();
+        *current = faults;
+    }
+
+    /// Chooses this request's fault, if its endpoint is in scope, and starts the refusal window
+    /// the script puts at this request, if any, before the request is answered.
+    async fn pick(&self, endpoint: Endpoint, stream: &str) -> Option<Fault> {
+        let (fault, refusal) = self.choose(endpoint, stream);
+        if let Some(ms) = refusal {
+            self.refuse(Duration::from_millis(ms)).await;
+        }
+        fault
+    }
+
+    /// The fault and the refusal window (ms) for this request.
+    fn choose(&self, endpoint: Endpoint, stream: &str) -> (Option<Fault>, Option<u64>) {
         let faults = self.faults();
         let in_scope = match endpoint {
             Endpoint::Keyed => faults.scope.keyed,
@@ -75,13 +118,26 @@ impl Shared {
         let mut state = self.state();
         let ordinal = state.next_ordinal(stream);
         if !in_scope {
-            return None;
+            return (None, None);
         }
+        let number = state.next_scoped();
+        let refusal = faults.refusals.iter().filter(|r| r.at == number).map(|r| r.ms).max();
         let fault = faults.pick(stream, ordinal).cloned();
         if let Some(f) = &fault {
             state.count_fault(f.name());
         }
-        fault
+        (fault, refusal)
+    }
+
+    /// Has the accept loop close the listener for `window`; returns once it is closed (or the
+    /// loop is gone), so the caller's next connection is already refused.
+    async fn refuse(&self, window: Duration) -> bool {
+        let (ack_tx, ack_rx) = oneshot::channel();
+        let sent = tokio::time::timeout(REFUSE_ACK_TIMEOUT, self.refuse.send((window, ack_tx))).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            return false;
+        }
+        matches!(tokio::time::timeout(REFUSE_ACK_TIMEOUT, ack_rx).await, Ok(Ok(())))
     }
 }
 
@@ -104,11 +160,25 @@ impl Cloud {
     /// Binds `addr` (port 0 picks a free port) and serves until [`Cloud::shutdown`].
     pub async fn start(addr: impl ToSocketAddrs, faults: Faults) -> anyhow::Result<Cloud> {
         faults.validate().map_err(anyhow::Error::msg)?;
-        let listener = TcpListener::bind(addr).await?;
+        // Bound like `TcpListener::bind` (the first address that works), but always with
+        // SO_REUSEADDR, which reopening on the same port after a refusal window needs.
+        let mut bound = Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to bind"));
+        for candidate in tokio::net::lookup_host(addr).await? {
+            bound = wire::listen(candidate);
+            if bound.is_ok() {
+                break;
+            }
+        }
+        let listener = bound?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), faults: Mutex::new(faults) });
+        let (refuse_tx, refuse_rx) = mpsc::channel(8);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            faults: Mutex::new(faults),
+            refuse: refuse_tx,
+        });
         let (stop_tx, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
+        let task = tokio::spawn(accept_loop(listener, addr, shared.clone(), stop_rx, refuse_rx));
         Ok(Cloud { addr, shared, stop: Some(stop_tx), task: Some(task) })
     }
 
@@ -142,15 +212,47 @@ impl Cloud {
         self.shared.faults().clone()
     }
 
-    /// Replaces the fault script; later requests use it. Per-stream ordinals keep counting.
+    /// Replaces the fault script; later requests use it. Per-stream ordinals keep counting;
+    /// refusal windows count requests from 1 again.
     pub fn set_faults(&self, faults: Faults) -> anyhow::Result<()> {
         faults.validate().map_err(anyhow::Error::msg)?;
-        *self.shared.faults() = faults;
+        self.shared.replace_faults(faults);
+        Ok(())
+    }
+
+    /// The stats, every key's counters, every reading id's effects and the fault script.
+    pub fn report(&self) -> Report {
+        let faults = self.shared.faults().to_string();
+        self.shared.state().report(faults)
+    }
+
+    /// Closes the listener for `window` (1 ms up to [`MAX_REFUSAL_MS`]): connections made
+    /// meanwhile are refused; then it is reopened on the same port. Returns once the listener is
+    /// closed. Connections already open are served as usual.
+    pub async fn refuse_for(&self, window: Duration) -> anyhow::Result<()> {
+        let ms = window.as_millis();
+        if ms == 0 || ms > u128::from(MAX_REFUSAL_MS) {
+            anyhow::bail!("refusal of {ms} ms is outside 1..={MAX_REFUSAL_MS}");
+        }
+        if !self.shared.refuse(window).await {
+            anyhow::bail!("the cloud is not serving");
+        }
         Ok(())
     }
 
     /// Stops accepting and closes every open connection, including endless bodies.
     pub async fn shutdown(mut self) {
+        self.stop().await;
+    }
+
+    /// Like [`Cloud::shutdown`], then the final [`Cloud::report`]: no request can change it
+    /// any more.
+    pub async fn shutdown_with_report(mut self) -> Report {
+        self.stop().await;
+        self.report()
+    }
+
+    async fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -160,19 +262,56 @@ impl Cloud {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
+/// Accepts connections until stopped; closes the listener during refusal windows.
+async fn accept_loop(
+    listener: TcpListener,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    mut stop: oneshot::Receiver<()>,
+    mut refusals: mpsc::Receiver<RefuseCmd>,
+) {
     let mut conns = JoinSet::new();
+    let mut listener = Some(listener);
+    // When the listener is closed: when to reopen it.
+    let mut reopen_at: Option<Instant> = None;
+    let mut reopen_failed = false;
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            accepted = listener.accept() => {
+            Some((window, ack)) = refusals.recv() => {
+                // With no socket listening, the kernel answers a connect with RST.
+                listener = None;
+                let until = Instant::now() + window;
+                reopen_at = Some(reopen_at.map_or(until, |at| at.max(until)));
+                shared.state().count_fault("refuse");
+                let _ = ack.send(());
+            }
+            () = sleep_until(reopen_at), if reopen_at.is_some() => {
+                match wire::listen(addr) {
+                    Ok(l) => {
+                        listener = Some(l);
+                        reopen_at = None;
+                    }
+                    Err(e) => {
+                        // Someone else may hold the port for a moment; keep trying until stopped.
+                        if !reopen_failed {
+                            eprintln!("wary-cloud: cannot reopen {addr} yet ({:?}); retrying", e.kind());
+                            reopen_failed = true;
+                        }
+                        reopen_at = Some(Instant::now() + REOPEN_RETRY);
+                    }
+                }
+            }
+            accepted = accept(listener.as_ref()) => {
                 let Ok((stream, _)) = accepted else { continue };
                 let shared = shared.clone();
                 conns.spawn(async move {
-                    let svc = service_fn(move |req| handle(shared.clone(), req));
-                    // Errors here are clients going away or deliberate drops.
+                    let stream = Arc::new(stream);
+                    let conn = stream.clone();
+                    let svc = service_fn(move |req| handle(shared.clone(), conn.clone(), req));
+                    // Errors here are clients going away or deliberately broken replies.
                     let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
+                        .serve_connection(TokioIo::new(SharedIo(stream)), svc)
                         .await;
                 });
             }
@@ -183,24 +322,34 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: onesh
     conns.shutdown().await;
 }
 
-/// Returned from the service to make hyper close the connection without a reply.
-#[derive(Debug)]
-struct Dropped;
-
-impl std::fmt::Display for Dropped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("response dropped on purpose")
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
     }
 }
 
-impl std::error::Error for Dropped {}
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
-type Reply = Result<Response<Body>, Dropped>;
+/// A response for hyper to write, or a connection broken on purpose.
+type Reply = Result<Response<Body>, Broken>;
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Reply {
+async fn handle(shared: Arc<Shared>, conn: Arc<TcpStream>, req: Request<Incoming>) -> Reply {
     shared.state().requests += 1;
     let reply = route(&shared, req).await;
-    shared.state().count_status(reply.as_ref().ok().map(|r| r.status().as_u16()));
+    let label = match &reply {
+        Ok(resp) => resp.status().as_str().to_owned(),
+        Err(broken) => broken.label().to_owned(),
+    };
+    shared.state().count_reply(&label);
+    if let Err(broken) = &reply {
+        broken.apply(&conn).await;
+    }
     reply
 }
 
@@ -214,6 +363,12 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
             let stats = shared.state().stats();
             Ok(json(StatusCode::OK, &stats))
         }
+        ("/report", Method::GET) => {
+            let faults = shared.faults().to_string();
+            let report = shared.state().report(faults);
+            Ok(json(StatusCode::OK, &report))
+        }
+        ("/admin/refuse", Method::POST) => admin_refuse(shared, req.uri().query()).await,
         ("/admin/faults", Method::GET) => {
             let faults = shared.faults().clone();
             Ok(json(StatusCode::OK, &faults))
@@ -223,7 +378,7 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
             let rid = p.trim_start_matches("/legacy/readings/").to_owned();
             legacy_read(shared, &rid).await
         }
-        ("/readings" | "/legacy/readings" | "/stats" | "/admin/faults", _) => {
+        ("/readings" | "/legacy/readings" | "/stats" | "/report" | "/admin/faults" | "/admin/refuse", _) => {
             Ok(error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"))
         }
         _ => Ok(error(StatusCode::NOT_FOUND, "no such route")),
@@ -260,7 +415,7 @@ async fn keyed(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
         Ok(len) => len,
         Err(resp) => return Ok(resp),
     };
-    let fault = shared.pick(Endpoint::Keyed, &format!("k:{key}"));
+    let fault = shared.pick(Endpoint::Keyed, &format!("k:{key}")).await;
     if let Some(reply) = before_effect(fault.as_ref()) {
         return reply;
     }
@@ -274,10 +429,18 @@ async fn keyed(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
         }
         Claim::Fresh => {
             // Clears the busy mark even if the client hangs up and this future is dropped.
-            let _busy = BusyGuard { shared: shared.clone(), key: key.clone() };
+            let busy = BusyGuard { shared: shared.clone(), key: key.clone() };
             slow_before(fault.as_ref()).await;
             let stored = applies(fault.as_ref()).then(|| shared.state().apply_keyed(&key, len));
-            deliver(fault.as_ref(), stored).await
+            if matches!(fault, Some(Fault::Stall { .. })) {
+                // A stall is a reply lost on the way: the store is settled, so a resend during
+                // the stall gets the stored result (or, with no effect, applies it) instead of 409.
+                drop(busy);
+                return deliver(fault.as_ref(), stored).await;
+            }
+            let reply = deliver(fault.as_ref(), stored).await;
+            drop(busy);
+            reply
         }
     }
 }
@@ -302,7 +465,7 @@ async fn legacy_write(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
         return Ok(resp);
     }
     let stream = rid.as_ref().map_or_else(|| "legacy".to_owned(), |r| format!("r:{r}"));
-    let fault = shared.pick(Endpoint::Legacy, &stream);
+    let fault = shared.pick(Endpoint::Legacy, &stream).await;
     if let Some(reply) = before_effect(fault.as_ref()) {
         return reply;
     }
@@ -312,7 +475,7 @@ async fn legacy_write(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
 }
 
 async fn legacy_read(shared: &Arc<Shared>, rid: &str) -> Reply {
-    let fault = shared.pick(Endpoint::Read, &format!("g:{rid}"));
+    let fault = shared.pick(Endpoint::Read, &format!("g:{rid}")).await;
     if let Some(reply) = before_effect(fault.as_ref()) {
         return reply;
     }
@@ -341,11 +504,27 @@ async fn set_faults(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
     };
     match Faults::parse_any(text) {
         Ok(faults) => {
-            *shared.faults() = faults.clone();
+            shared.replace_faults(faults.clone());
             Ok(json(StatusCode::OK, &faults))
         }
         Err(why) => Ok(error(StatusCode::BAD_REQUEST, &why)),
     }
+}
+
+/// `POST /admin/refuse?ms=N`: answered once the listener is closed.
+async fn admin_refuse(shared: &Arc<Shared>, query: Option<&str>) -> Reply {
+    let ms = query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("ms="))
+        .and_then(|v| v.parse::<u64>().ok());
+    let Some(ms) = ms.filter(|ms| (1..=MAX_REFUSAL_MS).contains(ms)) else {
+        return Ok(error(StatusCode::BAD_REQUEST, "need ms=N with N in 1..=3600000"));
+    };
+    if !shared.refuse(Duration::from_millis(ms)).await {
+        return Ok(error(StatusCode::SERVICE_UNAVAILABLE, "the listener could not be closed"));
+    }
+    Ok(json(StatusCode::OK, &serde_json::json!({ "refusing_ms": ms })))
 }
 
 /// Faults that answer before any effect.
@@ -358,7 +537,7 @@ fn before_effect(fault: Option<&Fault>) -> Option<Reply> {
             Some(Ok(with_retry_after(error(StatusCode::TOO_MANY_REQUESTS, "slow down"), *retry_after)))
         }
         Fault::BadRequest => Some(Ok(error(StatusCode::BAD_REQUEST, "rejected"))),
-        Fault::DropBeforeEffect => Some(Err(Dropped)),
+        Fault::DropBeforeEffect => Some(Err(Broken::Close)),
         _ => None,
     }
 }
@@ -371,14 +550,46 @@ async fn slow_before(fault: Option<&Fault>) {
 
 /// Whether the effect is applied under this fault.
 fn applies(fault: Option<&Fault>) -> bool {
-    !matches!(fault, Some(Fault::BadBody { effect: false, .. } | Fault::EndlessBody { effect: false, .. }))
+    !matches!(
+        fault,
+        Some(
+            Fault::BadBody { effect: false, .. }
+                | Fault::EndlessBody { effect: false, .. }
+                | Fault::Stall { effect: false, .. }
+                | Fault::GarbageStatus { effect: false, .. }
+        )
+    )
 }
 
 /// Turns the result (or its absence, for faults that skip the effect) into what the client gets.
 async fn deliver(fault: Option<&Fault>, stored: Option<Stored>) -> Reply {
     match fault {
         Some(Fault::ErrorAfterEffect) => Ok(error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")),
-        Some(Fault::DropAfterEffect) => Err(Dropped),
+        Some(Fault::DropAfterEffect) => Err(Broken::Close),
+        Some(Fault::ResetAfterEffect) => Err(Broken::Reset),
+        Some(Fault::Stall { ms, effect, then }) => {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+            match then {
+                StallEnd::Close => Err(Broken::Close),
+                StallEnd::Reply if *effect => Ok(from_stored(stored)),
+                // What a proxy answers when the server behind it never did.
+                StallEnd::Reply => Ok(error(StatusCode::GATEWAY_TIMEOUT, "upstream timed out")),
+            }
+        }
+        Some(Fault::TruncatedReply) => {
+            Err(Broken::Raw { bytes: truncated_head(stored.as_ref()), label: "truncated" })
+        }
+        Some(Fault::GarbageStatus { form, .. }) => {
+            Err(Broken::Raw { bytes: Bytes::from(form.bytes()), label: "garbage" })
+        }
+        Some(Fault::HugeHeader { bytes }) => {
+            let mut resp = from_stored(stored);
+            // Visible ASCII of any length is a valid header value.
+            if let Ok(padding) = HeaderValue::from_str(&"x".repeat(*bytes)) {
+                resp.headers_mut().insert("x-padding", padding);
+            }
+            Ok(resp)
+        }
         Some(Fault::Slow { ms, before_effect: false }) => {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
             Ok(from_stored(stored))
@@ -403,6 +614,18 @@ async fn deliver(fault: Option<&Fault>, stored: Option<Stored>) -> Reply {
         }
         _ => Ok(from_stored(stored)),
     }
+}
+
+/// The status line and the start of the header block of the reply, cut inside a header name.
+fn truncated_head(stored: Option<&Stored>) -> Bytes {
+    let status =
+        stored.and_then(|s| StatusCode::from_u16(s.status).ok()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let head = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-le",
+        status.as_str(),
+        status.canonical_reason().unwrap_or("Unknown")
+    );
+    Bytes::from(head)
 }
 
 fn from_stored(stored: Option<Stored>) -> Response<Body> {

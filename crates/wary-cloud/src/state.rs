@@ -80,10 +80,27 @@ pub struct Stats {
     pub conflicts: u64,
     /// Keys or reading ids applied more than once.
     pub duplicates: Duplicates,
-    /// Responses by status code; `"dropped"` counts connections closed without a reply.
+    /// Responses by status code; requests that got no well-formed reply are counted as
+    /// `"dropped"` (closed without a reply byte), `"reset"` (RST), `"truncated"` (EOF inside
+    /// the header block) or `"garbage"` (no HTTP status line).
     pub requests_by_status: BTreeMap<String, u64>,
-    /// Faults injected, by name.
+    /// Faults injected, by name; `"refuse"` counts refusal windows.
     pub faults_injected: BTreeMap<String, u64>,
+}
+
+/// Everything a scenario checks at the end of a run, as `wary-cloud` prints it on shutdown and
+/// `GET /report` serves it: `report["cloud"]` is [`Stats`], `report["keys"][key]["effects"]`
+/// one key's effect count.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// The counters, as `GET /stats` serves them.
+    pub cloud: Stats,
+    /// Every idempotency key seen, with its counters.
+    pub keys: BTreeMap<String, KeyStats>,
+    /// Every legacy reading id applied, with its effect count.
+    pub readings: BTreeMap<String, u64>,
+    /// The fault script in force, in compact form.
+    pub faults: String,
 }
 
 /// What the store says about a keyed request.
@@ -112,6 +129,9 @@ pub(crate) struct State {
     faults_injected: BTreeMap<String, u64>,
     /// Requests seen per fault stream, for the per-request fault choice.
     ordinals: HashMap<String, u64>,
+    /// Requests seen on endpoints in the fault script's scope since it was put in force, for
+    /// refusal windows.
+    scoped: u64,
 }
 
 impl State {
@@ -123,13 +143,24 @@ impl State {
         ordinal
     }
 
+    /// Numbers requests from 1 again, for a new fault script.
+    pub fn restart_scoped(&mut self) {
+        self.scoped = 0;
+    }
+
+    /// The number of this request among those on endpoints in scope, counting from 1.
+    pub fn next_scoped(&mut self) -> u64 {
+        self.scoped = self.scoped.saturating_add(1);
+        self.scoped
+    }
+
     pub fn count_fault(&mut self, name: &str) {
         *self.faults_injected.entry(name.to_owned()).or_default() += 1;
     }
 
-    pub fn count_status(&mut self, status: Option<u16>) {
-        let label = status.map_or_else(|| "dropped".to_owned(), |s| s.to_string());
-        *self.by_status.entry(label).or_default() += 1;
+    /// Counts a reply by its status code, or by what broke it (`"dropped"`, `"reset"`, …).
+    pub fn count_reply(&mut self, label: &str) {
+        *self.by_status.entry(label.to_owned()).or_default() += 1;
     }
 
     pub fn claim(&mut self, key: &str) -> Claim {
@@ -186,17 +217,16 @@ impl State {
     }
 
     pub fn key_stats(&self, key: &str) -> Option<KeyStats> {
-        self.keys.get(key).map(|e| KeyStats {
-            effects: e.effects,
-            replays: e.replays,
-            conflicts: e.conflicts,
-            body_len: e.body_len,
-            id: e
-                .stored
-                .as_ref()
-                .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.body).ok())
-                .and_then(|v| v["id"].as_u64()),
-        })
+        self.keys.get(key).map(key_stats)
+    }
+
+    pub fn report(&self, faults: String) -> Report {
+        Report {
+            cloud: self.stats(),
+            keys: self.keys.iter().map(|(k, e)| (k.clone(), key_stats(e))).collect(),
+            readings: self.readings.iter().map(|(r, n)| (r.clone(), *n)).collect(),
+            faults,
+        }
     }
 
     pub fn stats(&self) -> Stats {
@@ -232,6 +262,20 @@ impl State {
             requests_by_status: self.by_status.clone(),
             faults_injected: self.faults_injected.clone(),
         }
+    }
+}
+
+fn key_stats(e: &KeyEntry) -> KeyStats {
+    KeyStats {
+        effects: e.effects,
+        replays: e.replays,
+        conflicts: e.conflicts,
+        body_len: e.body_len,
+        id: e
+            .stored
+            .as_ref()
+            .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.body).ok())
+            .and_then(|v| v["id"].as_u64()),
     }
 }
 
