@@ -1,0 +1,71 @@
+//! A device outbox on NOR flash that survives resets: readings wait in a queue on flash until
+//! the uplink settles them, and a boot counter on flash makes every reading's id unique.
+//!
+//! A device's most common fault is a reset (a brown-out, the watchdog, a battery swap). An
+//! outbox in RAM loses every undelivered reading then; this one keeps them, and keeps their
+//! idempotency keys too.
+//!
+//! - **Ids, made once.** Each record carries the [`RecordId`] it was pushed under: this boot's
+//!   count and a sequence number. The reading's idempotency key is made from it
+//!   (`wary::Key::from_parts(device, id.boot, u64::from(id.seq))`) when it is sent, every time
+//!   it is sent. After a reset the *same* key goes out again, so if the reading's write landed
+//!   just before the reset, the cloud recognises the resend and does not apply it twice.
+//! - **Boot counter.** [`Outbox::open`] counts a new boot and writes it to flash before it
+//!   returns, so before the first send of the boot. It never goes back, wherever power is cut
+//!   during that write, and it steps over the newest record still queued, so the pair (boot,
+//!   sequence) is never handed out twice. Sequence numbers start at 0 each boot and never
+//!   repeat within it (a failed push spends its number too).
+//! - **Settling.** A record leaves the queue only through [`Outbox::settle`]: call it for a
+//!   verdict of `ok` ([`Settlement::Landed`]) or `failed` ([`Settlement::Failed`]). A reading
+//!   that gave up, is unknown or was cancelled stays for a later round. Records can be settled
+//!   in any order.
+//! - **Refusal.** A full queue refuses a push and hands the entry back
+//!   ([`PushError::Full`]), counting the refusal; nothing is dropped silently.
+//! - **Damage.** At open, a range holding garbage, another format or a fresh emulator's zeros is
+//!   recognised, reported in the [`OpenReport`] and erased; foreign records are discarded, never
+//!   handed back as readings. A flash error is counted and returned as [`Error::Flash`].
+//!
+//! # Power cuts
+//!
+//! The host tests cut the power at every byte of every flash write and erase of a
+//! push/settle sequence and of the boot counter's update, reboot, and check: a record whose
+//! push returned `Ok` is pending until it is settled; a push that did not return `Ok` left
+//! nothing behind; a settled record never comes back, except that a cut during its own settle
+//! may leave it pending (settle it again: its key is unchanged, so a resend is deduplicated);
+//! no record is duplicated or garbled; every boot's count is above every earlier one.
+//!
+//! # On flash
+//!
+//! The queue and the boot counter are `sequential-storage` 8.0.2's queue and map, each in its
+//! own range of whole pages ([`Config`]). The flash must be a
+//! [`MultiwriteNorFlash`](embedded_storage_async::nor_flash::MultiwriteNorFlash): settling
+//! clears a record's checksum in place instead of rewriting the queue, which is what lets
+//! records be settled in any order. The cost is that a pending record keeps its page from
+//! being erased: a record that never settles holds one page of the queue.
+//!
+//! Per delivered reading the flash sees one push (an 8-byte item header, then the record padded
+//! to whole words) and one settle (the header rewritten in place), plus a page erase per page's
+//! worth of records. For a 14-byte reading on 4-byte words and 4 KiB pages (`tests/wear.rs`):
+//! 44 bytes written in 3 writes, and one page erase per about 118 readings. A boot writes one
+//! 28-byte boot record. There is no RAM cache: each operation reads the page markers and walks
+//! the records it needs (about 1 KiB read per reading there, and a scan of every erased page
+//! at open), which is cheap on internal flash and on the small queues of a device. RAM is
+//! the outbox itself (160 bytes on a Cortex-M4, 96 of them the record buffer) and the futures
+//! of the calls (about 300 bytes while a push or settle is awaited).
+//!
+//! # Features
+//!
+//! - `defmt`: `defmt::Format` on every public type.
+
+#![cfg_attr(not(test), no_std)]
+#![deny(missing_docs)]
+
+mod boot;
+mod entry;
+mod error;
+mod outbox;
+pub mod sim;
+
+pub use entry::{Entry, MAX_ENTRY_SIZE, Record, RecordId};
+pub use error::{Error, FlashFault, PushError};
+pub use outbox::{Config, ConfigError, Counters, Damage, OpenError, OpenReport, Outbox, Pending, Settlement};

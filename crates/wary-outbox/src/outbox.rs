@@ -1,0 +1,716 @@
+//! The outbox: a queue of records on flash, the boot counter beside it, and what opening them
+//! found.
+//!
+//! ```
+//! use embassy_futures::block_on;
+//! use wary_outbox::sim::SimFlash;
+//! use wary_outbox::{Config, Entry, Outbox, Settlement};
+//!
+//! #[derive(Debug, PartialEq)]
+//! struct Reading(u16);
+//!
+//! impl Entry for Reading {
+//!     const TAG: u8 = 1;
+//!     const MAX_SIZE: usize = 2;
+//!     fn encode(&self, buf: &mut [u8]) -> usize {
+//!         buf.get_mut(..2).map_or(0, |out| { out.copy_from_slice(&self.0.to_le_bytes()); 2 })
+//!     }
+//!     fn decode(bytes: &[u8]) -> Option<Self> {
+//!         Some(Reading(u16::from_le_bytes(bytes.try_into().ok()?)))
+//!     }
+//! }
+//!
+//! // Two 256-byte pages for the boot counter, four for the queue.
+//! let mut memory = [0xFFu8; 6 * 256];
+//! let mut flash = SimFlash::<4, 256>::new(&mut memory);
+//! let config = Config { boot_range: 0..512, queue_range: 512..1536 };
+//! block_on(async {
+//!     let (mut outbox, report) = Outbox::<_, Reading>::open(&mut flash, config.clone()).await.unwrap();
+//!     assert_eq!(report.boot, 1);
+//!     let id = outbox.push(Reading(21)).await.unwrap();
+//!     drop(outbox); // a reset
+//!
+//!     let (mut outbox, report) = Outbox::<_, Reading>::open(&mut flash, config).await.unwrap();
+//!     assert_eq!(report.boot, 2);
+//!     let oldest = outbox.oldest().await.unwrap().unwrap();
+//!     assert_eq!((oldest.id, oldest.entry), (id, Reading(21)));
+//!     assert!(outbox.settle(id, Settlement::Landed).await.unwrap());
+//!     assert_eq!(outbox.oldest().await.unwrap(), None);
+//! });
+//! ```
+
+use core::marker::PhantomData;
+use core::ops::Range;
+
+use embedded_storage_async::nor_flash::{MultiwriteNorFlash, NorFlash, NorFlashError};
+use sequential_storage::cache::{Cache, Uncached};
+use sequential_storage::map::{MapConfig, MapStorage};
+use sequential_storage::queue::{QueueConfig, QueueIterator, QueueStorage};
+
+use crate::boot::{BOOT_KEY, BOOT_RECORD_SIZE, BootRecord};
+use crate::entry::{self, Decoded, Entry, FRAME_SIZE, MAX_ENTRY_SIZE, MAX_RECORD_SIZE, Record, RecordId};
+use crate::error::{Error, FlashFault, PushError};
+
+/// No cache: every operation reads what it needs from flash, so nothing in RAM can disagree
+/// with the flash after a cut, and the only RAM the queue needs is one record buffer.
+type NoCache<K> = Cache<Uncached, Uncached, Uncached, K>;
+
+/// The largest flash word the buffer allows for: the flash library reads a record with its
+/// padding to a whole word (32 bytes covers every part it supports).
+const MAX_WORD: usize = 32;
+/// The outbox's one buffer: the longest record rounded up to a whole largest word.
+const BUF_SIZE: usize = MAX_RECORD_SIZE.div_ceil(MAX_WORD).saturating_mul(MAX_WORD);
+/// A page whose first and last read words have fewer zero bits than this is an erased page to
+/// `sequential-storage` 8.0.2, which will write into it without erasing it first.
+const PAGE_MARKER_BITS: u32 = 4;
+
+/// Internal flash controllers may need write data aligned in RAM too.
+#[repr(align(4))]
+struct Buf([u8; BUF_SIZE]);
+
+/// Where the outbox lives on the flash: two ranges of whole pages that do not overlap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Config {
+    /// The boot counter's range: at least two pages.
+    pub boot_range: Range<u32>,
+    /// The queue's range: at least one page. A record that stays pending keeps its page in use,
+    /// so give it a few more pages than the backlog it must hold.
+    pub queue_range: Range<u32>,
+}
+
+/// Why a [`Config`] does not fit the flash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A range does not start and end on page boundaries.
+    #[error("a range is not made of whole pages")]
+    NotPageAligned,
+    /// The boot counter's range has fewer than two pages.
+    #[error("the boot counter needs at least two pages")]
+    BootRangeTooSmall,
+    /// The queue's range is empty.
+    #[error("the queue needs at least one page")]
+    QueueRangeTooSmall,
+    /// The two ranges overlap.
+    #[error("the boot counter's and the queue's ranges overlap")]
+    Overlap,
+    /// A range reaches past the end of the flash.
+    #[error("a range reaches past the end of the flash")]
+    OutsideFlash,
+    /// The flash's pages are too small for the largest record, or its words too large.
+    #[error("the largest record does not fit in a flash page")]
+    EntryTooBig,
+}
+
+/// What a caller's verdict on a record was; either one removes it from the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Settlement {
+    /// It landed (`ok`).
+    Landed,
+    /// It failed in a way a resend cannot fix (`failed`).
+    Failed,
+}
+
+/// Tallies for the device's log. They count from [`Outbox::open`] and saturate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Counters {
+    /// Records pushed.
+    pub accepted: u32,
+    /// Pushes refused because the queue was full.
+    pub refused: u32,
+    /// Records settled as landed.
+    pub landed: u32,
+    /// Records settled as failed.
+    pub failed: u32,
+    /// Flash operations that returned an error.
+    pub flash_errors: u32,
+    /// Ranges found damaged or foreign and erased at open.
+    pub regions_reset: u32,
+    /// Foreign records discarded from the queue at open.
+    pub foreign_discarded: u32,
+}
+
+impl Counters {
+    /// Records settled either way.
+    pub fn settled(&self) -> u32 {
+        self.landed.saturating_add(self.failed)
+    }
+}
+
+/// What was wrong with a range that [`Outbox::open`] erased.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Damage {
+    /// Its structure was broken beyond the flash library's repair.
+    Corrupted,
+    /// It held something other than this outbox's data (another format, or what a fresh part
+    /// or a fresh emulator holds).
+    Foreign,
+}
+
+/// What [`Outbox::open`] found and did. Log it: anything but [`OpenReport::is_clean`] means
+/// data that was not this outbox's, or that was damaged, was thrown away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct OpenReport {
+    /// This boot's count: every record pushed until the next open carries it.
+    pub boot: u32,
+    /// Records pending from earlier boots.
+    pub pending: u32,
+    /// Set when the boot counter's range was erased; counting then went on above the newest
+    /// record still in the queue.
+    pub boot_range_reset: Option<Damage>,
+    /// Set when the queue's range was erased. A [`Damage::Foreign`] range held no pending
+    /// record of this outbox (a queue of only settled records, whose boot record was lost, is
+    /// erased this way too); a [`Damage::Corrupted`] one may have held some.
+    pub queue_range_reset: Option<Damage>,
+    /// Foreign records (another format or version, or an entry that does not decode) removed.
+    pub foreign_discarded: u32,
+    /// Pages that read as erased but were not, erased again before anything is written there.
+    pub pages_scrubbed: u32,
+}
+
+impl OpenReport {
+    /// True when open found nothing to throw away or repair.
+    pub fn is_clean(&self) -> bool {
+        self.boot_range_reset.is_none()
+            && self.queue_range_reset.is_none()
+            && self.foreign_discarded == 0
+            && self.pages_scrubbed == 0
+    }
+}
+
+/// [`Outbox::open`] failed; the flash comes back so the caller can try again or use it
+/// otherwise.
+#[derive(Debug)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct OpenError<F> {
+    /// Why.
+    pub error: Error,
+    /// The flash that was handed in.
+    pub flash: F,
+}
+
+/// A power-cut-safe queue of [`Entry`] records on a NOR flash, with a boot counter.
+///
+/// RAM: one record buffer ([`Outbox::BUFFER_SIZE`] bytes), the tallies and a few words; no
+/// cache (see the crate docs for what that costs in reads).
+pub struct Outbox<F: NorFlash, E: Entry> {
+    queue: QueueStorage<F, NoCache<()>>,
+    boot_range: Range<u32>,
+    boot: u32,
+    /// `None` once this boot has used every sequence number.
+    next_seq: Option<u32>,
+    pending: u32,
+    counters: Counters,
+    buf: Buf,
+    _entry: PhantomData<fn() -> E>,
+}
+
+/// What one pass over the queue found.
+#[derive(Default)]
+struct Scan {
+    ours: u32,
+    foreign: u32,
+    newest_boot: u32,
+}
+
+/// A queue operation's failure, told apart where open needs to.
+enum QueueFault {
+    /// The flash failed: give up, erase nothing.
+    Flash(Error),
+    /// The structure is broken, or holds items no record of ours can be: erase.
+    Damaged,
+}
+
+impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
+    /// The record buffer's size in bytes.
+    pub const BUFFER_SIZE: usize = BUF_SIZE;
+
+    const ENTRY_FITS: () = assert!(E::MAX_SIZE <= MAX_ENTRY_SIZE, "Entry::MAX_SIZE is above MAX_ENTRY_SIZE");
+
+    /// Opens the outbox on `flash` and starts a new boot.
+    ///
+    /// 1. Reads the boot counter. A range that holds no boot record of ours (garbage, another
+    ///    format, the zeros of a fresh emulator) is erased and reported.
+    /// 2. Checks the queue: a structure the flash library cannot repair, or (unless the boot
+    ///    record vouches for this queue range) content that holds no record of ours, is erased
+    ///    and reported; foreign records among ours are removed one by one; pages that read as
+    ///    erased but are not are erased again.
+    /// 3. Counts a new boot, above the last one and above every record in the queue, and
+    ///    writes it before returning: nothing can be sent under this boot's ids before it is
+    ///    on flash, and a cut during the write leaves the old count, which the next open
+    ///    steps over.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for ranges that do not fit `flash`, [`Error::Flash`] when the flash
+    /// fails, [`Error::BootsExhausted`] after `u32::MAX` boots. The flash comes back in
+    /// [`OpenError`].
+    pub async fn open(flash: F, config: Config) -> Result<(Self, OpenReport), OpenError<F>> {
+        let () = Self::ENTRY_FITS;
+        let queue_config = match check(&flash, &config, E::MAX_SIZE) {
+            Ok(queue_config) => queue_config,
+            Err(error) => return Err(OpenError { error: Error::Config(error), flash }),
+        };
+        let mut outbox = Outbox {
+            queue: QueueStorage::new(flash, queue_config, Cache::new_uncached()),
+            boot_range: config.boot_range,
+            boot: 0,
+            next_seq: Some(0),
+            pending: 0,
+            counters: Counters::default(),
+            buf: Buf([0; BUF_SIZE]),
+            _entry: PhantomData,
+        };
+        match outbox.start(config.queue_range).await {
+            Ok(report) => Ok((outbox, report)),
+            Err(error) => Err(OpenError { error, flash: outbox.queue.destroy().0 }),
+        }
+    }
+
+    async fn start(&mut self, queue_range: Range<u32>) -> Result<OpenReport, Error> {
+        let mut report = OpenReport {
+            boot: 0,
+            pending: 0,
+            boot_range_reset: None,
+            queue_range_reset: None,
+            foreign_discarded: 0,
+            pages_scrubbed: 0,
+        };
+
+        let last = match self.read_boot_record().await? {
+            Ok(last) => last,
+            Err(damage) => {
+                self.erase(self.boot_range.clone()).await?;
+                report.boot_range_reset = Some(damage);
+                None
+            }
+        };
+        report.pages_scrubbed = self.scrub(self.boot_range.clone()).await?;
+        let vouched = last.as_ref().is_some_and(|record| record.queue == queue_range);
+
+        let scan = match self.scan().await {
+            Ok(scan) => Some(scan),
+            Err(QueueFault::Flash(error)) => return Err(error),
+            Err(QueueFault::Damaged) => None,
+        };
+        let scan = match scan {
+            None => {
+                self.erase(queue_range.clone()).await?;
+                report.queue_range_reset = Some(Damage::Corrupted);
+                Scan::default()
+            }
+            Some(scan) if scan.ours == 0 && !vouched && !self.is_blank(queue_range.clone()).await? => {
+                self.erase(queue_range.clone()).await?;
+                report.queue_range_reset = Some(Damage::Foreign);
+                Scan::default()
+            }
+            Some(scan) => {
+                if scan.foreign > 0 {
+                    report.foreign_discarded = self.discard_foreign().await?;
+                }
+                report.pages_scrubbed =
+                    report.pages_scrubbed.saturating_add(self.scrub(queue_range.clone()).await?);
+                scan
+            }
+        };
+
+        let before = last.map_or(0, |record| record.boot).max(scan.newest_boot);
+        let boot = before.checked_add(1).ok_or(Error::BootsExhausted)?;
+        self.write_boot_record(&BootRecord { boot, queue: queue_range }).await?;
+
+        self.boot = boot;
+        self.next_seq = Some(0);
+        self.pending = scan.ours;
+        let resets = u32::from(report.boot_range_reset.is_some())
+            .saturating_add(u32::from(report.queue_range_reset.is_some()));
+        self.counters.regions_reset = self.counters.regions_reset.saturating_add(resets);
+        self.counters.foreign_discarded =
+            self.counters.foreign_discarded.saturating_add(report.foreign_discarded);
+        report.boot = boot;
+        report.pending = scan.ours;
+        Ok(report)
+    }
+
+    /// Queues `entry` as a new record of this boot and returns its id.
+    ///
+    /// # Errors
+    ///
+    /// The entry comes back: [`PushError::Full`] when the queue has no room (counted), or
+    /// [`PushError::Failed`] when the flash failed or the entry did not encode. A failed push
+    /// leaves no record behind, and its sequence number is not used again.
+    pub async fn push(&mut self, entry: E) -> Result<RecordId, PushError<E>> {
+        let Some(seq) = self.next_seq else {
+            return Err(PushError::Failed(entry, Error::SequenceExhausted));
+        };
+        let id = RecordId { boot: self.boot, seq };
+        // Spent even if this push fails: a number is never worth two readings sharing a key.
+        self.next_seq = seq.checked_add(1);
+        let word = F::WRITE_SIZE.max(F::READ_SIZE);
+        let Some(record) =
+            entry::encode(id, &entry, word, &mut self.buf.0).and_then(|len| self.buf.0.get(..len))
+        else {
+            return Err(PushError::Failed(entry, Error::Encode));
+        };
+        match self.queue.push(record, false).await {
+            Ok(()) => {
+                self.counters.accepted = self.counters.accepted.saturating_add(1);
+                self.pending = self.pending.saturating_add(1);
+                Ok(id)
+            }
+            Err(sequential_storage::Error::FullStorage) => {
+                self.counters.refused = self.counters.refused.saturating_add(1);
+                Err(PushError::Full(entry))
+            }
+            Err(error) => Err(PushError::Failed(entry, runtime_error(&mut self.counters, error))),
+        }
+    }
+
+    /// The oldest pending record.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`].
+    pub async fn oldest(&mut self) -> Result<Option<Record<E>>, Error> {
+        self.next_after(None).await
+    }
+
+    /// The oldest pending record newer than `after` (any record when `None`): walk the queue
+    /// with it, settling as you go, without holding a borrow across sends.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`].
+    pub async fn next_after(&mut self, after: Option<RecordId>) -> Result<Option<Record<E>>, Error> {
+        let mut pending = self.pending().await?;
+        while let Some(record) = pending.next().await? {
+            if after.is_none_or(|after| record.id > after) {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The pending records, oldest first. Foreign records are skipped, never decoded. Walking
+    /// the queue may erase a page whose records are all settled (the flash library frees pages
+    /// as it passes them).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`].
+    pub async fn pending(&mut self) -> Result<Pending<'_, F, E>, Error> {
+        let iter = self.queue.iter().await.map_err(|error| runtime_error(&mut self.counters, error))?;
+        Ok(Pending { iter, buf: &mut self.buf.0, counters: &mut self.counters, _entry: PhantomData })
+    }
+
+    /// Removes the record `id` from the queue: call it for a verdict of `ok` or `failed` only
+    /// (a reading that gave up, is unknown or was cancelled stays for a later round). True if
+    /// it was pending; false if it was not (settled already, or never pushed).
+    ///
+    /// A record is removed by clearing its checksum in place (one small write, no erase); its
+    /// page is erased once every record on it is settled. A power cut during this write can
+    /// leave the record pending, never half there: settle it again after the reboot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`].
+    pub async fn settle(&mut self, id: RecordId, how: Settlement) -> Result<bool, Error> {
+        let counters = &mut self.counters;
+        let mut iter = self.queue.iter().await.map_err(|error| runtime_error(counters, error))?;
+        loop {
+            let next = iter.next(&mut self.buf.0).await.map_err(|error| runtime_error(counters, error))?;
+            let Some(item) = next else { return Ok(false) };
+            match entry::peek_id::<E>(&item) {
+                Some(found) if found == id => {
+                    item.pop().await.map_err(|error| runtime_error(counters, error))?;
+                    match how {
+                        Settlement::Landed => counters.landed = counters.landed.saturating_add(1),
+                        Settlement::Failed => counters.failed = counters.failed.saturating_add(1),
+                    }
+                    self.pending = self.pending.saturating_sub(1);
+                    return Ok(true);
+                }
+                // The queue is in id order: it is not further on.
+                Some(found) if found > id => return Ok(false),
+                _ => {}
+            }
+        }
+    }
+
+    /// This boot's count (the `boot` of every record pushed since open).
+    pub fn boot(&self) -> u32 {
+        self.boot
+    }
+
+    /// Records pending, as counted since open.
+    pub fn len(&self) -> u32 {
+        self.pending
+    }
+
+    /// True when no record is pending.
+    pub fn is_empty(&self) -> bool {
+        self.pending == 0
+    }
+
+    /// The tallies since open.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Closes the outbox and hands the flash back (nothing needs flushing: every operation is
+    /// on flash when it returns).
+    pub fn into_flash(self) -> F {
+        self.queue.destroy().0
+    }
+
+    /// The boot record, `Ok(None)` for a blank range, `Err(damage)` for anything else.
+    async fn read_boot_record(&mut self) -> Result<Result<Option<BootRecord>, Damage>, Error> {
+        let config = map_config(self.boot_range.clone())?;
+        let mut map = MapStorage::<u8, _, _>::new(self.queue.flash(), config, NoCache::<u8>::new_uncached());
+        let fetched = map.fetch_item::<&[u8]>(&mut self.buf.0, &BOOT_KEY).await;
+        let found = match fetched {
+            Ok(Some(bytes)) => Some(BootRecord::decode(bytes)),
+            Ok(None) => None,
+            Err(sequential_storage::Error::Storage { value, .. }) => {
+                return Err(flash_error(&mut self.counters, &value));
+            }
+            Err(sequential_storage::Error::Corrupted { .. }) => return Ok(Err(Damage::Corrupted)),
+            Err(_) => return Ok(Err(Damage::Foreign)),
+        };
+        Ok(match found {
+            Some(Some(record)) => Ok(Some(record)),
+            Some(None) => Err(Damage::Foreign),
+            // No record: fine on a blank range, foreign otherwise (nothing of ours is written
+            // there before a record is).
+            None if self.is_blank(self.boot_range.clone()).await? => Ok(None),
+            None => Err(Damage::Foreign),
+        })
+    }
+
+    /// Writes `record` and reads it back: a count is used only once it reads back from flash,
+    /// so a range that takes writes but loses them cannot make a later boot reuse it.
+    async fn write_boot_record(&mut self, record: &BootRecord) -> Result<(), Error> {
+        let bytes = record.encode();
+        for attempt in 0..2 {
+            if attempt > 0 {
+                // Damaged under us since it was read: start the range again. The count in
+                // `record` is already above everything used before.
+                self.erase(self.boot_range.clone()).await?;
+                self.counters.regions_reset = self.counters.regions_reset.saturating_add(1);
+            }
+            match self.store_boot_record(&bytes).await {
+                Ok(()) => {}
+                Err(Error::Corrupted) => continue,
+                Err(error) => return Err(error),
+            }
+            if self.read_boot_record().await?.ok().flatten().as_ref() == Some(record) {
+                return Ok(());
+            }
+        }
+        Err(Error::Corrupted)
+    }
+
+    async fn store_boot_record(&mut self, bytes: &[u8; BOOT_RECORD_SIZE]) -> Result<(), Error> {
+        let config = map_config(self.boot_range.clone())?;
+        let mut map = MapStorage::<u8, _, _>::new(self.queue.flash(), config, NoCache::<u8>::new_uncached());
+        map.store_item(&mut self.buf.0, &BOOT_KEY, &&bytes[..])
+            .await
+            .map_err(|error| runtime_error(&mut self.counters, error))
+    }
+
+    /// One pass over the queue: how many records are ours, how many foreign, the newest boot.
+    async fn scan(&mut self) -> Result<Scan, QueueFault> {
+        let counters = &mut self.counters;
+        let mut iter = self.queue.iter().await.map_err(|error| open_fault(counters, error))?;
+        let mut scan = Scan::default();
+        while let Some(item) =
+            iter.next(&mut self.buf.0).await.map_err(|error| open_fault(counters, error))?
+        {
+            match entry::decode::<E>(&item) {
+                Decoded::Ours(record) => {
+                    scan.ours = scan.ours.saturating_add(1);
+                    scan.newest_boot = scan.newest_boot.max(record.id.boot);
+                }
+                Decoded::Foreign => scan.foreign = scan.foreign.saturating_add(1),
+            }
+        }
+        Ok(scan)
+    }
+
+    /// Removes every foreign record; how many there were.
+    async fn discard_foreign(&mut self) -> Result<u32, Error> {
+        let counters = &mut self.counters;
+        let mut iter = self.queue.iter().await.map_err(|error| runtime_error(counters, error))?;
+        let mut discarded = 0u32;
+        while let Some(item) =
+            iter.next(&mut self.buf.0).await.map_err(|error| runtime_error(counters, error))?
+        {
+            if matches!(entry::decode::<E>(&item), Decoded::Foreign) {
+                item.pop().await.map_err(|error| runtime_error(counters, error))?;
+                discarded = discarded.saturating_add(1);
+            }
+        }
+        Ok(discarded)
+    }
+
+    /// Erases every page in `range` that the flash library would take for erased but that is
+    /// not: it would write records over the old bits and lose them. Such a page holds nothing
+    /// the library can read, so erasing it loses nothing. How many pages were erased.
+    async fn scrub(&mut self, range: Range<u32>) -> Result<u32, Error> {
+        let page = page_size::<F>();
+        let marker = F::READ_SIZE;
+        let mut scrubbed = 0u32;
+        let mut start = range.start;
+        while start < range.end {
+            let end = start.saturating_add(page);
+            let last = end.saturating_sub(u32::try_from(marker).unwrap_or(u32::MAX));
+            let looks_erased = self.marker_zeros(start, marker).await? < PAGE_MARKER_BITS
+                && self.marker_zeros(last, marker).await? < PAGE_MARKER_BITS;
+            if looks_erased && !self.is_blank(start..end).await? {
+                self.erase(start..end).await?;
+                scrubbed = scrubbed.saturating_add(1);
+            }
+            start = end;
+        }
+        Ok(scrubbed)
+    }
+
+    async fn marker_zeros(&mut self, at: u32, len: usize) -> Result<u32, Error> {
+        let word = self.buf.0.get_mut(..len).ok_or(Error::Internal)?;
+        if let Err(error) = self.queue.flash().read(at, word).await {
+            return Err(flash_error(&mut self.counters, &error));
+        }
+        Ok(word.iter().map(|byte| byte.count_zeros()).sum())
+    }
+
+    /// True if every byte of `range` reads `0xFF`.
+    async fn is_blank(&mut self, range: Range<u32>) -> Result<bool, Error> {
+        // Whole read words at a time; the range is whole pages, so they divide it.
+        let chunk =
+            BUF_SIZE.checked_div(F::READ_SIZE).unwrap_or(0).saturating_mul(F::READ_SIZE).max(F::READ_SIZE);
+        let step = u32::try_from(chunk).unwrap_or(u32::MAX);
+        let mut at = range.start;
+        while at < range.end {
+            let len = usize::try_from(range.end.saturating_sub(at)).unwrap_or(usize::MAX).min(chunk);
+            let part = self.buf.0.get_mut(..len).ok_or(Error::Internal)?;
+            if let Err(error) = self.queue.flash().read(at, part).await {
+                return Err(flash_error(&mut self.counters, &error));
+            }
+            if part.iter().any(|&byte| byte != 0xFF) {
+                return Ok(false);
+            }
+            at = at.saturating_add(step);
+        }
+        Ok(true)
+    }
+
+    async fn erase(&mut self, range: Range<u32>) -> Result<(), Error> {
+        match self.queue.flash().erase(range.start, range.end).await {
+            Ok(()) => Ok(()),
+            Err(error) => Err(flash_error(&mut self.counters, &error)),
+        }
+    }
+}
+
+/// An iteration over the pending records, oldest first (see [`Outbox::pending`]).
+pub struct Pending<'a, F: NorFlash, E> {
+    iter: QueueIterator<'a, F, NoCache<()>>,
+    buf: &'a mut [u8; BUF_SIZE],
+    counters: &'a mut Counters,
+    _entry: PhantomData<fn() -> E>,
+}
+
+impl<F: NorFlash, E: Entry> Pending<'_, F, E> {
+    /// The next pending record, `None` after the newest.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`].
+    pub async fn next(&mut self) -> Result<Option<Record<E>>, Error> {
+        loop {
+            let next = self
+                .iter
+                .next(self.buf.as_mut_slice())
+                .await
+                .map_err(|error| runtime_error(self.counters, error))?;
+            let Some(item) = next else { return Ok(None) };
+            if let Decoded::Ours(record) = entry::decode::<E>(&item) {
+                return Ok(Some(record));
+            }
+        }
+    }
+}
+
+fn page_size<F: NorFlash>() -> u32 {
+    u32::try_from(F::ERASE_SIZE).unwrap_or(u32::MAX)
+}
+
+fn map_config<S: NorFlash>(range: Range<u32>) -> Result<MapConfig<S>, Error> {
+    MapConfig::try_new(range).map_err(|_| Error::Config(crate::ConfigError::BootRangeTooSmall))
+}
+
+/// Checks `config` against the flash and the entry type.
+fn check<F: NorFlash>(
+    flash: &F,
+    config: &Config,
+    entry_size: usize,
+) -> Result<QueueConfig<F>, crate::ConfigError> {
+    use crate::ConfigError as C;
+    let page = page_size::<F>();
+    let (boot, queue) = (&config.boot_range, &config.queue_range);
+    for range in [boot, queue] {
+        if range.start.checked_rem(page) != Some(0) || range.end.checked_rem(page) != Some(0) {
+            return Err(C::NotPageAligned);
+        }
+        if usize::try_from(range.end).map_or(true, |end| end > flash.capacity()) {
+            return Err(C::OutsideFlash);
+        }
+    }
+    if boot.end.saturating_sub(boot.start) < page.saturating_mul(2) {
+        return Err(C::BootRangeTooSmall);
+    }
+    if queue.end.saturating_sub(queue.start) < page {
+        return Err(C::QueueRangeTooSmall);
+    }
+    if boot.start < queue.end && queue.start < boot.end {
+        return Err(C::Overlap);
+    }
+    // The library's frame: two page markers of a word each, an 8-byte item header padded to a
+    // word, the record padded to a word.
+    let word = F::WRITE_SIZE.max(F::READ_SIZE);
+    let padded = |len: usize| len.div_ceil(word.max(1)).saturating_mul(word);
+    let record = padded(FRAME_SIZE.saturating_add(entry_size));
+    let needed = word.saturating_mul(2).saturating_add(padded(8)).saturating_add(record);
+    if word > MAX_WORD || record > BUF_SIZE || needed > F::ERASE_SIZE {
+        return Err(C::EntryTooBig);
+    }
+    QueueConfig::try_new(queue.clone()).map_err(|_| C::QueueRangeTooSmall)
+}
+
+fn flash_error<E: NorFlashError>(counters: &mut Counters, error: &E) -> Error {
+    counters.flash_errors = counters.flash_errors.saturating_add(1);
+    Error::Flash(FlashFault::of(error))
+}
+
+/// A library error in normal operation.
+fn runtime_error<E: NorFlashError>(counters: &mut Counters, error: sequential_storage::Error<E>) -> Error {
+    match error {
+        sequential_storage::Error::Storage { value, .. } => flash_error(counters, &value),
+        sequential_storage::Error::LogicBug { .. } => Error::Internal,
+        // Corrupted, or an item too large for any record of ours: only damage puts it there.
+        _ => Error::Corrupted,
+    }
+}
+
+/// A library error while open checks the queue.
+fn open_fault<E: NorFlashError>(counters: &mut Counters, error: sequential_storage::Error<E>) -> QueueFault {
+    match error {
+        sequential_storage::Error::Storage { value, .. } => QueueFault::Flash(flash_error(counters, &value)),
+        _ => QueueFault::Damaged,
+    }
+}
