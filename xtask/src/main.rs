@@ -3,7 +3,9 @@
 mod bench;
 mod ci;
 mod demo;
+mod flash;
 mod fuzz;
+mod net;
 mod qemu;
 mod util;
 
@@ -40,6 +42,8 @@ enum Verb {
     Qemu,
     /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
     Size,
+    /// The device's network stack under QEMU: LAN9118, DHCP, one HTTP exchange per scripted fault.
+    Net,
 }
 
 fn main() -> Result<()> {
@@ -54,6 +58,7 @@ fn main() -> Result<()> {
         }
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),
+        Verb::Net => net::nettest(&root),
     }
 }
 

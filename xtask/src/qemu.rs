@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, output, step};
 
-const TARGET: &str = "thumbv7em-none-eabihf";
+pub(crate) const TARGET: &str = "thumbv7em-none-eabihf";
 /// The on-target test binaries, run in this order; each exits 0 only if all its checks passed.
 const TEST_BINS: &[&str] = &["selftest", "conformance", "uplinktest"];
 /// Every firmware binary, for `size`.
@@ -349,7 +349,7 @@ impl Drop for Children {
     }
 }
 
-fn build(firmware: &Path) -> Result<()> {
+pub(crate) fn build(firmware: &Path) -> Result<()> {
     step("building the firmware (release, thumbv7em-none-eabihf)");
     let started = Instant::now();
     run_firmware_cargo(firmware, "firmware", &["build", "--release", "--locked", "--bins"]).context(
@@ -383,7 +383,7 @@ fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn elf_path(firmware: &Path, bin: &str) -> PathBuf {
+pub(crate) fn elf_path(firmware: &Path, bin: &str) -> PathBuf {
     let target_dir = env::var_os("CARGO_TARGET_DIR")
         .map(|dir| firmware.join(dir))
         .unwrap_or_else(|| firmware.join("target"));
@@ -433,7 +433,7 @@ fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
 
 /// Starts QEMU's mps2-an386 on `elf` with `serial` as UART0's backend, its stdout (defmt frames
 /// over semihosting) piped into `defmt-print`.
-fn start_qemu(
+pub(crate) fn start_qemu(
     elf: &str,
     serial: &[&str],
     qemu_stderr: Stdio,
@@ -468,7 +468,7 @@ fn start_qemu(
 }
 
 /// Waits for `child`, killing it after `limit`; `None` means it was killed.
-fn wait_with_timeout(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
+pub(crate) fn wait_with_timeout(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().context("waiting for qemu-system-arm")? {
@@ -484,7 +484,7 @@ fn wait_with_timeout(child: &mut Child, limit: Duration) -> Result<Option<ExitSt
 }
 
 /// The firmware's exit codes (mps2-an386 crate, `exit_code`) in words.
-fn describe_exit(status: ExitStatus) -> String {
+pub(crate) fn describe_exit(status: ExitStatus) -> String {
     match status.code() {
         Some(1) => "exit 1: a check failed (see the log above)".into(),
         Some(101) => "exit 101: panic".into(),

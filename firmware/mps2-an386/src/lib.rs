@@ -3,6 +3,8 @@
 //!
 //! - [`init`] starts the SysTick time driver (1 kHz, for `embassy-time`) and hands out UART0.
 //! - [`uart`]: the CMSDK APB UART0 as `embedded-io-async` `Read`/`Write`, RX interrupt-driven.
+//! - [`eth`]: the LAN9118 Ethernet controller as an `embassy-net` driver.
+//! - [`flash`]: a NOR flash emulated in PSRAM that survives a guest reset, and [`flash::reset`].
 //! - [`exit`] ends the QEMU process with a code through semihosting; a panic, a HardFault or an
 //!   interrupt nobody expected exit non-zero (see [`exit_code`]) so a run can never hang.
 //! - defmt frames go to QEMU's stdout over semihosting; decode them with `defmt-print -e <elf>`.
@@ -10,6 +12,8 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod eth;
+pub mod flash;
 pub mod time_driver;
 pub mod uart;
 
@@ -44,6 +48,8 @@ pub const SYSCLK_HZ: u32 = 25_000_000;
 pub struct Board {
     /// UART0 (QEMU's first `-serial`).
     pub uart0: Uart0,
+    /// The LAN9118 Ethernet controller; bring it up with [`eth::new`].
+    pub eth: eth::Lan9118,
 }
 
 /// Starts the time driver and enables UART0. Call once, first thing in `main`.
@@ -55,7 +61,7 @@ pub struct Board {
 pub fn init() -> Board {
     let mut cp = cortex_m::Peripherals::take().expect("mps2_an386::init called twice");
     time_driver::start(&mut cp.SYST);
-    Board { uart0: uart::Uart0::new(&mut cp.NVIC) }
+    Board { uart0: uart::Uart0::new(&mut cp.NVIC), eth: eth::Lan9118::claim(&mut cp.NVIC) }
 }
 
 /// Ends the QEMU process with `code` (semihosting `SYS_EXIT_EXTENDED`, so any code survives).
@@ -71,6 +77,8 @@ pub enum Interrupt {
     Uart0Rx = 0,
     /// UART0 transmit.
     Uart0Tx = 1,
+    /// The LAN9118 Ethernet controller.
+    Eth = 13,
 }
 
 // SAFETY: the discriminants are the board's NVIC line numbers (QEMU hw/arm/mps2.c).
@@ -84,7 +92,8 @@ unsafe impl cortex_m::interrupt::InterruptNumber for Interrupt {
 const IRQ_COUNT: usize = 32;
 
 /// The device part of the vector table, which cortex-m-rt's `device` feature expects us to
-/// supply. Only UART0 is served; everything else lands in `DefaultHandler`.
+/// supply. Only UART0 and the Ethernet controller are served; everything else lands in
+/// `DefaultHandler`.
 #[unsafe(link_section = ".vector_table.interrupts")]
 #[unsafe(no_mangle)]
 #[used]
@@ -92,6 +101,7 @@ static __INTERRUPTS: [unsafe extern "C" fn(); IRQ_COUNT] = {
     let mut table = [unexpected_interrupt as unsafe extern "C" fn(); IRQ_COUNT];
     table[Interrupt::Uart0Rx as usize] = uart::on_rx_interrupt;
     table[Interrupt::Uart0Tx as usize] = uart::on_tx_interrupt;
+    table[Interrupt::Eth as usize] = eth::on_interrupt;
     table
 };
 

@@ -25,6 +25,8 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod http;
+
 use core::cell::RefCell;
 use core::fmt::Write as _;
 
