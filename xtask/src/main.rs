@@ -7,6 +7,7 @@ mod flash;
 mod fuzz;
 mod net;
 mod qemu;
+mod tls;
 mod util;
 
 use std::path::PathBuf;
@@ -44,6 +45,8 @@ enum Verb {
     Size,
     /// The device's network stack under QEMU: LAN9118, DHCP, one HTTP exchange per scripted fault.
     Net,
+    /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
+    Tls,
 }
 
 fn main() -> Result<()> {
@@ -59,6 +62,7 @@ fn main() -> Result<()> {
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),
+        Verb::Tls => tls::tls_probe(&root),
     }
 }
 

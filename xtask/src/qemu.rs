@@ -502,7 +502,7 @@ fn free_udp_port() -> Result<u16> {
 }
 
 /// `llvm-size` from rustup's `llvm-tools` component, installed when missing.
-fn llvm_size() -> Result<PathBuf> {
+pub(crate) fn llvm_size() -> Result<PathBuf> {
     let sysroot = output("rustc", &["--print", "sysroot"]).context("rustc --print sysroot")?;
     let version = output("rustc", &["-vV"]).context("rustc -vV")?;
     let host =
@@ -519,7 +519,7 @@ fn llvm_size() -> Result<PathBuf> {
 }
 
 /// Parses the Berkeley-format line of `llvm-size <elf>`: text, data, bss.
-fn parse_berkeley(out: &str) -> Option<(u64, u64, u64)> {
+pub(crate) fn parse_berkeley(out: &str) -> Option<(u64, u64, u64)> {
     let line = out.lines().nth(1)?;
     let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
     Some((fields.next()??, fields.next()??, fields.next()??))
