@@ -34,16 +34,16 @@
 //! | 28 | `wary plan` more outcomes than the capacity (64) | `wary_cli::plan::answer` | `{"error": "… more than the capacity of 64"}` |
 //! | 29 | `wary plan` status not a three-digit HTTP status | `wary_cli::plan::answer` | `{"error": "status … is not a three-digit HTTP status"}` |
 //! | 30 | `wary plan` invalid policy | `wary_cli::plan::answer` | `{"error": "invalid policy: …"}` |
-//! | 31 | modem line longer than 128 bytes | `LineBuf::push` | `Event::Overflow`, nothing kept |
-//! | 32 | modem line of binary garbage | `parse_line` | `LineError::Garbage`, skipped as noise |
-//! | 33 | `+HTTPPOST:` with fields that do not parse | `parse_line`, `PostExchange` | `LineError::Malformed` → `ProtoError::Malformed` → `Outcome::Reset` |
-//! | 34 | `OK` with no `+HTTPPOST:` before it | `PostExchange` | `ProtoError::NoInfo` → `Outcome::Reset` (may have landed) |
-//! | 35 | `ERROR` with no other line since the command | `PostExchange` | `ProtoError::Rejected` → `Outcome::Refused` (never sent) |
-//! | 36 | an answer cut short (no final `OK`) | the device's answer timeout | `ProtoError::Timeout` → `Outcome::ResponseTimeout` |
+//! | 31 | a modem line longer than the chat's buffer | `wary_dial::Chat::dial` (`crates/wary-dial/tests/scripted_modem.rs`: `overlong_line_is_dropped_and_counted`) | dropped and counted, the chat goes on |
+//! | 32 | binary garbage from the modem | `wary_dial::Chat::dial` (`garbage_and_unsolicited_noise_are_skipped`, `endless_garbage_is_bounded_by_the_deadline`) | skipped as noise, bounded by the step's deadline |
+//! | 33 | a reply whose status line is not HTTP | `wary_uplink::http::post` (on target: `nettest` `/garbage`) | `HttpError::Malformed` → `Outcome::Reset` (may have landed) |
+//! | 34 | a reply cut short in its header block | `wary_uplink::http::post` (`nettest` `/truncated`) | `HttpError::Truncated` → `Outcome::Reset` (may have landed) |
+//! | 35 | a connection refused | `wary_uplink::http::post` (`nettest` `/refused`) | `HttpError::Refused` → `Outcome::Refused` (never sent) |
+//! | 36 | a reply that never comes (stalled) | `wary_uplink::http::post` (`nettest` `/stall`, `/trickle`) | `HttpError::ResponseTimeout` → `Outcome::ResponseTimeout` (may have landed) |
 //! | 37 | gateway frame longer than 4096 bytes | `read_frame` | `FrameError::Oversized`, body not read |
 //! | 38 | gateway frame whose body is not a reading | `read_frame` | `FrameError::Garbage` |
 //! | 39 | gateway stream that ends inside a frame | `read_frame` | `FrameError::Truncated` |
-//! | 40 | `ERROR` after a status line or after noise | `PostExchange` | `ProtoError::Malformed` / `NoInfo` → `Outcome::Reset` (may have landed) |
+//! | 40 | a reply header block larger than the device's buffer | `wary_uplink::http::post` (`nettest` `/huge-headers`) | `HttpError::HeadersTooLarge` → `Outcome::Reset` (may have landed) |
 
 use wary::classify::TABLE_STATUSES;
 use wary::policy::MAX_TICKS;
@@ -322,72 +322,6 @@ fn row_30_plan_invalid_policy() {
     assert_eq!(e, "invalid policy: cap must not be below base");
 }
 
-// ---- modem lines: classified, never a panic ----
-
-use wary_modem_proto::{Event, Line, LineBuf, LineError, PostExchange, ProtoError, parse_line};
-
-#[test]
-fn row_31_modem_line_too_long() {
-    let mut buf = LineBuf::<128>::default();
-    let mut last = Event::Pending;
-    for b in std::iter::repeat_n(b'A', 300).chain(*b"\r") {
-        last = buf.push(b);
-    }
-    assert_eq!(last, Event::Overflow);
-    assert!(buf.line().is_empty());
-    // The next line is read cleanly.
-    for b in *b"OK" {
-        buf.push(b);
-    }
-    assert_eq!(buf.push(b'\n'), Event::Line);
-    assert_eq!(parse_line(buf.line()), Ok(Line::Ok));
-}
-
-#[test]
-fn row_32_modem_garbage_line() {
-    assert_eq!(parse_line(b"\x00\xff\x13garbage"), Err(LineError::Garbage));
-    assert_eq!(parse_line(b"RING"), Err(LineError::Garbage));
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(parse_line(b"\x00\xff")), None);
-    assert_eq!(x.noise(), 1);
-}
-
-#[test]
-fn row_33_modem_malformed_post_line() {
-    let line = parse_line(b"+HTTPPOST: abc,\"\",\"\"");
-    assert_eq!(line, Err(LineError::Malformed));
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(line), None);
-    assert_eq!(x.feed(Ok(Line::Ok)), Some(Err(ProtoError::Malformed)));
-    assert_eq!(ProtoError::Malformed.outcome(), Outcome::Reset);
-}
-
-#[test]
-fn row_34_modem_ok_without_status() {
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(Ok(Line::Ok)), Some(Err(ProtoError::NoInfo)));
-    assert_eq!(ProtoError::NoInfo.outcome(), Outcome::Reset);
-    // A write that may have landed: an unkeyed one is never resent.
-    let p = Policy::builder(Preset::Default).build().unwrap();
-    assert_eq!(p.classify(Operation::Write, &Outcome::Reset), wary::Class::Unknown);
-}
-
-#[test]
-fn row_35_modem_error_alone() {
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::Rejected)));
-    assert_eq!(ProtoError::Rejected.outcome(), Outcome::Refused);
-}
-
-#[test]
-fn row_36_modem_answer_cut_short() {
-    let mut x = PostExchange::new();
-    // The status line arrives, the final OK never does: the exchange stays open…
-    assert_eq!(x.feed(parse_line(b"+HTTPPOST: 201,\"\",\"\"")), None);
-    // …until the device's answer timeout, whose outcome may have landed.
-    assert_eq!(ProtoError::Timeout.outcome(), Outcome::ResponseTimeout);
-}
-
 // ---- gateway frames ----
 
 use wary_gateway::frame::{FrameError, MAX_FRAME, Reading, read_frame};
@@ -424,15 +358,4 @@ fn row_39_gateway_stream_ends_inside_a_frame() {
     bytes.extend_from_slice(b"{\"sensor\":");
     assert!(matches!(read(&bytes), Err(FrameError::Truncated)));
     assert!(matches!(read(&[]), Ok(None)));
-}
-
-#[test]
-fn row_40_modem_error_after_a_status_or_noise() {
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(parse_line(b"+HTTPPOST: 201,\"\",\"\"")), None);
-    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::Malformed)));
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(parse_line(b"+HTTPE\xffR: TIMEOUT")), None);
-    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::NoInfo)));
-    assert_eq!(ProtoError::NoInfo.outcome(), Outcome::Reset);
 }

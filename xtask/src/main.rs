@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod demo;
+mod device;
 mod flash;
 mod fuzz;
 mod net;
