@@ -20,6 +20,8 @@
 //! - **A full outbox refuses the new reading and counts the refusal**; the sensor keeps its
 //!   reading and offers it again, so nothing is dropped silently.
 //! - **One request per attempt**: the transport never retries; the runner decides.
+//! - **HTTPS** (feature `tls`): [`tls::TlsTransport`] is the same exchange over TLS 1.3, the
+//!   server authenticated by a CA pinned in the firmware.
 //! - Every attempt is logged with defmt by the ledger, as a `wary-ledger v1` line that
 //!   `wary ledger from-defmt` turns into the host's replayable JSON lines.
 
@@ -28,6 +30,8 @@
 
 pub mod http;
 pub mod store;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod transport;
 
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;

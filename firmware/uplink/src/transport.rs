@@ -11,7 +11,9 @@
 //! | 2xx | `Ok` | the server accepted it; no assumption about the body |
 //! | other status | `Status` with `Retry-After` (both forms, against the reply's `Date`) | the core's table decides |
 //! | no network, no route, refused | `Refused` | never sent: safe to send again |
-//! | connect timed out | `ConnectTimeout` | never sent |
+//! | connect or TLS handshake timed out | `ConnectTimeout` | never sent |
+//! | connection broke during the TLS handshake | `Refused` | never sent: the request waits for the handshake |
+//! | TLS handshake refused (server not authenticated by the pinned CA) | `Tls` | the same every time: the call fails |
 //! | broke before the whole request was handed to TCP | `Refused` | the server holds at most a prefix it cannot act on |
 //! | reset, closed, cut short, garbage, header block too big | `Reset` | may have landed: resent only with its key |
 //! | no reply in time | `ResponseTimeout` | may have landed |
@@ -67,7 +69,9 @@ pub const fn error_outcome(err: HttpError) -> Outcome {
         HttpError::NoNetwork | HttpError::NoRoute | HttpError::Refused | HttpError::SendFailed => {
             Outcome::Refused
         }
-        HttpError::ConnectTimeout => Outcome::ConnectTimeout,
+        HttpError::ConnectTimeout | HttpError::HandshakeTimeout => Outcome::ConnectTimeout,
+        HttpError::HandshakeBroken => Outcome::Refused,
+        HttpError::Tls => Outcome::Tls,
         HttpError::BadRequest => Outcome::BadBody,
         HttpError::ResponseTimeout => Outcome::ResponseTimeout,
         HttpError::Reset
@@ -105,6 +109,26 @@ pub struct Counts {
     pub retry_after_dropped: u32,
 }
 
+impl Counts {
+    /// Counts one exchange's result.
+    pub fn record(&mut self, result: &Result<Response, HttpError>) {
+        self.exchanges = self.exchanges.saturating_add(1);
+        match result {
+            Ok(reply) => {
+                self.replies = self.replies.saturating_add(1);
+                if !reply.body_complete {
+                    self.bodies_cut = self.bodies_cut.saturating_add(1);
+                }
+                if reply.retry_after_dropped > 0 {
+                    self.retry_after_dropped = self.retry_after_dropped.saturating_add(1);
+                }
+            }
+            Err(err) if err.may_have_landed() => self.maybe_landed = self.maybe_landed.saturating_add(1),
+            Err(_) => self.never_sent = self.never_sent.saturating_add(1),
+        }
+    }
+}
+
 impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
     HttpTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
 {
@@ -132,21 +156,7 @@ impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transpor
     async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
         let request = Post { path: self.path, idempotency_key: key, body };
         let result = http::post(self.stack, self.server, &request, limit, self.buffers).await;
-        let c = &mut self.counts;
-        c.exchanges = c.exchanges.saturating_add(1);
-        match &result {
-            Ok(reply) => {
-                c.replies = c.replies.saturating_add(1);
-                if !reply.body_complete {
-                    c.bodies_cut = c.bodies_cut.saturating_add(1);
-                }
-                if reply.retry_after_dropped > 0 {
-                    c.retry_after_dropped = c.retry_after_dropped.saturating_add(1);
-                }
-            }
-            Err(err) if err.may_have_landed() => c.maybe_landed = c.maybe_landed.saturating_add(1),
-            Err(_) => c.never_sent = c.never_sent.saturating_add(1),
-        }
+        self.counts.record(&result);
         outcome(&result, &self.rules)
     }
 }

@@ -33,13 +33,11 @@ use embassy_futures::select::{Either, select};
 use embassy_net::{Config as NetConfig, Stack, StackResources};
 use embassy_time::{Delay, Duration, Instant, Timer, with_timeout};
 use embedded_hal_async::delay::DelayNs;
-use embedded_storage_async::nor_flash::{
-    ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash,
-};
+use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
 use mps2_an386::flash::{self, PsramFlash, WORD_SIZE};
 use mps2_an386::{eth, exit, exit_code};
-use static_cell::{ConstStaticCell, StaticCell};
 use rand_core::RngCore;
+use static_cell::{ConstStaticCell, StaticCell};
 use wary::Outcome;
 use wary::ledger::Ledger;
 use wary_outbox::{Config as OutboxConfig, Outbox};
@@ -60,8 +58,9 @@ const DHCP_LIMIT: Duration = Duration::from_secs(30);
 /// How long an exchange waits for its reply before a planned `reset_in_reply` fires. Replies
 /// from the host take milliseconds; only a reply the cloud holds takes this long.
 const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
-/// The shortest retry wait a planned `reset_in_backoff` cuts.
-const BACKOFF_RESET_MIN: Duration = Duration::from_millis(150);
+/// The shortest retry wait a planned `reset_in_backoff` cuts: below the policy's shortest
+/// first wait (half its 100 ms base), so the boot's first retry is cut, whatever the draws.
+const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
 type Flash = CutFlash<PsramFlash>;
 type NetBuffers = Buffers<1024, 1024, 1024>;
@@ -176,7 +175,8 @@ async fn main(spawner: Spawner) {
         }
     };
     let seed = SplitMix64::new(args.seed ^ u64::from(boot).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64();
-    let (stack, net_runner) = embassy_net::new(device, NetConfig::dhcpv4(Default::default()), RESOURCES.take(), seed);
+    let (stack, net_runner) =
+        embassy_net::new(device, NetConfig::dhcpv4(Default::default()), RESOURCES.take(), seed);
     for spawned in [
         eth_task(eth_runner).map(|t| spawner.spawn(t)),
         net_task(net_runner).map(|t| spawner.spawn(t)),
@@ -195,8 +195,9 @@ async fn main(spawner: Spawner) {
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
     let config = Config::new(DEVICE);
-    let s = uplink(&config, &POLICY, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
-        .await;
+    let s =
+        uplink(&config, &POLICY, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
+            .await;
     let counts: Counts = transport.inner.counts();
     s.log(&store.counters().await, &counts);
     if s.all_landed() {
@@ -230,7 +231,11 @@ impl<T: Transport> Transport for ResetInReply<T> {
         match select(self.inner.post(key, body, limit), Timer::after(REPLY_RESET_AFTER)).await {
             Either::First(outcome) => outcome,
             Either::Second(()) => {
-                defmt::info!("RESET reply: no reply after {=u64} ms, key={=str}", REPLY_RESET_AFTER.as_millis(), key);
+                defmt::info!(
+                    "RESET reply: no reply after {=u64} ms, key={=str}",
+                    REPLY_RESET_AFTER.as_millis(),
+                    key
+                );
                 flash::reset()
             }
         }

@@ -96,7 +96,8 @@ async fn main(_spawner: Spawner) {
     );
     tally.check(
         "503 with Retry-After seconds",
-        outcome(&Ok(reply(503, &[b"2"], None, true)), &rules) == Outcome::Status { code: 503, retry_after: Some(2) },
+        outcome(&Ok(reply(503, &[b"2"], None, true)), &rules)
+            == Outcome::Status { code: 503, retry_after: Some(2) },
     );
     tally.check(
         "429 with an HTTP-date Retry-After, measured against the reply's Date",
@@ -105,7 +106,8 @@ async fn main(_spawner: Spawner) {
     );
     tally.check(
         "an unreadable Retry-After is ignored, the status kept",
-        outcome(&Ok(reply(503, &[b"soon"], None, true)), &rules) == Outcome::Status { code: 503, retry_after: None },
+        outcome(&Ok(reply(503, &[b"soon"], None, true)), &rules)
+            == Outcome::Status { code: 503, retry_after: None },
     );
     let table = [
         (HttpError::NoNetwork, Outcome::Refused),
@@ -201,7 +203,8 @@ async fn main(_spawner: Spawner) {
 
     // Retry-After longer than the call can wait (1 s against a 500 ms budget): the reading is
     // kept, and nothing is sent for 1 s; the second reading waits too.
-    let Ok(policy) = Policy::builder(Preset::Default).base(100).cap(2_000).budget(500).max_attempts(6).build()
+    let Ok(policy) =
+        Policy::builder(Preset::Default).base(100).cap(2_000).budget(500).max_attempts(6).build()
     else {
         tally.check("test policy builds", false);
         tally.finish()
@@ -216,7 +219,12 @@ async fn main(_spawner: Spawner) {
         (Some(a), Some(b)) => b.at.duration_since(a.at).as_millis(),
         _ => 0,
     };
-    defmt::info!("Retry-After 1 s over a 500 ms budget: {=usize} sends, {=u64} ms apart; {}", sent.len(), gap, s);
+    defmt::info!(
+        "Retry-After 1 s over a 500 ms budget: {=usize} sends, {=u64} ms apart; {}",
+        sent.len(),
+        gap,
+        s
+    );
     tally.check(
         "retry-after too long: gave up once, held once, then both landed",
         s.gave_up == 1 && s.held == 1 && s.landed == 2 && s.left == 0,
@@ -244,7 +252,9 @@ async fn main(_spawner: Spawner) {
     let s = uplink(&one_round, &policy, &fleet, Delay, SplitMix64::new(4), &mut t, &store, &mut ledger).await;
     let sent = t.sent();
     let limits_ok = sent.first().is_some_and(|a| a.limit.as_millis() == 1_500)
-        && sent.windows(2).all(|w| w[1].limit.as_millis() + w[1].at.duration_since(w[0].at).as_millis() <= 1_500);
+        && sent
+            .windows(2)
+            .all(|w| w[1].limit.as_millis() + w[1].at.duration_since(w[0].at).as_millis() <= 1_500);
     defmt::info!("deadline 1.5 s: {=usize} attempts; {}", sent.len(), s);
     tally.check("attempt limits: the first is the whole 1.5 s, each later one what is left", limits_ok);
     tally.check("attempt limits: the call gave up and kept the reading", s.gave_up == 1 && s.left == 1);
