@@ -2,6 +2,9 @@
 //! that its FLASH region ends where the outbox's pages begin (`src/layout.rs`): the linker then
 //! keeps the program out of the pages the outbox erases.
 
+// A host program run by cargo: a failure stops the build with its message.
+#![allow(clippy::expect_used, clippy::panic)]
+
 use std::{env, fs, path::PathBuf};
 
 #[allow(dead_code)]

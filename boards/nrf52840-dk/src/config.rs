@@ -1,6 +1,10 @@
 //! Build-time configuration: values from the build environment (`option_env!`), read in `const`
 //! context, so a malformed value stops the build instead of a device in the field.
 
+// Only ever evaluated at compile time (every caller is a `const`): an index out of range or an
+// overflow here would be a build error, never a fault on the device.
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+
 use core::net::Ipv4Addr;
 
 /// `value` if set at build time, else `default`.

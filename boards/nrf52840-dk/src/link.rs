@@ -21,7 +21,6 @@
 //! ceiling every time: redialling cannot fix it, and a person has to.
 
 use core::cell::Cell;
-use core::sync::atomic::{AtomicU32, Ordering};
 
 use embassy_futures::select::{Either, select};
 use embassy_net::{ConfigV4, Ipv4Cidr, Stack, StaticConfigV4};
@@ -46,14 +45,14 @@ pub const REDIAL_BASE: Duration = Duration::from_secs(5);
 /// The longest ceiling of the wait between dials (and the wait, jittered, after the network
 /// refused the configuration).
 pub const REDIAL_CAP: Duration = Duration::from_secs(300);
+/// How often an attempt made while the link is down looks whether it came up.
+pub const LINK_POLL: Duration = Duration::from_millis(200);
 /// A session open at least this long starts the redial backoff again from its base: the link
 /// worked, so its end is news, not the same failure again.
 pub const STABLE_SESSION: Duration = Duration::from_secs(120);
 
 /// Raised by [`LinkAware`] when the link looks dead; the link task ends the PPP session.
 static STALE: Signal<CriticalSectionRawMutex, ()> = Signal::new();
-/// Attempts [`LinkAware`] answered as never sent because no link came up in time.
-static NO_LINK: AtomicU32 = AtomicU32::new(0);
 
 /// Why a PPP session ended.
 #[derive(Debug, defmt::Format)]
@@ -221,36 +220,38 @@ pub struct LinkAware<T> {
     pub inner: T,
     stack: Stack<'static>,
     timeouts_in_row: u32,
+    no_link: u32,
 }
 
 impl<T> LinkAware<T> {
     /// `inner` over `stack`.
     pub const fn new(inner: T, stack: Stack<'static>) -> Self {
-        LinkAware { inner, stack, timeouts_in_row: 0 }
+        LinkAware { inner, stack, timeouts_in_row: 0, no_link: 0 }
     }
 
     /// Attempts answered as never sent because no link came up in time.
     pub fn no_link(&self) -> u32 {
-        NO_LINK.load(Ordering::Relaxed)
+        self.no_link
     }
 }
 
 impl<T: Transport> Transport for LinkAware<T> {
     async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
         let started = Instant::now();
-        let stack = self.stack;
-        if !(stack.is_link_up() && stack.is_config_up()) {
-            let link = async {
-                stack.wait_link_up().await;
-                stack.wait_config_up().await;
-            };
-            if with_timeout(limit, link).await.is_err() {
-                NO_LINK.fetch_add(1, Ordering::Relaxed);
+        let deadline = started.saturating_add(limit);
+        // Polled, not awaited: embassy-net keeps one waker for link and configuration changes,
+        // and the link task holds it; a second waiter would evict it, and the two tasks would
+        // wake each other in turn for as long as the link is down.
+        while !(self.stack.is_link_up() && self.stack.is_config_up()) {
+            let now = Instant::now();
+            if now >= deadline {
+                self.no_link = self.no_link.saturating_add(1);
                 return Outcome::Refused;
             }
+            Timer::at(now.saturating_add(LINK_POLL).min(deadline)).await;
         }
         let Some(left) = limit.checked_sub(started.elapsed()).filter(|left| left.as_ticks() > 0) else {
-            NO_LINK.fetch_add(1, Ordering::Relaxed);
+            self.no_link = self.no_link.saturating_add(1);
             return Outcome::Refused;
         };
         let outcome = self.inner.post(key, body, left).await;
