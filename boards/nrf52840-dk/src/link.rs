@@ -190,14 +190,14 @@ async fn session(
             return End::NoAddress;
         }
         loop {
+            // The stack learns of the link's state from the driver a moment after IPCP, and
+            // again after a renegotiation.
+            if with_timeout(NEGOTIATION_LIMIT, stack.wait_link_up()).await.is_err() {
+                return End::LinkDown;
+            }
             match select(STALE.wait(), stack.wait_link_down()).await {
                 Either::First(()) => return End::Stale,
-                Either::Second(()) => {
-                    defmt::warn!("LINK down mid-session: waiting for PPP to renegotiate");
-                    if with_timeout(NEGOTIATION_LIMIT, stack.wait_link_up()).await.is_err() {
-                        return End::LinkDown;
-                    }
-                }
+                Either::Second(()) => defmt::warn!("LINK down mid-session: waiting for PPP to renegotiate"),
             }
         }
     };
