@@ -8,6 +8,7 @@ mod flash;
 mod fuzz;
 mod net;
 mod qemu;
+mod shares;
 mod tls;
 mod util;
 
