@@ -28,6 +28,18 @@ fn main() {
 
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     fs::write(out.join("memory.x"), memory).expect("write memory.x");
+
+    // HTTPS pins the cloud's CA: its certificate (DER) is compiled in. No default: a CA that
+    // someone else picked is not one to trust.
+    println!("cargo:rerun-if-env-changed=WARY_CA_DER");
+    if env::var_os("CARGO_FEATURE_TLS").is_some() {
+        let path = env::var_os("WARY_CA_DER")
+            .expect("feature `tls`: set WARY_CA_DER to the path of the cloud's CA certificate (DER)");
+        let der = fs::read(&path).unwrap_or_else(|e| panic!("WARY_CA_DER: cannot read {path:?}: {e}"));
+        assert!(!der.is_empty() && der[0] == 0x30, "WARY_CA_DER: {path:?} is not a DER certificate");
+        println!("cargo:rerun-if-changed={}", PathBuf::from(&path).display());
+        fs::write(out.join("pinned-ca.der"), der).expect("write pinned-ca.der");
+    }
     println!("cargo:rustc-link-search={}", out.display());
     println!("cargo:rerun-if-changed=memory.x");
     println!("cargo:rerun-if-changed=src/layout.rs");

@@ -23,8 +23,8 @@ use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, output, step
 pub(crate) const TARGET: &str = "thumbv7em-none-eabihf";
 /// The on-target test binaries, run in this order; each exits 0 only if all its checks passed.
 const TEST_BINS: &[&str] = &["selftest", "conformance", "uplinktest"];
-/// Every firmware binary, for `size`.
-const ALL_BINS: &[&str] = &["selftest", "conformance", "uplinktest", "uplink"];
+/// Every firmware binary, for `size`; `uplink` is the application.
+const ALL_BINS: &[&str] = &["uplink", "selftest", "conformance", "uplinktest", "nettest", "flashtest"];
 /// The nRF52840-DK application: its cargo workspace (from the repository root) and binary.
 const BOARD_DIR: &str = "boards/nrf52840-dk";
 const BOARD_BIN: &str = "wary-nrf52840-dk";
@@ -52,23 +52,56 @@ pub fn qemu(root: &Path) -> Result<()> {
     board(root)
 }
 
-/// Builds the nRF52840-DK application (release, `--locked`) in its own workspace and prints its
-/// flash and RAM use and the wary core's share. Flashing it needs the board: see
-/// firmware/README.md.
+/// Builds the nRF52840-DK application (release, `--locked`) in its own workspace, plain and
+/// with its `tls` feature (HTTPS against a CA pinned at build time: a throwaway one made here,
+/// since only the size matters), and prints the flash and RAM of both and who owns the flash.
+/// Flashing it needs the board: see firmware/README.md.
 pub fn board(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     let llvm_size = llvm_size()?;
+    let llvm_nm = llvm_size.with_file_name("llvm-nm");
     let dir = root.join(BOARD_DIR);
-    step("building the nRF52840-DK application (release, thumbv7em-none-eabihf)");
+    step("building the nRF52840-DK application (release, thumbv7em-none-eabihf), plain HTTP");
     let started = Instant::now();
-    run_firmware_cargo(&dir, BOARD_DIR, &["build", "--release", "--locked"]).with_context(|| {
-        format!("if {BOARD_DIR}/Cargo.lock is out of date, run `cargo build --release` there once and commit the lock")
-    })?;
+    let lock_hint = || {
+        format!(
+            "if {BOARD_DIR}/Cargo.lock is out of date, run `cargo build --release` there once and commit the lock"
+        )
+    };
+    run_firmware_cargo(&dir, BOARD_DIR, &["build", "--release", "--locked"], &[]).with_context(lock_hint)?;
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
+    let plain = dir.join("target/plain");
+    copy_elf(&elf_path(&dir, BOARD_BIN), &plain)?;
+
+    step("building it again with `--features tls` (TLS 1.3, a CA pinned at build time)");
+    let ca_dir = env::temp_dir().join(format!("wary-board-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&ca_dir)?;
+    let ca = ca_dir.join("ca.der");
+    std::fs::write(&ca, crate::tls::throwaway_ca_der()?)?;
+    let ca_arg = ca.to_str().context("temp path is not UTF-8")?.to_owned();
+    let started = Instant::now();
+    let built = run_firmware_cargo(
+        &dir,
+        BOARD_DIR,
+        &["build", "--release", "--locked", "--features", "tls"],
+        &[("WARY_CA_DER", ca_arg.as_str())],
+    );
+    let _ = std::fs::remove_dir_all(&ca_dir);
+    built.with_context(lock_hint)?;
+    eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
+    let tls = dir.join("target/tls");
+    copy_elf(&elf_path(&dir, BOARD_BIN), &tls)?;
+
     step("nRF52840-DK application size (flash = text + data, RAM = data + bss; the stack is not counted)");
-    let elf = elf_path(&dir, BOARD_BIN);
-    size_table(&llvm_size, &[(BOARD_BIN, elf.clone())])?;
-    core_share(&llvm_size.with_file_name("llvm-nm"), &[(BOARD_BIN, elf)])
+    let bins = [("nrf52840-dk", plain), ("nrf52840-dk+tls", tls)];
+    size_table(&llvm_size, &bins)?;
+    shares_table(&llvm_nm, &bins)
+}
+
+/// Keeps a copy of a build's ELF, since the next build with other features overwrites it.
+fn copy_elf(elf: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(elf, to).with_context(|| format!("copying {} to {}", elf.display(), to.display()))?;
+    Ok(())
 }
 
 /// Builds the firmware and prints flash and RAM use of each binary.
@@ -80,7 +113,7 @@ pub fn size(root: &Path) -> Result<()> {
     step("firmware size (flash = text + data, RAM = data + bss; the stack is not counted)");
     let bins: Vec<_> = ALL_BINS.iter().map(|bin| (*bin, elf_path(&firmware, bin))).collect();
     size_table(&llvm_size, &bins)?;
-    core_share(&llvm_size.with_file_name("llvm-nm"), &bins)?;
+    shares_table(&llvm_size.with_file_name("llvm-nm"), &bins[..1])?;
     board(root)
 }
 
@@ -102,55 +135,29 @@ fn size_table(llvm_size: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
     Ok(())
 }
 
-/// The wary core's share of flash: sizes of symbols under `wary::` from `llvm-nm`. With LTO
-/// much of the core is inlined into its callers, so this is a lower bound.
-fn core_share(llvm_nm: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
-    step("the wary core's share (symbols under `wary::`; inlined code counts toward its callers)");
-    println!("{:<16} {:>11} {:>11} {:>9}", "binary", "core flash", "all flash", "share");
+/// Who owns each binary's flash, by crate group (`crate::shares`): lower bounds, since LTO
+/// inlines code into its callers.
+fn shares_table(llvm_nm: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
+    step(
+        "flash by crate (sized symbols; code inlined by LTO counts toward its caller, so each is a lower bound)",
+    );
     for (bin, elf) in bins {
-        let out = Command::new(llvm_nm)
-            .args(["--print-size", "--size-sort", "--demangle"])
-            .arg(elf)
-            .output()
-            .with_context(|| format!("running {}", llvm_nm.display()))?;
-        if !out.status.success() {
-            bail!("llvm-nm {} failed: {}", elf.display(), String::from_utf8_lossy(&out.stderr));
-        }
-        let (core, all) = flash_symbols(&String::from_utf8_lossy(&out.stdout), "wary::");
-        let share = if all == 0 { 0.0 } else { 100.0 * core as f64 / all as f64 };
-        println!("{bin:<16} {core:>11} {all:>11} {share:>8.1}%");
+        let shares = crate::shares::shares(llvm_nm, elf)?;
+        let all: u64 = shares.iter().map(|(_, n)| n).sum();
+        let row: Vec<String> = shares
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{name} {n} ({:.1}%)", 100.0 * *n as f64 / all.max(1) as f64))
+            .collect();
+        println!("{bin}: {all} B in sized symbols: {}", row.join(", "));
     }
     Ok(())
-}
-
-/// Sums the sizes of code and read-only symbols in `llvm-nm --print-size` output: those whose
-/// name contains `prefix`, and all of them.
-fn flash_symbols(nm: &str, prefix: &str) -> (u64, u64) {
-    let mut core = 0;
-    let mut all = 0;
-    for line in nm.lines() {
-        let mut fields = line.splitn(4, ' ');
-        let (Some(_addr), Some(size), Some(kind), Some(name)) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        if !matches!(kind, "t" | "T" | "r" | "R") {
-            continue;
-        }
-        let Ok(size) = u64::from_str_radix(size, 16) else { continue };
-        all += size;
-        if name.contains(prefix) {
-            core += size;
-        }
-    }
-    (core, all)
 }
 
 pub(crate) fn build(firmware: &Path) -> Result<()> {
     step("building the firmware (release, thumbv7em-none-eabihf)");
     let started = Instant::now();
-    run_firmware_cargo(firmware, "firmware", &["build", "--release", "--locked", "--bins"]).context(
+    run_firmware_cargo(firmware, "firmware", &["build", "--release", "--locked", "--bins"], &[]).context(
         "if firmware/Cargo.lock is out of date (a dependency of crates/wary changed), run \
          `cargo build --release` in firmware/ once and commit the lock",
     )?;
@@ -161,7 +168,7 @@ pub(crate) fn build(firmware: &Path) -> Result<()> {
 /// Runs cargo in `dir` (`firmware/` or a board's folder, `label` in messages) without the
 /// caller's RUSTFLAGS: they would replace the `rustflags` of its .cargo/config.toml, and with
 /// them the linker scripts.
-fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str]) -> Result<()> {
+fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str], vars: &[(&str, &str)]) -> Result<()> {
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"] {
         if env::var_os(var).is_some() {
             eprintln!("    note: {var} is set; not passing it to the firmware build");
@@ -173,6 +180,7 @@ fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str]) -> Result<()> {
         .current_dir(dir)
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .envs(vars.iter().copied())
         .status()
         .context("starting cargo")?;
     if !status.success() {
@@ -332,13 +340,6 @@ mod tests {
         let out = "   text\t   data\t    bss\t    dec\t    hex\tfilename\n  12208\t      0\t   1096\t  13304\t   33f8\tconformance\n";
         assert_eq!(parse_berkeley(out), Some((12208, 0, 1096)));
         assert_eq!(parse_berkeley("text data bss\n"), None);
-    }
-
-    #[test]
-    fn sums_core_symbols() {
-        let nm = "00000100 00000010 T wary::run::Runner::call\n00000200 00000020 t main\n\
-                  00000300 00000008 R wary::classify::Table::DEFAULT\n20000000 00000040 B wary::X\n";
-        assert_eq!(flash_symbols(nm, "wary::"), (0x18, 0x38));
     }
 
     #[test]

@@ -11,9 +11,6 @@
 //! The figures are lower bounds per crate: with LTO, code inlined into another crate's function
 //! counts for that one (an application's task that inlines the HTTP exchange owns its bytes).
 
-// Called by `cargo xtask size`; until then only the tests use it.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::path::Path;
 use std::process::Command;
 
@@ -29,6 +26,26 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("wary", &["wary::"]),
     ("wary-uplink", &["wary_uplink::"]),
     ("wary-dial", &["wary_dial::"]),
+    (
+        "TLS (embedded-tls, crypto)",
+        &[
+            "embedded_tls::",
+            "p256::",
+            "primeorder::",
+            "elliptic_curve::",
+            "ecdsa::",
+            "der::",
+            "aes::",
+            "aes_gcm::",
+            "ghash::",
+            "polyval::",
+            "ctr::",
+            "sha2::",
+            "hmac::",
+            "hkdf::",
+            "rand_chacha::",
+        ],
+    ),
 ];
 
 /// Flash owned by none of the groups: the application, embassy, the core library, etc.

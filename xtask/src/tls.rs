@@ -284,6 +284,13 @@ impl TestChain {
     }
 }
 
+/// A throwaway CA certificate (DER), for a build that pins a CA but never connects: its key is
+/// dropped at once.
+pub(crate) fn throwaway_ca_der() -> Result<Vec<u8>> {
+    let ca = CertifiedIssuer::self_signed(ca_params("wary build-check CA")?, KeyPair::generate()?)?;
+    Ok(ca.der().to_vec())
+}
+
 fn ca_params(name: &str) -> Result<CertificateParams> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.distinguished_name.push(DnType::CommonName, name);

@@ -38,8 +38,10 @@ use static_cell::{ConstStaticCell, StaticCell};
 use wary::ledger::Ledger;
 use wary_dial::{Apn, Chat};
 use wary_outbox::{Outbox, PushError};
+#[cfg(not(feature = "tls"))]
+use wary_uplink::HttpTransport;
 use wary_uplink::http::Buffers;
-use wary_uplink::{Config, FLEET, HttpTransport, POLICY, Reading, SplitMix64, Store, uplink};
+use wary_uplink::{Config, FLEET, POLICY, Reading, SplitMix64, Store, uplink};
 
 use crate::link::LinkAware;
 
@@ -71,6 +73,18 @@ const SERVER_PORT: u16 = match config::port(config::or(option_env!("WARY_PORT"),
 };
 /// `WARY_PATH`: where readings are posted. Default `/readings`.
 const PATH: &str = config::or(option_env!("WARY_PATH"), wary_uplink::PATH);
+/// `WARY_SERVER_NAME` (feature `tls`): the cloud's name, sent as SNI and `Host`; its
+/// certificate must carry it and lead to the CA compiled in from `WARY_CA_DER`.
+#[cfg(feature = "tls")]
+const SERVER_NAME: &str = config::or(option_env!("WARY_SERVER_NAME"), "cloud.example.com");
+#[cfg(feature = "tls")]
+static PINNED_CA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pinned-ca.der"));
+/// TLS record buffers: a whole record of any server, and one record of request.
+#[cfg(feature = "tls")]
+static TLS_READ: ConstStaticCell<[u8; wary_uplink::tls::MAX_RECORD]> =
+    ConstStaticCell::new([0; wary_uplink::tls::MAX_RECORD]);
+#[cfg(feature = "tls")]
+static TLS_WRITE: ConstStaticCell<[u8; 1024]> = ConstStaticCell::new([0; 1024]);
 const _: () = assert!(config::path(PATH), "WARY_PATH: an absolute path of visible ASCII, such as /readings");
 
 /// Time between temperature readings. Flash wear sets the floor: the queue erases a page per
@@ -178,13 +192,16 @@ async fn main(spawner: Spawner) {
     let device = device_id();
     // Three seeds from the hardware RNG with bias correction, fresh at every boot: the uplink's
     // jitter, the redial backoff's jitter, and the TCP stack's (initial sequence numbers, ports).
-    let (jitter_seed, redial_seed, net_seed) = {
+    // With TLS, 256 more bits seed the handshakes' generator.
+    let (jitter_seed, redial_seed, net_seed, _tls_seed) = {
         let mut rng = rng::Rng::new(p.RNG, Irqs);
         rng.set_bias_correction(true);
-        let mut bytes = [0u8; 24];
+        let mut bytes = [0u8; 56];
         rng.fill_bytes(&mut bytes).await;
-        let mut seeds = bytes.chunks_exact(8).map(|c| c.try_into().map_or(0, u64::from_le_bytes));
-        (seeds.next().unwrap_or(0), seeds.next().unwrap_or(0), seeds.next().unwrap_or(0))
+        let (words, tls) = bytes.split_at(24);
+        let mut seeds = words.chunks_exact(8).map(|c| c.try_into().map_or(0, u64::from_le_bytes));
+        let tls: [u8; 32] = tls.try_into().unwrap_or([0; 32]);
+        (seeds.next().unwrap_or(0), seeds.next().unwrap_or(0), seeds.next().unwrap_or(0), tls)
     };
 
     // The outbox first: its boot counter goes up before anything is sent.
@@ -253,7 +270,24 @@ async fn main(spawner: Spawner) {
     }
 
     let server = SocketAddrV4::new(SERVER_IP, SERVER_PORT);
+    #[cfg(not(feature = "tls"))]
     let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take());
+    #[cfg(feature = "tls")]
+    let http = {
+        use rand_chacha::rand_core::SeedableRng;
+        let pinned = wary_uplink::tls::Pinned { ca: PINNED_CA, server_name: SERVER_NAME };
+        wary_uplink::tls::TlsTransport::new(
+            stack,
+            server,
+            PATH,
+            *POLICY.retry_after_rules(),
+            pinned,
+            BUFFERS.take(),
+            TLS_READ.take(),
+            TLS_WRITE.take(),
+            rand_chacha::ChaCha20Rng::from_seed(_tls_seed),
+        )
+    };
     let mut transport = LinkAware::new(http, stack);
     let mut ledger = Ledger::<32>::new();
     // A device runs for ever: no round limit.
