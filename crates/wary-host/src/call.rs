@@ -211,7 +211,14 @@ impl Call {
         self.after_capped(adapter, op, key, outcome, true)
     }
 
-    fn after_capped(&mut self, adapter: &Adapter, op: Operation, key: Key, outcome: Outcome, last: bool) -> Step {
+    fn after_capped(
+        &mut self,
+        adapter: &Adapter,
+        op: Operation,
+        key: Key,
+        outcome: Outcome,
+        last: bool,
+    ) -> Step {
         let t1 = adapter.now();
         let draw = adapter.draw();
         let elapsed = t1.saturating_sub(self.started);

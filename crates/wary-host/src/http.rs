@@ -68,7 +68,7 @@ pub fn response_outcome<B>(policy: &Policy, response: &http::Response<B>) -> Out
 ///
 /// A TLS handshake or certificate failure happens inside the connector, so it arrives as a
 /// connect error; it is [`Outcome::Tls`] (failed at once, never retried), not a refusal.
-/// It is recognised by type and kind, never by the error's text (see [`is_tls_io`]). A TLS
+/// It is recognised by type and kind (`InvalidData` inside a connect error), never by the error's text. A TLS
 /// library whose errors are not `io::Error`s (native-tls) is not recognised: its connect
 /// errors stay [`Outcome::Refused`].
 pub fn error_outcome(err: &(dyn Error + 'static)) -> Outcome {
@@ -192,7 +192,10 @@ mod tests {
         let o = outcome_with(&p, &on, StatusCode::TOO_MANY_REQUESTS, &h, None);
         assert_eq!(o, Outcome::status_after(429, 10));
         // Off: Retry-After alone. A longer Retry-After is never lowered by a shorter signal.
-        assert_eq!(outcome_with(&p, &Signals::NONE, StatusCode::TOO_MANY_REQUESTS, &h, None).retry_after(), Some(2));
+        assert_eq!(
+            outcome_with(&p, &Signals::NONE, StatusCode::TOO_MANY_REQUESTS, &h, None).retry_after(),
+            Some(2)
+        );
         let h = headers(&[("retry-after", b"60"), ("retry-after-ms", b"100")]);
         assert_eq!(outcome_with(&p, &on, StatusCode::SERVICE_UNAVAILABLE, &h, None).retry_after(), Some(60));
         // A signal alone, with no Retry-After at all.

@@ -114,16 +114,14 @@ fn x_ratelimit_reset_ask(status: u16, headers: &HeaderMap, now_unix: Option<u64>
         return None;
     }
     let reset = number("x-ratelimit-reset")?;
-    let date = headers.get(http::header::DATE).and_then(|d| wary::retry_after::parse_http_date(d.as_bytes()).ok());
+    let date =
+        headers.get(http::header::DATE).and_then(|d| wary::retry_after::parse_http_date(d.as_bytes()).ok());
     let now = date.or(now_unix)?;
     Some(reset.saturating_sub(now))
 }
 
 fn retry_after_ms_ask(headers: &HeaderMap) -> Option<u64> {
-    members(headers, "retry-after-ms")
-        .filter_map(|v| v.parse::<u64>().ok())
-        .max()
-        .map(|ms| ms.div_ceil(1000))
+    members(headers, "retry-after-ms").filter_map(|v| v.parse::<u64>().ok()).max().map(|ms| ms.div_ceil(1000))
 }
 
 #[cfg(test)]
@@ -147,16 +145,23 @@ mod tests {
         // Requests left: no ask.
         assert_eq!(s.ask(429, &h(&[("ratelimit", "\"burst\";r=5;t=30")]), None), None);
         // Two quotas, the longest exhausted one wins; a field split over two lines still counts.
-        let two = h(&[("ratelimit", "\"burst\";r=0;t=3, \"day\";r=0;t=900"), ("ratelimit", "\"hour\";r=2;t=9999")]);
+        let two =
+            h(&[("ratelimit", "\"burst\";r=0;t=3, \"day\";r=0;t=900"), ("ratelimit", "\"hour\";r=2;t=9999")]);
         assert_eq!(s.ask(503, &two, None), Some(900));
         // No `t`: the policy's window of the same name.
-        let no_t = h(&[("ratelimit", "\"day\";r=0"), ("ratelimit-policy", "\"burst\";q=10;w=1, \"day\";q=1000;w=86400")]);
+        let no_t = h(&[
+            ("ratelimit", "\"day\";r=0"),
+            ("ratelimit-policy", "\"burst\";q=10;w=1, \"day\";q=1000;w=86400"),
+        ]);
         assert_eq!(s.ask(429, &no_t, None), Some(86_400));
         // Off by default.
         assert_eq!(Signals::default().ask(429, &h(&[("ratelimit", "\"b\";r=0;t=30")]), None), None);
         // Garbage is ignored.
         for bad in ["\"b\";r=zero;t=30", "\"b;r=0;t=30", "", ";;;", "\"b\";r=0;t=-4"] {
-            let hv = HeaderMap::from_iter([(http::HeaderName::from_static("ratelimit"), HeaderValue::from_str(bad).unwrap())]);
+            let hv = HeaderMap::from_iter([(
+                http::HeaderName::from_static("ratelimit"),
+                HeaderValue::from_str(bad).unwrap(),
+            )]);
             assert_eq!(s.ask(429, &hv, None), None, "{bad}");
         }
     }
@@ -190,7 +195,8 @@ mod tests {
 
     #[test]
     fn the_longest_ask_wins() {
-        let hdr = h(&[("retry-after-ms", "4500"), ("ratelimit", "\"b\";r=0;t=2"), ("x-ratelimit-reset", "1007")]);
+        let hdr =
+            h(&[("retry-after-ms", "4500"), ("ratelimit", "\"b\";r=0;t=2"), ("x-ratelimit-reset", "1007")]);
         assert_eq!(Signals::ALL.ask(429, &hdr, Some(1000)), Some(7));
         assert_eq!(Signals { x_ratelimit_reset: false, ..Signals::ALL }.ask(429, &hdr, Some(1000)), Some(5));
     }

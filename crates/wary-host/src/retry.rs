@@ -132,7 +132,12 @@ mod tests {
         assert_eq!(sent, 1);
         // A second call gets a second key.
         let mut second = None;
-        let _ = policy.retry(Operation::Read, |a| { second = Some(a.key); async { Ok(()) } }).await;
+        let _ = policy
+            .retry(Operation::Read, |a| {
+                second = Some(a.key);
+                async { Ok(()) }
+            })
+            .await;
         assert_ne!(second, Some(keys[0]));
     }
 
@@ -143,7 +148,10 @@ mod tests {
         let r: Result<(), _> = policy
             .retry(Operation::Read, |a| {
                 timeouts.push(attempt_timeout(&policy, &a, Duration::from_secs(30)));
-                async { tokio::time::sleep(Duration::from_millis(300)).await; Err(Outcome::ResponseTimeout) }
+                async {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Err(Outcome::ResponseTimeout)
+                }
             })
             .await;
         let err = r.unwrap_err();

@@ -47,8 +47,8 @@ use tower::retry::Policy as TowerPolicy;
 use tower::retry::Retry;
 use wary::{Key, Operation, Outcome, Policy, Verdict};
 
-pub use crate::call::{SharedSink, TickRateError};
 use crate::call::{Adapter, Call, Fleet, Step};
+pub use crate::call::{SharedSink, TickRateError};
 use crate::http::ErrorOutcome;
 use crate::ratelimit::Signals;
 

@@ -122,11 +122,15 @@ async fn a_transport_error_carries_the_verdict_and_a_static_fleet_is_accepted() 
         Ok(f) => f,
         Err(_) => panic!("a valid fleet budget"),
     };
-    let policy = Policy::builder(Preset::Default).base(10).cap(40).budget(60_000).deadline(300).build().unwrap();
+    let policy =
+        Policy::builder(Preset::Default).base(10).cap(40).budget(60_000).deadline(300).build().unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
     let p = WaryPolicy::with_rng(policy, seeded(9)).unwrap().fleet(&FLEET).ledger(ledger.clone());
-    let err = WaryRetry::new(p, client).oneshot(post(&closed_port_url(), Some("k-refused"), None)).await.unwrap_err();
+    let err = WaryRetry::new(p, client)
+        .oneshot(post(&closed_port_url(), Some("k-refused"), None))
+        .await
+        .unwrap_err();
     // Refused connections are retried for any operation until the deadline ends the call.
     assert_eq!(err.verdict, Some(Verdict::GaveUp(GiveUp::Deadline)), "{err}");
     assert_eq!(err.last, Some(wary::Outcome::Refused));

@@ -23,7 +23,12 @@ struct Sends(Arc<Mutex<Vec<Instant>>>);
 
 #[async_trait::async_trait]
 impl Middleware for Sends {
-    async fn handle(&self, req: Request, ext: &mut Extensions, next: Next<'_>) -> reqwest_middleware::Result<Response> {
+    async fn handle(
+        &self,
+        req: Request,
+        ext: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
         self.0.lock().unwrap().push(Instant::now());
         next.run(req, ext).await
     }
@@ -58,7 +63,13 @@ async fn a_503_storm_ends_in_one_effect_per_call_with_keys_made_once() {
     let sends = Sends::default();
     let c = client(mw, &sends);
     for _ in 0..8 {
-        let r = c.post(cloud.url("/readings")).header("content-type", "application/json").body("{\"t\":21}").send().await.unwrap();
+        let r = c
+            .post(cloud.url("/readings"))
+            .header("content-type", "application/json")
+            .body("{\"t\":21}")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), StatusCode::CREATED);
         assert_eq!(r.extensions().get::<Verdict>(), Some(&Verdict::Ok));
     }
@@ -105,7 +116,11 @@ async fn a_429_with_an_http_date_is_waited_out_where_reqwest_retry_does_not() {
     let faults: Faults = "429=0.5:ra=date+2,seed=7".parse().unwrap();
     let cloud = Cloud::start("127.0.0.1:0", faults.clone()).await.unwrap();
     let post = |c: &ClientWithMiddleware, key: &str| {
-        c.post(cloud.url("/readings")).header("idempotency-key", key).header("content-type", "application/json").body("{}").send()
+        c.post(cloud.url("/readings"))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
     };
 
     let sends = Sends::default();
@@ -120,8 +135,9 @@ async fn a_429_with_an_http_date_is_waited_out_where_reqwest_retry_does_not() {
 
     // reqwest-retry, with the same backoff bounds, resends at once: it never reads the date.
     use reqwest_retry::{RetryTransientMiddleware, policies::ExponentialBackoff};
-    let backoff =
-        ExponentialBackoff::builder().retry_bounds(Duration::from_millis(10), Duration::from_millis(40)).build_with_max_retries(3);
+    let backoff = ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(10), Duration::from_millis(40))
+        .build_with_max_retries(3);
     let sends = Sends::default();
     let retry_client = client(RetryTransientMiddleware::new_with_policy(backoff), &sends);
     let key = key_429_then_ok(&faults, "reqwest-retry");
@@ -140,7 +156,13 @@ async fn dropped_replies_after_the_effect_do_not_duplicate_a_keyed_post() {
     let sends = Sends::default();
     let c = client(WaryMiddleware::new(fast()).unwrap().add_idempotency_key(), &sends);
     for _ in 0..6 {
-        let r = c.post(cloud.url("/readings")).header("content-type", "application/json").body("{\"t\":1}").send().await.unwrap();
+        let r = c
+            .post(cloud.url("/readings"))
+            .header("content-type", "application/json")
+            .body("{\"t\":1}")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), StatusCode::CREATED);
     }
     let stats = cloud.stats();
@@ -158,7 +180,13 @@ async fn an_unkeyed_post_whose_reply_was_dropped_ends_unknown_not_resent() {
     let cloud = Cloud::start("127.0.0.1:0", "drop_after_effect=1.0,seed=1".parse().unwrap()).await.unwrap();
     let sends = Sends::default();
     let c = client(WaryMiddleware::new(fast()).unwrap(), &sends);
-    let err = c.post(cloud.url("/legacy/readings")).header("x-reading-id", "r-drop").body("{}").send().await.unwrap_err();
+    let err = c
+        .post(cloud.url("/legacy/readings"))
+        .header("x-reading-id", "r-drop")
+        .body("{}")
+        .send()
+        .await
+        .unwrap_err();
     let err = call_error(err);
     assert_eq!(err.verdict, Verdict::Unknown, "{err}");
     assert_eq!(err.last, Outcome::Reset);
@@ -173,7 +201,8 @@ async fn a_streamed_body_is_sent_once_and_says_why() {
     let cloud = Cloud::start("127.0.0.1:0", "503=1.0,seed=1".parse().unwrap()).await.unwrap();
     let sends = Sends::default();
     let c = client(WaryMiddleware::new(fast()).unwrap(), &sends);
-    let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"t\":2}"))]);
+    let chunks =
+        futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"t\":2}"))]);
     let r = c
         .post(cloud.url("/readings"))
         .header("idempotency-key", "stream-1")
@@ -193,7 +222,8 @@ async fn a_streamed_body_is_sent_once_and_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_attempts_timeout_is_capped_to_the_deadline() {
     let cloud = Cloud::start("127.0.0.1:0", "stall=1.0:ms=5000,seed=1".parse().unwrap()).await.unwrap();
-    let policy = Policy::builder(Preset::Default).base(10).cap(40).deadline(400).min_attempt(50).build().unwrap();
+    let policy =
+        Policy::builder(Preset::Default).base(10).cap(40).deadline(400).min_attempt(50).build().unwrap();
     let sends = Sends::default();
     let c = client(WaryMiddleware::new(policy).unwrap(), &sends);
     let t0 = Instant::now();
