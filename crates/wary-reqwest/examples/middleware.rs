@@ -1,5 +1,5 @@
 //! reqwest through the wary middleware: keys made for each write, a JSON-lines ledger on
-//! stdout, and the verdict of each call. Runs against the test cloud, started here on
+//! stdout (replayable: `… | grep -v "^#" > l.jsonl && cargo run -p wary-cli -- replay l.jsonl`), and the verdict of each call. Runs against the test cloud, started here on
 //! 127.0.0.1 with 503s, dated 429s and replies dropped after the effect.
 //!
 //! `cargo run -p wary-reqwest --example middleware`
@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use reqwest_middleware::ClientBuilder;
 use wary::{Policy, Preset, Verdict};
 use wary_host::ledger::JsonLedger;
+use wary_host::spec::PolicySpec;
 use wary_reqwest::WaryMiddleware;
 
 #[tokio::main]
@@ -17,7 +18,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cloud = wary_cloud::Cloud::start("127.0.0.1:0", faults).await?;
 
     let policy = Policy::builder(Preset::Default).base(50).cap(500).deadline(10_000).build()?;
-    let ledger = Arc::new(Mutex::new(JsonLedger::new(std::io::stdout())));
+    // A policy line first, so `wary replay` can recompute every decision from stdout alone.
+    let mut json = JsonLedger::new(std::io::stdout());
+    json.policy(&policy, &PolicySpec::describe(Preset::Default, &policy, &[]))?;
+    let ledger = Arc::new(Mutex::new(json));
     let wary = WaryMiddleware::new(policy)?.add_idempotency_key().ledger(ledger);
     let client = ClientBuilder::new(reqwest::Client::new()).with(wary).build();
 
