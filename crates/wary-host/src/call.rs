@@ -59,6 +59,23 @@ impl From<&'static FleetBudget> for Fleet {
 #[error("the adapter's policy must count milliseconds (tick_hz 1000), not {0} ticks per second")]
 pub struct TickRateError(pub u32);
 
+/// The operation of a request under `policy` ([`Policy::operation`]: its method and whether it
+/// carries an idempotency key), and its ledger key: a keyed write's own key (hex keys as is,
+/// others hashed); for other requests a key from method and path, never from the body.
+pub fn operation_and_key(
+    policy: &Policy,
+    method: &str,
+    path: &str,
+    key: Option<&http::HeaderValue>,
+) -> (Operation, Key) {
+    let op = policy.operation(method, key.is_some());
+    let key = match key {
+        Some(v) => v.to_str().ok().and_then(Key::from_hex).unwrap_or_else(|| Key::from_payload(v.as_bytes())),
+        None => Key::from_payload(format!("{method} {path}").as_bytes()),
+    };
+    (op, key)
+}
+
 /// What the calls of one adapter share. Clones share the fleet budget, the ledger and the draws.
 #[derive(Clone)]
 pub struct Adapter {
@@ -257,5 +274,63 @@ impl Call {
             policy: adapter.policy.fingerprint(),
         });
         step
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wary::ledger::Ledger;
+    use wary::{GiveUp, Preset};
+
+    use super::*;
+
+    static STATIC_FLEET: FleetBudget = match FleetBudget::new(10, 100) {
+        Ok(f) => f,
+        Err(_) => panic!("a valid fleet budget"),
+    };
+
+    #[test]
+    fn a_last_attempt_never_retries_and_the_ledger_says_why() {
+        let policy = Policy::builder(Preset::Default).base(10).cap(40).deadline(5_000).build().unwrap();
+        let ledger = Arc::new(Mutex::new(Ledger::<8>::new()));
+        let a = Adapter::with_rng(policy, crate::draw::seeded(1)).unwrap().ledger(ledger.clone());
+        let (op, key) = operation_and_key(&policy, "POST", "/x", Some(&http::HeaderValue::from_static("k")));
+        assert_eq!(op, Operation::KeyedWrite);
+        let mut call = a.begin();
+        let left = call.start_attempt(&a).unwrap();
+        assert!(left <= 5_000 && left > 4_000, "{left}");
+        // The same 503 is a retry for an attempt that can be resent, and ends the call for one
+        // that cannot.
+        assert!(matches!(call.clone().after(&a, op, key, Outcome::status(503)), Step::Retry { .. }));
+        let step = call.after_last(&a, op, key, Outcome::status(503));
+        assert_eq!(step, Step::Done(Verdict::GaveUp(GiveUp::Attempts)));
+        let last = ledger.lock().unwrap().records().last().copied().unwrap();
+        assert_eq!(last.verdict, Some(Verdict::GaveUp(GiveUp::Attempts)));
+        assert_eq!(last.wait, 0);
+        // An unkeyed write's key comes from method and path, never the body.
+        let (op, k1) = operation_and_key(&policy, "POST", "/x", None);
+        assert_eq!(op, Operation::Write);
+        assert_eq!(k1, operation_and_key(&policy, "POST", "/x", None).1);
+        assert_ne!(k1, operation_and_key(&policy, "POST", "/y", None).1);
+    }
+
+    #[test]
+    fn a_fleet_is_an_arc_or_a_static_and_both_are_charged() {
+        let shared = Arc::new(FleetBudget::new(10, 100).unwrap());
+        let policy = Policy::builder(Preset::Default).build().unwrap();
+        for fleet in [Fleet::from(shared.clone()), Fleet::from(&STATIC_FLEET)] {
+            let a = Adapter::with_rng(policy, crate::draw::seeded(2)).unwrap().fleet(fleet.clone());
+            let mut call = a.begin();
+            call.start_attempt(&a);
+            let before = fleet.tokens_milli();
+            let _ = call.after(&a, Operation::Read, Key::from_parts(1, 1, 1), Outcome::status(503));
+            assert_eq!(fleet.tokens_milli(), before - 1_000);
+        }
+        assert_eq!(shared.tokens_milli(), 9_000);
+        assert_eq!(STATIC_FLEET.tokens_milli(), 9_000);
+        assert!(
+            Adapter::new(Policy::builder(Preset::Default).tick_hz(10).base(1).cap(2).build().unwrap())
+                .is_err()
+        );
     }
 }

@@ -100,15 +100,7 @@ impl WaryPolicy {
 /// from method and path, never from the body.
 pub fn request_op<B>(policy: &Policy, req: &Request<B>) -> (Operation, Key) {
     let header = req.headers().get(IDEMPOTENCY_KEY);
-    let op = policy.operation(req.method().as_str(), header.is_some());
-    let key = match header {
-        Some(v) => v.to_str().ok().and_then(Key::from_hex).unwrap_or_else(|| Key::from_payload(v.as_bytes())),
-        None => {
-            let label = format!("{} {}", req.method(), req.uri().path());
-            Key::from_payload(label.as_bytes())
-        }
-    };
-    (op, key)
+    crate::call::operation_and_key(policy, req.method().as_str(), req.uri().path(), header)
 }
 
 /// Where [`WaryRetry`] receives a call's verdict from the policy: a request extension, copied

@@ -150,12 +150,7 @@ impl WaryMiddleware {
 /// keys as is, others hashed); for other requests a key from method and path, never the body.
 pub fn request_op(policy: &Policy, req: &Request) -> (Operation, Key) {
     let header = req.headers().get(IDEMPOTENCY_KEY);
-    let op = policy.operation(req.method().as_str(), header.is_some());
-    let key = match header {
-        Some(v) => v.to_str().ok().and_then(Key::from_hex).unwrap_or_else(|| Key::from_payload(v.as_bytes())),
-        None => Key::from_payload(format!("{} {}", req.method(), req.url().path()).as_bytes()),
-    };
-    (op, key)
+    wary_host::call::operation_and_key(policy, req.method().as_str(), req.url().path(), header)
 }
 
 /// The outcome of a reqwest error: timeouts by whether the connection was made, the rest by
