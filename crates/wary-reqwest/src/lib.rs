@@ -214,7 +214,11 @@ impl Middleware for WaryMiddleware {
         attempt.sent_once = Some(SentOnce::BodyNotCloneable);
         match self.send(&mut attempt, req, extensions, next).await {
             Some(done) => done,
-            None => Err(reqwest_middleware::Error::middleware(std::io::Error::other("wary: sent once"))),
+            // `send` always ends the call on an attempt it cannot repeat; this arm is for the
+            // type only, and still answers with a typed error rather than a panic.
+            None => Err(reqwest_middleware::Error::middleware(std::io::Error::other(
+                "wary: a request that cannot be copied was not ended after its one attempt",
+            ))),
         }
     }
 }
