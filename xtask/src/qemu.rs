@@ -70,7 +70,7 @@ pub fn board(root: &Path) -> Result<()> {
     };
     run_firmware_cargo(&dir, BOARD_DIR, &["build", "--release", "--locked"], &[]).with_context(lock_hint)?;
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
-    let plain = dir.join("target/plain");
+    let plain = dir.join("target/wary-nrf52840-dk.plain.elf");
     copy_elf(&elf_path(&dir, BOARD_BIN), &plain)?;
 
     step("building it again with `--features tls` (TLS 1.3, a CA pinned at build time)");
@@ -89,7 +89,7 @@ pub fn board(root: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(&ca_dir);
     built.with_context(lock_hint)?;
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
-    let tls = dir.join("target/tls");
+    let tls = dir.join("target/wary-nrf52840-dk.tls.elf");
     copy_elf(&elf_path(&dir, BOARD_BIN), &tls)?;
 
     step("nRF52840-DK application size (flash = text + data, RAM = data + bss; the stack is not counted)");
