@@ -116,6 +116,17 @@ fn headers(args: &Args) -> Result<Vec<StaticHeader>> {
     Ok(out)
 }
 
+/// The device-side listener, with a backlog for bursts of connecting devices (the kernel caps
+/// it at `net.core.somaxconn`).
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket =
+        if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    // A restarted replica binds its port again at once, whatever its last connections' state.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let mut rt = tokio::runtime::Builder::new_multi_thread();
@@ -165,9 +176,7 @@ async fn run(args: Args) -> Result<()> {
         eprintln!("wary-gateway: metrics on http://{}/metrics", listener.local_addr()?);
         tokio::spawn(wary_gateway::ingress::serve_metrics(gw.clone(), listener));
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
+    let listener = listen(args.listen).with_context(|| format!("binding {}", args.listen))?;
     eprintln!("wary-gateway: listening on http://{}", listener.local_addr()?);
     tokio::select! {
         () = wary_gateway::ingress::serve(gw.clone(), listener) => {}
