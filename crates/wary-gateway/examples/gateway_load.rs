@@ -118,6 +118,21 @@ fn family(pid: u32) -> Vec<u32> {
     out
 }
 
+/// User plus system CPU of the processes, in clock ticks (`/proc/<pid>/stat` fields 14 and 15;
+/// 100 per second on Linux).
+fn cpu_ticks(pids: &[u32]) -> u64 {
+    pids.iter()
+        .map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            // After the comm: state is field 3, utime 14, stime 15.
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            n(11) + n(12)
+        })
+        .sum()
+}
+
 fn kib(pids: &[u32], field: &str) -> u64 {
     pids.iter().map(|p| status_kib(*p, field)).sum()
 }
@@ -321,13 +336,27 @@ async fn main() -> Result<()> {
             None => Faults::none(),
         })?;
         let mut row = serde_json::Map::new();
-        for (name, base) in [("direct", &cloud_base), ("nginx", &nginx_base), ("gateway", &gw_base)] {
+        let nginx_pids = family(nginx.0.id());
+        let gw_pids = vec![gateway.0.id()];
+        for (name, base, pids) in [
+            ("direct", &cloud_base, &[][..]),
+            ("nginx", &nginx_base, &nginx_pids[..]),
+            ("gateway", &gw_base, &gw_pids[..]),
+        ] {
             // A short warm-up (connections, allocator), then the measured run.
             let _ = drive(&client, base, &format!("w-{storm}-{name}"), 500, a.concurrency, limit).await;
             let before = cloud.stats().requests;
+            let cpu_before = cpu_ticks(pids);
             let p = drive(&client, base, &format!("{storm}-{name}"), a.count, a.concurrency, limit).await;
+            let cpu = cpu_ticks(pids).saturating_sub(cpu_before);
             let mut j = p.json();
             j["upstream_requests"] = json!(cloud.stats().requests - before);
+            if !pids.is_empty() {
+                // The proxy's own CPU per answer: steadier than wall-clock rates on a shared
+                // machine (ticks of 10 ms, so about 1% over a phase of a few seconds).
+                let per = cpu as f64 * 10_000.0 / (p.answered.max(1) as f64);
+                j["proxy_cpu_us_per_answer"] = json!(per.round());
+            }
             eprintln!("  {storm:>5} {name:<8} {j}");
             row.insert(name.to_owned(), j);
         }
@@ -338,21 +367,45 @@ async fn main() -> Result<()> {
     let gw_peak_kib = kib(&gw_family, "VmHWM");
     let nginx_peak_kib = kib(&nginx_family, "VmHWM");
 
-    // Memory with `in_flight` readings held in the gateway: the upstream answers each one 2 s
-    // late, so 256 wait on it and the rest wait in the queue.
-    cloud.set_faults("slow=1.0:ms=2000".parse().map_err(anyhow::Error::msg)?)?;
-    let rss_idle_kib = kib(&gw_family, "VmRSS");
+    drop(gateway);
+    drop(nginx);
+
+    // Memory with `in_flight` readings held: a fresh gateway whose upstream answers nothing for
+    // a minute (and whose policy waits that long), so 256 readings wait on the upstream and the
+    // rest in the queue, none answered while the memory is read.
+    cloud.set_faults("slow=1.0:ms=60000".parse().map_err(anyhow::Error::msg)?)?;
+    let hold_policy = json!({"base": 5, "cap": 50, "budget": 120000, "deadline": 120000, "min_attempt": 50});
+    let hold_policy_file = dir.join("hold-policy.json");
+    std::fs::write(&hold_policy_file, hold_policy.to_string())?;
+    let (hold_port, metrics_port) = (free_port(), free_port());
+    let holder = Killed(
+        Command::new(&a.gateway_bin)
+            .args(["--listen", &format!("127.0.0.1:{hold_port}"), "--upstream", &cloud_base])
+            .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
+            .arg("--policy")
+            .arg(&hold_policy_file)
+            .args(["--queue", &gw_queue.to_string(), "--workers", "256", "--threads", "2"])
+            .args(["--attempt-timeout-ms", "120000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", a.gateway_bin.display()))?,
+    );
+    wait_listening(hold_port).await?;
+    let hold_family = vec![holder.0.id()];
+    let rss_idle_kib = kib(&hold_family, "VmRSS");
+    let hold_base = format!("http://127.0.0.1:{hold_port}");
     // Opened in steps of 250 connections, so the listen backlog never overflows.
     let mut hold = tokio::task::JoinSet::new();
     for i in 0..a.in_flight {
-        let (client, url) = (client.clone(), format!("{gw_base}/readings"));
+        let (client, url) = (client.clone(), format!("{hold_base}/readings"));
         hold.spawn(async move {
             let req = Request::post(url)
                 .header("content-type", "application/json")
                 .header("idempotency-key", format!("inflight-{i}"))
                 .body(Full::new(Bytes::from(format!("{{\"seq\":{i},\"mC\":21500}}"))))
                 .unwrap();
-            let _ = tokio::time::timeout(Duration::from_secs(60), client.request(req)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(90), client.request(req)).await;
         });
         if i % 250 == 249 {
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -367,12 +420,13 @@ async fn main() -> Result<()> {
             break;
         }
     }
-    let rss_inflight_kib = kib(&gw_family, "VmRSS");
-    let hwm_inflight_kib = kib(&gw_family, "VmHWM");
+    // Settle: the last connections' buffers are in place.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_inflight_kib = kib(&hold_family, "VmRSS");
+    let hwm_inflight_kib = kib(&hold_family, "VmHWM");
     eprintln!("  in flight: {held} held, RSS {rss_inflight_kib} KiB (idle {rss_idle_kib} KiB)");
     hold.abort_all();
-    drop(gateway);
-    drop(nginx);
+    drop(holder);
 
     let g = |s: &str, n: &str, f: &str| results[s][n][f].as_f64().unwrap_or(0.0);
     let ratio = |x: f64, y: f64| if y > 0.0 { (x / y * 1000.0).round() / 1000.0 } else { 0.0 };
@@ -388,6 +442,8 @@ async fn main() -> Result<()> {
         "added_p99_us_gateway_30pct": g("30pct", "gateway", "p99_us") - g("30pct", "direct", "p99_us"),
         "added_p50_us_nginx_30pct": g("30pct", "nginx", "p50_us") - g("30pct", "direct", "p50_us"),
         "added_p99_us_nginx_30pct": g("30pct", "nginx", "p99_us") - g("30pct", "direct", "p99_us"),
+        "cpu_ratio_to_nginx_0pct": ratio(g("0pct", "gateway", "proxy_cpu_us_per_answer"), g("0pct", "nginx", "proxy_cpu_us_per_answer")),
+        "cpu_ratio_to_nginx_30pct": ratio(g("30pct", "gateway", "proxy_cpu_us_per_answer"), g("30pct", "nginx", "proxy_cpu_us_per_answer")),
         "gateway_peak_rss_kib": gw_peak_kib,
         "nginx_peak_rss_kib": nginx_peak_kib,
         "gateway_rss_ratio_to_nginx": ratio(gw_peak_kib as f64, nginx_peak_kib as f64),
@@ -395,6 +451,7 @@ async fn main() -> Result<()> {
         "gateway_rss_in_flight_kib": rss_inflight_kib,
         "gateway_peak_rss_in_flight_kib": hwm_inflight_kib,
         "gateway_rss_idle_kib": rss_idle_kib,
+        "gateway_rss_per_reading_in_flight_bytes": if held > 0 { rss_inflight_kib.saturating_sub(rss_idle_kib) * 1024 / held } else { 0 },
     });
     let out = json!({
         "setup": {
@@ -413,6 +470,7 @@ async fn main() -> Result<()> {
     std::fs::write(&a.out, serde_json::to_string_pretty(&out)?)?;
     println!("{}", serde_json::to_string_pretty(&out["summary"])?);
     let _ = std::fs::remove_dir_all(&dir);
-    cloud.shutdown().await;
+    // The cloud's slow handlers are still asleep: do not wait for them.
+    drop(cloud);
     Ok(())
 }
