@@ -337,7 +337,7 @@ async fn main() -> Result<()> {
         })?;
         let mut row = serde_json::Map::new();
         let nginx_pids = family(nginx.0.id());
-        let gw_pids = vec![gateway.0.id()];
+        let gw_pids = [gateway.0.id()];
         for (name, base, pids) in [
             ("direct", &cloud_base, &[][..]),
             ("nginx", &nginx_base, &nginx_pids[..]),
@@ -451,7 +451,7 @@ async fn main() -> Result<()> {
         "gateway_rss_in_flight_kib": rss_inflight_kib,
         "gateway_peak_rss_in_flight_kib": hwm_inflight_kib,
         "gateway_rss_idle_kib": rss_idle_kib,
-        "gateway_rss_per_reading_in_flight_bytes": if held > 0 { rss_inflight_kib.saturating_sub(rss_idle_kib) * 1024 / held } else { 0 },
+        "gateway_rss_per_reading_in_flight_bytes": (rss_inflight_kib.saturating_sub(rss_idle_kib) * 1024).checked_div(held).unwrap_or(0),
     });
     let out = json!({
         "setup": {
