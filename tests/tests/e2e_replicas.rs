@@ -28,8 +28,8 @@ const TOKENS: u32 = 20;
 const RATIO_MILLI: u32 = 100;
 /// Attempts per call at most (first included).
 const MAX_ATTEMPTS: u32 = 4;
-const SENSORS: u32 = 30;
-const PER_SENSOR: u64 = 20;
+const SENSORS: u32 = 60;
+const PER_SENSOR: u64 = 10;
 /// The whole test stays under this.
 const LIMIT: Duration = Duration::from_secs(25);
 
@@ -252,9 +252,19 @@ async fn replicas_behind_nginx_lose_nothing_and_apply_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(Instant::now() < deadline, "the storm never got going");
     }
+    // Hold the replies for a moment, so every replica has readings in flight (applied upstream,
+    // the answer not back yet) when the victim dies: their resends must be deduplicated.
+    cloud.set_faults("slow=1.0:ms=900,seed=22".parse().unwrap()).unwrap();
+    let held = Instant::now();
+    while cloud.stats().faults_injected.get("slow").copied().unwrap_or(0) < 30
+        && held.elapsed() < Duration::from_millis(800)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut victim = fleet.replicas[0].take().unwrap();
     victim.kill().unwrap();
     victim.wait().unwrap();
+    cloud.set_faults("503=0.3,seed=23".parse().unwrap()).unwrap();
     let killed_at = counts.landed.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(1)).await;
     fleet.replicas[0] = Some(start_replica(upstream, ports[0]));
@@ -279,8 +289,10 @@ async fn replicas_behind_nginx_lose_nothing_and_apply_once() {
     let c = |n: &AtomicU64| n.load(Ordering::Relaxed);
     assert_eq!(c(&counts.landed), total);
     assert_eq!(c(&counts.other), 0, "no reading may fail or go unknown here");
-    // The kill hit readings in flight, and the sensors' keyed resends covered them.
+    // The kill hit readings in flight, and the sensors' keyed resends covered them; some had
+    // landed before their answer was lost, and their resends were answered from the store.
     assert!(c(&counts.broken) > 0, "the SIGKILL broke no request: the test did not test a crash");
+    assert!(stats.replays > 0, "no resend of a landed reading: {stats:?}");
 
     // Retries within the fleet budgets: each replica process (four, with the restart) retries
     // only while its bucket holds more than half its tokens, and a success puts back a tenth:
