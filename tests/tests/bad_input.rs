@@ -40,9 +40,9 @@
 //! | 34 | a reply cut short in its header block | `wary_uplink::http::post` (`nettest` `/truncated`) | `HttpError::Truncated` → `Outcome::Reset` (may have landed) |
 //! | 35 | a connection refused | `wary_uplink::http::post` (`nettest` `/refused`) | `HttpError::Refused` → `Outcome::Refused` (never sent) |
 //! | 36 | a reply that never comes (stalled) | `wary_uplink::http::post` (`nettest` `/stall`, `/trickle`) | `HttpError::ResponseTimeout` → `Outcome::ResponseTimeout` (may have landed) |
-//! | 37 | gateway frame longer than 4096 bytes | `read_frame` | `FrameError::Oversized`, body not read |
-//! | 38 | gateway frame whose body is not a reading | `read_frame` | `FrameError::Garbage` |
-//! | 39 | gateway stream that ends inside a frame | `read_frame` | `FrameError::Truncated` |
+//! | 37 | gateway request body longer than its limit | `wary_gateway::ingress::parse` | `BadRequest::TooLarge`: 413, body not read, nothing sent upstream |
+//! | 38 | gateway request body that is not JSON, or no `Idempotency-Key` | `wary_gateway::ingress::parse` | `BadRequest::NotJson` / `MissingKey`: 400 with the reason |
+//! | 39 | gateway request cut short inside its body | `wary_gateway::ingress::parse` | `BadRequest::Broken`: nothing queued, nothing sent upstream |
 //! | 40 | a reply header block larger than the device's buffer | `wary_uplink::http::post` (`nettest` `/huge-headers`) | `HttpError::HeadersTooLarge` → `Outcome::Reset` (may have landed) |
 
 use wary::classify::TABLE_STATUSES;
@@ -322,40 +322,66 @@ fn row_30_plan_invalid_policy() {
     assert_eq!(e, "invalid policy: cap must not be below base");
 }
 
-// ---- gateway frames ----
+// ---- gateway requests ----
 
-use wary_gateway::frame::{FrameError, MAX_FRAME, Reading, read_frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wary_gateway::{BadRequest, Gateway};
 
-fn read(bytes: &[u8]) -> Result<Option<Reading>, FrameError> {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// Sends `raw` bytes to a gateway whose upstream is nowhere (nothing may reach it), half-closes
+/// if `hang_up`, and returns the answer's bytes and the gateway's refusal count.
+fn exchange(raw: &[u8], max_body: usize, hang_up: bool) -> (String, u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     rt.block_on(async {
-        let mut s = bytes;
-        read_frame::<_, Reading>(&mut s).await
+        let mut c = wary_gateway::Config::new("http://127.0.0.1:9");
+        c.max_body = max_body;
+        let gw = std::sync::Arc::new(Gateway::start(c, Box::new(std::io::sink())).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(wary_gateway::ingress::serve(gw.clone(), listener));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(raw).await.unwrap();
+        if hang_up {
+            s.shutdown().await.unwrap();
+        }
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        let m = gw.metrics();
+        assert_eq!(m.stats.attempts(), 0, "nothing went upstream");
+        (String::from_utf8_lossy(&out).into_owned(), m.refused.get("bad_request").copied().unwrap_or(0))
     })
 }
 
-#[test]
-fn row_37_gateway_frame_oversized() {
-    let mut bytes = (MAX_FRAME + 1).to_be_bytes().to_vec();
-    bytes.extend_from_slice(b"{}");
-    assert!(
-        matches!(read(&bytes), Err(FrameError::Oversized { len, max }) if len == MAX_FRAME + 1 && max == MAX_FRAME)
-    );
+fn head(len: usize, key: bool) -> String {
+    let key = if key { "Idempotency-Key: 0123456789abcdef0123456789abcdef\r\n" } else { "" };
+    format!(
+        "POST /readings HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nConnection: close\r\n{key}Content-Length: {len}\r\n\r\n"
+    )
 }
 
 #[test]
-fn row_38_gateway_frame_garbage() {
-    let body = b"not a reading";
-    let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
-    bytes.extend_from_slice(body);
-    assert!(matches!(read(&bytes), Err(FrameError::Garbage)));
+fn row_37_gateway_body_over_the_limit() {
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(100));
+    let (answer, refused) = exchange(format!("{}{body}", head(body.len(), true)).as_bytes(), 64, false);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains(&BadRequest::TooLarge.to_string()), "{answer}");
+    assert_eq!(refused, 1);
 }
 
 #[test]
-fn row_39_gateway_stream_ends_inside_a_frame() {
-    assert!(matches!(read(&[0, 0]), Err(FrameError::Truncated)));
-    let mut bytes = 40u32.to_be_bytes().to_vec();
-    bytes.extend_from_slice(b"{\"sensor\":");
-    assert!(matches!(read(&bytes), Err(FrameError::Truncated)));
-    assert!(matches!(read(&[]), Ok(None)));
+fn row_38_gateway_body_not_json_or_no_key() {
+    let (answer, refused) = exchange(format!("{}seq=1", head(5, true)).as_bytes(), 1024, false);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains(&BadRequest::NotJson.to_string()), "{answer}");
+    assert_eq!(refused, 1);
+    let (answer, _) = exchange(format!("{}{{}}", head(2, false)).as_bytes(), 1024, false);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains(&BadRequest::MissingKey.to_string()), "{answer}");
+}
+
+#[test]
+fn row_39_gateway_request_cut_short_in_its_body() {
+    // 40 bytes announced, 10 sent, then the device hangs up: refused, never queued.
+    let (answer, refused) = exchange(format!("{}{{\"seq\":12,", head(40, true)).as_bytes(), 1024, true);
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert_eq!(refused, 1, "the cut-short request was refused as broken");
 }

@@ -50,6 +50,7 @@ pub fn run_all(root: &Path) -> Result<()> {
     }
 
     step("host tests");
+    crate::util::ensure_nginx()?;
     run(root, "cargo", &["test", "--workspace"])?;
 
     examples(root)?;
