@@ -328,6 +328,7 @@ async fn main() -> Result<()> {
         writeln!(o, "{:<34}{:>10}", "device calls gave up (kept, resent)", d.get("gave_up"))?;
         writeln!(o, "{:<34}{:>10}", "device attempts per call (mean)", d.get("mean"))?;
         writeln!(o, "{:<34}{:>10}", "device attempts per call (p95)", d.get("p95"))?;
+        writeln!(o, "{:<34}{:>10}", "device resets survived", d.get("resets"))?;
         // The device leg already failed the run unless the cloud applied each reading once.
         lost += d.number("readings").saturating_sub(d.number("landed") + d.number("failed"));
     }
