@@ -229,6 +229,7 @@ mod tests {
                 "wary",
                 "wary-uplink",
                 "wary-dial",
+                "TLS (embedded-tls, crypto)",
                 "other"
             ]
         );

@@ -732,8 +732,15 @@ mod tests {
 
     fn a_clean_run() -> Vec<(&'static str, Vec<Conn>)> {
         vec![
-            ("good", vec![conn(OK, Some("0a386001000000000000000000000000"))]),
-            ("rogue", vec![conn(BROKEN, None)]),
+            // The probe's own case, then the uplink's TlsTransport on the same server.
+            (
+                "good",
+                vec![
+                    conn(OK, Some("0a386001000000000000000000000000")),
+                    conn(OK, Some("0a386001000000000000000000000006")),
+                ],
+            ),
+            ("rogue", vec![conn(BROKEN, None), conn(BROKEN, None)]),
             ("wrongname", vec![conn(BROKEN, None)]),
             ("small", vec![conn(OK, Some("0a386001000000000000000000000003"))]),
             (
