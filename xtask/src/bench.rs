@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: decision cost under callgrind (wary against backon, same run), sizes,
-//! flash deltas on thumbv7em, the fleet simulation, and the gateway under load beside nginx;
+//! flash deltas on thumbv7em, the fleet simulation, the optimistic-concurrency model of the AWS
+//! backoff study, and the gateway under load beside nginx;
 //! printed and written to target/bench/. Installs what it needs when missing: valgrind,
 //! iai-callgrind-runner, the thumb target, llvm-tools and nginx.
 
@@ -21,13 +22,18 @@ const THUMB: &str = "thumbv7em-none-eabihf";
 pub enum Part {
     /// The gateway's throughput, latency and memory against nginx.
     Gateway,
+    /// The optimistic-concurrency model of the AWS backoff study (a few seconds in release).
+    Study,
 }
 
 /// Runs every benchmark and the simulation, or only `only`.
 pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
     let started = Instant::now();
-    if only == Some(Part::Gateway) {
-        gateway(root)?;
+    if let Some(part) = only {
+        match part {
+            Part::Gateway => gateway(root)?,
+            Part::Study => study(root)?,
+        }
         eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
         return Ok(());
     }
@@ -149,6 +155,19 @@ fn gateway(root: &Path) -> Result<()> {
         .with_context(|| format!("writing {}", results.display()))?;
     eprintln!("    gateway figures added to {}", results.display());
     Ok(())
+}
+
+/// The optimistic-concurrency model alone: its section replaces (or joins) the one in
+/// target/bench/results.md, and `study_model` is set in results.json, every other key kept.
+/// The full run gets the same section from the report step.
+fn study(root: &Path) -> Result<()> {
+    step("optimistic-concurrency model: the study's five policies and wary's default, 10–100 clients");
+    let out = root.join("target/bench");
+    run(
+        root,
+        "cargo",
+        &["run", "--release", "-q", "-p", "wary-bench", "--", "--only", "study", "--out", s(&out)?],
+    )
 }
 
 /// The binaries that hold only the core's decision path (and the fleet budget).

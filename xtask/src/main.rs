@@ -29,9 +29,10 @@ enum Verb {
     /// Format check, clippy (host and thumb), all host tests, cross builds of the core.
     Ci,
     /// Decision cost (callgrind, wary vs backon), sizes, flash deltas, fleet simulation, the
-    /// gateway under load against nginx; writes target/bench/.
+    /// optimistic-concurrency model, the gateway under load against nginx; writes target/bench/.
     Bench {
-        /// Run one part only: `gateway` (its load bench, about a minute).
+        /// Run one part only: `gateway` (its load bench, about a minute) or `study` (the
+        /// optimistic-concurrency model, seconds).
         #[arg(long)]
         only: Option<bench::Part>,
     },

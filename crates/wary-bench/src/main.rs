@@ -11,7 +11,7 @@ use serde_json::json;
 use wary_bench::decision::{CALLS, RETRIES};
 use wary_bench::report::{Cell, sim_table, svg, table, thousands};
 use wary_bench::sim::{self, FleetSpec, World};
-use wary_bench::{iai, sizes};
+use wary_bench::{iai, sizes, study};
 
 #[derive(Parser)]
 #[command(about = "wary benchmarks: decision cost, sizes, flash, fleet simulation")]
@@ -37,10 +37,64 @@ struct Args {
     /// Length of the simulated total outage, in ms.
     #[arg(long, default_value_t = 60_000)]
     outage_ms: u64,
+    /// Fleet sizes for the optimistic-concurrency model.
+    #[arg(long, value_delimiter = ',', default_value = "10,20,50,75,100")]
+    study_clients: Vec<u32>,
+    /// Runs averaged per figure of the optimistic-concurrency model.
+    #[arg(long, default_value_t = study::RUNS)]
+    study_runs: u32,
+    /// Run one part only, merging it into results.md and results.json.
+    #[arg(long)]
+    only: Option<Only>,
+}
+
+/// A part that runs on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Only {
+    /// The optimistic-concurrency model (the AWS backoff study's setting): a few seconds.
+    Study,
+}
+
+/// The optimistic-concurrency model's section and its results.json value.
+fn study_part(args: &Args) -> (String, serde_json::Value) {
+    let started = Instant::now();
+    let sums = study::sweep(&study::contenders(), &args.study_clients, args.study_runs, args.seed);
+    let at_100: Vec<u32> = args.study_clients.iter().copied().filter(|&n| n == 100).collect();
+    let diagnostic = study::sweep(&study::diagnostics(), &at_100, args.study_runs, args.seed);
+    let secs = started.elapsed().as_secs_f64();
+    (study::section(&sums, &diagnostic, args.seed, secs), study::json(&sums, &diagnostic, args.seed))
+}
+
+/// Runs the model alone: replaces its section in results.md (or adds it) and sets
+/// `study_model` in results.json, keeping every other section and key.
+fn study_only(args: &Args) -> Result<()> {
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let (section, value) = study_part(args);
+    print!("{section}");
+    let md_path = args.out.join("results.md");
+    let md = match std::fs::read_to_string(&md_path) {
+        Ok(old) => study::splice(&old, &section),
+        Err(_) => format!("# wary benchmarks\n{section}"),
+    };
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    let js_path = args.out.join("results.json");
+    let mut all = std::fs::read_to_string(&js_path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    all["study_model"] = value;
+    std::fs::write(&js_path, serde_json::to_string_pretty(&all)?)
+        .with_context(|| format!("writing {}", js_path.display()))?;
+    println!("\nwritten: {}, {}", md_path.display(), js_path.display());
+    Ok(())
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if args.only == Some(Only::Study) {
+        return study_only(&args);
+    }
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let mut md =
         String::from("# wary benchmarks\n\nEvery figure beside the baseline measured in the same run.\n");
@@ -215,6 +269,9 @@ fn main() -> Result<()> {
         &shape,
     ));
     let _ = writeln!(md, "\nSimulation wall time: {sim_secs:.1} s.");
+    let (section, value) = study_part(&args);
+    md.push_str(&section);
+    js.insert("study_model".into(), value);
     js.insert(
         "simulation".into(),
         cells
