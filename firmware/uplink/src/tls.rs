@@ -213,8 +213,6 @@ pub async fn post_tls<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD
     if result.is_ok() {
         // close_notify, so the server sees a clean end rather than a truncation.
         let _ = with_deadline(deadline, tls.close()).await;
-    } else {
-        drop(tls);
     }
     http::finish(&mut socket, result.is_ok(), deadline).await;
     match &result {

@@ -129,7 +129,7 @@ async fn main(_spawner: Spawner) {
         mapped &= got == expected;
         // Never-sent failures are safe to resend on any write; the rest only with a key.
         let retry_any = POLICY.classify(wary::Operation::Write, &got) == wary::Class::Retry;
-        mapped &= retry_any == !err.may_have_landed() || expected == Outcome::BadBody;
+        mapped &= retry_any != err.may_have_landed() || expected == Outcome::BadBody;
     }
     tally.check("every exchange failure maps by whether it may have landed", mapped);
 
