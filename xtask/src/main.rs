@@ -5,6 +5,7 @@ mod ci;
 mod demo;
 mod flash;
 mod fuzz;
+mod mutants;
 mod net;
 mod qemu;
 mod tls;
@@ -39,6 +40,18 @@ enum Verb {
         #[arg(long)]
         skip_without_nightly: bool,
     },
+    /// cargo-mutants over the core's decision path with the tests that exercise it; fails on a survivor.
+    Mutants {
+        /// Only these source files (default: every file of the decision path).
+        #[arg(long = "file")]
+        files: Vec<String>,
+        /// One slice of the mutants, `k/n` (cargo-mutants' `--shard`).
+        #[arg(long)]
+        shard: Option<String>,
+        /// List the mutants instead of testing them.
+        #[arg(long)]
+        list: bool,
+    },
     /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
     Qemu,
     /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
@@ -59,6 +72,7 @@ fn main() -> Result<()> {
         Verb::Fuzz { seconds, skip_without_nightly } => {
             fuzz::fuzz(&root, seconds, !skip_without_nightly, None)
         }
+        Verb::Mutants { files, shard, list } => mutants::mutants(&root, &files, shard.as_deref(), list),
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),

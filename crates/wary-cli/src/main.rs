@@ -18,7 +18,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Reads JSON-line cases on stdin and writes each one's waits and verdict (seed 000's solve).
+    /// Reads JSON-line cases on stdin and writes each one's waits and verdict (the pure plan).
     Plan,
     /// Prints a policy's worked schedule, classification grid and warnings.
     Explain(ExplainArgs),
@@ -226,6 +226,11 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
         Ok(p) => p,
         Err(e) => {
             eprintln!("wary: {e}");
+            if let wary_host::spec::SpecError::Policy(pe) = &e {
+                if let Some(why) = explain::why_refused(pe) {
+                    eprintln!("why: {why}");
+                }
+            }
             if spec.jitter.as_deref() == Some("full") && spec.max_attempts.is_none() {
                 eprintln!("warning: full jitter with no attempt cap: waits near 0 spend no budget");
             }

@@ -85,6 +85,13 @@ fn explain_text_and_toml_and_refusals() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("full jitter with no attempt cap"));
     let out = wary(&["explain", "--base", "0"], "");
     assert_eq!(out.status.code(), Some(2));
+    // A setting the formula defines but a running call refuses: explain says why.
+    let out = wary(&["explain", "--budget", "0"], "");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("why: a budget of 0 allows no wait") && err.contains("wary plan"), "{err}");
+    let out = wary(&["explain", "--base", "100", "--cap", "10"], "");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("every ceiling is the cap"));
 }
 
 #[derive(Default)]

@@ -71,4 +71,7 @@ pub enum PlanError {
         /// The plan's capacity.
         capacity: usize,
     },
+    /// The settings do not define a plan at all (a tick rate of 0).
+    #[error("invalid policy: {0}")]
+    InvalidPolicy(PolicyError),
 }

@@ -99,7 +99,7 @@ pub struct Policy {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[must_use]
 pub struct PolicyBuilder {
-    p: Policy,
+    pub(crate) p: Policy,
 }
 
 impl Policy {
