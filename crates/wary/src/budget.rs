@@ -344,6 +344,35 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_retry_after_never_overflows_and_gives_up_now() {
+        use crate::retry_after::Rules;
+        for value in [&b"1e400"[..], b"99999999999999999999", b"18446744073709551615.5", b"+1e30"] {
+            let secs = Rules::LENIENT.read([value], None, None).unwrap().unwrap();
+            assert_eq!(secs, u64::MAX, "{value:?}");
+            for preset in [Preset::Default, Preset::Exercise] {
+                let p = Policy::builder(preset).build().unwrap();
+                let mut s = CallState::new();
+                let o = Outcome::status_after(503, secs);
+                // Seconds to ticks saturates; the wait is never started.
+                assert_eq!(
+                    p.decide(&mut s, Operation::Read, &o, Draw::unit(u32::MAX), Some(0)),
+                    Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: u64::MAX }))
+                );
+                assert_eq!(s.waited(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_loose_retry_after_is_waited_out_in_full() {
+        // "1.5" asks for at least 1.5 s: the call waits 2 s, not the backoff's 100 ms.
+        let p = Policy::builder(Preset::Exercise).build().unwrap();
+        let secs = crate::retry_after::Rules::LENIENT.read([b"1.5".as_slice()], None, None).unwrap();
+        let o = Outcome::Status { code: 429, retry_after: secs };
+        assert_eq!(p.next_wait(&CallState::new(), &o, Draw::ZERO, None), Ok(2_000));
+    }
+
+    #[test]
     fn spread_retry_after_is_never_below_the_server_value() {
         let p = Policy::builder(Preset::Default).build().unwrap();
         let s = CallState::new();
