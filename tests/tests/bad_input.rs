@@ -175,6 +175,16 @@ fn row_14_retry_after_malformed() {
     {
         assert_eq!(parse(v), Err(RetryAfterError::Malformed), "{v:?}");
     }
+    // Lenient rules read a number outside the grammar as the longest wait it can mean, and
+    // ignore, but count, what is no number at all; strict rules refuse both.
+    for (v, secs) in [(&b"+5"[..], 5), (b"1.5", 2), (b"1e3", 1000)] {
+        assert_eq!(Rules::LENIENT.read([v], None, None), Ok(Some(secs)), "{v:?}");
+        assert_eq!(Rules::STRICT.read([v], None, None), Err(RetryAfterError::Malformed), "{v:?}");
+    }
+    for v in [&b"soon"[..], b"-1", b"12 34", b"\xff\xfe"] {
+        let r = Rules::LENIENT.read_counted([v, b"3"], None, None);
+        assert_eq!((r.seconds, r.unreadable), (Some(3), 1), "{v:?}");
+    }
 }
 
 #[test]
@@ -316,10 +326,16 @@ fn row_29_plan_status_not_http() {
 }
 
 #[test]
-fn row_30_plan_invalid_policy() {
-    let e =
-        plan_error(r#"{"outcomes":["ok"],"op":"read","policy":{"base":5,"cap":4,"budget":120},"draws":[]}"#);
-    assert_eq!(e, "invalid policy: cap must not be below base");
+fn row_30_plan_policy_not_a_non_negative_integer() {
+    for policy in [r#"{"base":5,"cap":-4,"budget":120}"#, r#"{"base":5,"cap":4.5,"budget":120}"#] {
+        let e = plan_error(&format!(r#"{{"outcomes":["ok"],"op":"read","policy":{policy},"draws":[]}}"#));
+        assert!(e.starts_with("invalid case"), "{e}");
+    }
+    // A cap below the base is not an error: every ceiling is the cap. The builder still
+    // refuses it for a running call.
+    let line = r#"{"outcomes":[503,"ok"],"op":"read","policy":{"base":5,"cap":4,"budget":120},"draws":[0]}"#;
+    assert_eq!(wary_cli::plan::answer(line).unwrap(), r#"{"waits":[2],"verdict":"ok"}"#);
+    assert_eq!(seed000().base(5).cap(4).build(), Err(PolicyError::CapBelowBase));
 }
 
 // ---- modem lines: classified, never a panic ----

@@ -38,10 +38,21 @@ pub fn mutants(root: &Path, files: &[String], shard: Option<&str>, list: bool) -
     let chosen: Vec<String> =
         if files.is_empty() { FILES.iter().map(|f| (*f).to_owned()).collect() } else { files.to_vec() };
     let mut args: Vec<String> =
-        ["mutants", "-p", "wary", "--test-package", "wary", "--test-package", "wary-tests"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
+        // Unit and integration tests, not doctests: the examples show the API, the tests pin
+        // the rules, and compiling every example again for each mutant would double the run.
+        [
+            "mutants",
+            "-p",
+            "wary",
+            "--test-package",
+            "wary",
+            "--test-package",
+            "wary-tests",
+            "--cargo-test-arg=--tests",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
     for f in &chosen {
         args.push("-f".into());
         args.push(f.clone());

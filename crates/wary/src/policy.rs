@@ -576,4 +576,96 @@ mod tests {
         // Seed 003: .1 + .2 fit a .3 s budget, .4 would not; and three attempts at most.
         assert_eq!(Policy::builder(Preset::Strict).build().unwrap().max_retries(), Some(2));
     }
+
+    #[test]
+    fn a_deadline_bounds_the_retries_when_it_is_nearer_than_the_budget() {
+        // Shortest waits 1, 2, 4, 8, 16: sums 1, 3, 7, 15, 31.
+        assert_eq!(seed000().budget(20).deadline(15).build().unwrap().max_retries(), Some(4));
+        assert_eq!(seed000().budget(20).deadline(14).build().unwrap().max_retries(), Some(3));
+        assert_eq!(seed000().budget(20).deadline(19).build().unwrap().max_retries(), Some(4));
+        // Attempt time counts against a deadline no farther than the budget…
+        assert_eq!(seed000().budget(20).deadline(20).min_attempt(2).build().unwrap().max_retries(), Some(3));
+        // …and not when the budget is the nearer limit.
+        assert_eq!(seed000().budget(20).deadline(21).min_attempt(2).build().unwrap().max_retries(), Some(4));
+        // At the cap the count is a division: (211 − 91) / 30 = 4 more after the first seven.
+        assert_eq!(seed000().budget(211).build().unwrap().max_retries(), Some(11));
+        assert_eq!(seed000().budget(210).build().unwrap().max_retries(), Some(10));
+        // Decorrelated jitter's shortest wait is the base every time: no division at the cap.
+        let d = seed000().jitter(Jitter::Decorrelated).budget(10).build().unwrap();
+        assert_eq!(d.max_retries(), Some(5));
+        // The attempt cap and the budget: whichever is less.
+        assert_eq!(seed000().max_attempts(20).build().unwrap().max_retries(), Some(7));
+        assert_eq!(seed000().max_attempts(8).build().unwrap().max_retries(), Some(7));
+        assert_eq!(seed000().max_attempts(7).build().unwrap().max_retries(), Some(6));
+        // A cap reached only at retry 49: 0 + 1 + … + 2⁴⁶ = 2⁴⁷ − 1 before it, then one 2⁴⁷.
+        let slow = seed000().base(1).cap(MAX_TICKS).budget(MAX_TICKS).build().unwrap();
+        assert_eq!(slow.max_retries(), Some(49));
+        // Decorrelated waits of the base each time, counted past 64 retries.
+        let many = seed000().jitter(Jitter::Decorrelated).base(1).cap(100).budget(1_000).build().unwrap();
+        assert_eq!(many.max_retries(), Some(1_000));
+    }
+
+    #[test]
+    fn a_plan_fits_a_capacity_that_holds_every_retry() {
+        let p = seed000().build().unwrap();
+        assert!(p.fits(7) && p.fits(8) && !p.fits(6));
+    }
+
+    #[test]
+    fn accessors_return_what_was_set() {
+        let p = seed000()
+            .deadline(500)
+            .min_attempt(3)
+            .max_attempts(9)
+            .max_retry_after(40)
+            .retry_after_mode(RetryAfterMode::Spread)
+            .retry_after_rules(Rules::STRICT)
+            .build()
+            .unwrap();
+        assert_eq!((p.backoff().base, p.backoff().cap, p.budget()), (2, 60, 120));
+        assert_eq!((p.deadline(), p.min_attempt(), p.max_attempts()), (Some(500), 3, Some(9)));
+        assert_eq!((p.max_retry_after(), p.retry_after_mode()), (Some(40), RetryAfterMode::Spread));
+        assert_eq!((*p.retry_after_rules(), p.tick_hz(), p.secs_to_ticks(7)), (Rules::STRICT, 1, 7));
+        assert_eq!(*p.table(), Table::EXERCISE);
+        let ms = Policy::builder(Preset::Default).build().unwrap();
+        assert_eq!((ms.tick_hz(), ms.secs_to_ticks(7), ms.secs_to_ticks(u64::MAX)), (1000, 7000, u64::MAX));
+        let p = seed000().unlimited_attempts().build().unwrap();
+        assert_eq!(p.max_attempts(), None);
+        assert_eq!(RetryAfterMode::Max.name(), "max");
+        assert_eq!(RetryAfterMode::Spread.name(), "spread");
+        for preset in ["", "Default", "exercises"] {
+            assert_eq!(Preset::from_name(preset), None);
+        }
+    }
+
+    #[test]
+    fn every_setting_changes_the_fingerprint() {
+        use crate::retry_after::Duplicates;
+        let variants = [
+            seed000(),
+            seed000().tick_hz(2),
+            seed000().base(3),
+            seed000().cap(61),
+            seed000().jitter(Jitter::None),
+            seed000().jitter(Jitter::Decorrelated),
+            seed000().jitter(Jitter::Full).max_attempts(3),
+            seed000().budget(121),
+            seed000().deadline(120),
+            seed000().deadline(121),
+            seed000().max_attempts(3),
+            seed000().max_attempts(4),
+            seed000().min_attempt(1),
+            seed000().max_retry_after(30),
+            seed000().max_retry_after(31),
+            seed000().retry_after_mode(RetryAfterMode::Spread),
+            seed000().retry_after_rules(Rules { accept_dates: false, ..Rules::LENIENT }),
+            seed000().retry_after_rules(Rules { duplicates: Duplicates::Reject, ..Rules::LENIENT }),
+            seed000().table(Table::DEFAULT),
+            seed000().table(Table::EXERCISE.with_status(409, crate::Rule::RetryAny).unwrap()),
+            seed000().table(Table::EXERCISE.with_status(409, crate::Rule::Fail).unwrap()),
+        ];
+        let prints: Vec<u32> = variants.iter().map(|b| b.build().unwrap().fingerprint()).collect();
+        let distinct: std::collections::HashSet<u32> = prints.iter().copied().collect();
+        assert_eq!(distinct.len(), prints.len(), "{prints:x?}");
+    }
 }

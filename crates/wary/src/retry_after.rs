@@ -477,10 +477,12 @@ mod tests {
 
     #[test]
     fn lenient_numbers_mean_the_longest_wait_they_can() {
-        let secs = |v: &[u8]| parse_lenient(v).map(|r| match r {
-            RetryAfter::Seconds(s) => s,
-            RetryAfter::Date(_) => panic!("a date"),
-        });
+        let secs = |v: &[u8]| {
+            parse_lenient(v).map(|r| match r {
+                RetryAfter::Seconds(s) => s,
+                RetryAfter::Date(_) => panic!("a date"),
+            })
+        };
         for (v, want) in [
             (&b"1.5"[..], 2),
             (b"1.0", 1),
@@ -513,10 +515,31 @@ mod tests {
         ] {
             assert_eq!(secs(v), Ok(want), "{:?}", core::str::from_utf8(v));
         }
-        for bad in [&b"-1"[..], b"-0.5", b"+", b".", b"e3", b"1e", b"1e+", b"1.5.2", b"1,5", b"++5", b"5s",
-            b"0x10", b"inf", b"NaN", b"1 e3", b"soon", b"\xff"]
-        {
-            assert_eq!(parse_lenient(bad), Err(RetryAfterError::Malformed), "{:?}", core::str::from_utf8(bad));
+        for bad in [
+            &b"-1"[..],
+            b"-0.5",
+            b"+",
+            b".",
+            b"e3",
+            b"1e",
+            b"1e+",
+            b"1.5.2",
+            b"1,5",
+            b"++5",
+            b"5s",
+            b"0x10",
+            b"inf",
+            b"NaN",
+            b"1 e3",
+            b"soon",
+            b"\xff",
+        ] {
+            assert_eq!(
+                parse_lenient(bad),
+                Err(RetryAfterError::Malformed),
+                "{:?}",
+                core::str::from_utf8(bad)
+            );
         }
         assert_eq!(parse_lenient(b""), Err(RetryAfterError::Empty));
         // Dates and plain seconds read as `parse` reads them.

@@ -139,4 +139,31 @@ mod tests {
         });
         assert_eq!(b.tokens_milli(), 600_000);
     }
+
+    #[test]
+    fn the_limits_are_inclusive_and_half_the_tokens_stops_retries() {
+        assert!(FleetBudget::new(1, 1).is_ok());
+        assert!(FleetBudget::new(1000, 1000).is_ok());
+        let b = FleetBudget::new(1000, 1000).unwrap();
+        assert_eq!((b.max_milli(), b.tokens_milli()), (1_000_000, 1_000_000));
+        assert!(b.allows_retry());
+        // 3 tokens: the first failure leaves 2, above 1.5; the second leaves 1.
+        let b = FleetBudget::new(3, 250).unwrap();
+        assert_eq!(b.max_milli(), 3000);
+        assert!(b.on_failure());
+        assert!(!b.on_failure());
+        // 1.25 after one success, 1.5 after two: at half, still no retry; 1.75 allows one.
+        b.on_success();
+        assert!(!b.allows_retry());
+        b.on_success();
+        assert_eq!(b.tokens_milli(), 1500);
+        assert!(!b.allows_retry());
+        b.on_success();
+        assert!(b.allows_retry());
+        // Refills stop exactly at the maximum.
+        for _ in 0..5 {
+            b.on_success();
+        }
+        assert_eq!(b.tokens_milli(), 3000);
+    }
 }
