@@ -54,7 +54,7 @@ use wary::{
 };
 
 /// A valid starting point, so each row changes exactly one setting.
-fn seed000() -> PolicyBuilder {
+fn exercise() -> PolicyBuilder {
     Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
 }
 
@@ -62,62 +62,62 @@ const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
 
 #[test]
 fn the_starting_point_is_valid() {
-    assert!(seed000().build().is_ok());
+    assert!(exercise().build().is_ok());
 }
 
 #[test]
 fn row_01_zero_base() {
-    assert_eq!(seed000().base(0).build(), Err(PolicyError::ZeroBase));
+    assert_eq!(exercise().base(0).build(), Err(PolicyError::ZeroBase));
 }
 
 #[test]
 fn row_02_cap_below_base() {
-    assert_eq!(seed000().base(10).cap(9).build(), Err(PolicyError::CapBelowBase));
+    assert_eq!(exercise().base(10).cap(9).build(), Err(PolicyError::CapBelowBase));
 }
 
 #[test]
 fn row_03_zero_budget() {
-    assert_eq!(seed000().budget(0).build(), Err(PolicyError::ZeroBudget));
+    assert_eq!(exercise().budget(0).build(), Err(PolicyError::ZeroBudget));
 }
 
 #[test]
 fn row_04_zero_deadline() {
-    assert_eq!(seed000().deadline(0).build(), Err(PolicyError::ZeroDeadline));
+    assert_eq!(exercise().deadline(0).build(), Err(PolicyError::ZeroDeadline));
 }
 
 #[test]
 fn row_05_zero_attempts() {
-    assert_eq!(seed000().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
+    assert_eq!(exercise().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
 }
 
 #[test]
 fn row_06_zero_tick_rate() {
-    assert_eq!(seed000().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
+    assert_eq!(exercise().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
 }
 
 #[test]
 fn row_07_too_large() {
     for b in [
-        seed000().cap(MAX_TICKS + 1),
-        seed000().budget(MAX_TICKS + 1),
-        seed000().deadline(MAX_TICKS + 1),
-        seed000().min_attempt(MAX_TICKS + 1),
-        seed000().max_retry_after(MAX_TICKS + 1),
-        seed000().budget(u64::MAX),
+        exercise().cap(MAX_TICKS + 1),
+        exercise().budget(MAX_TICKS + 1),
+        exercise().deadline(MAX_TICKS + 1),
+        exercise().min_attempt(MAX_TICKS + 1),
+        exercise().max_retry_after(MAX_TICKS + 1),
+        exercise().budget(u64::MAX),
     ] {
         assert_eq!(b.build(), Err(PolicyError::TooLarge));
     }
     // The limit itself is accepted.
-    assert!(seed000().budget(MAX_TICKS).build().is_ok());
+    assert!(exercise().budget(MAX_TICKS).build().is_ok());
 }
 
 #[test]
 fn row_08_unbounded_full_jitter() {
-    assert_eq!(seed000().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
+    assert_eq!(exercise().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
     // Equal jitter with a 1-tick ceiling draws waits of 0 too.
-    assert_eq!(seed000().base(1).cap(1).build(), Err(PolicyError::Unbounded));
+    assert_eq!(exercise().base(1).cap(1).build(), Err(PolicyError::Unbounded));
     // An attempt cap bounds them.
-    assert!(seed000().jitter(Jitter::Full).max_attempts(4).build().is_ok());
+    assert!(exercise().jitter(Jitter::Full).max_attempts(4).build().is_ok());
 }
 
 #[test]
@@ -252,7 +252,7 @@ fn row_20_draw_out_of_range() {
 
 #[test]
 fn row_21_too_few_draws() {
-    let p = seed000().build().unwrap();
+    let p = exercise().build().unwrap();
     let o = [Outcome::status(503); 5];
     let two = [Draw::ZERO; 2];
     assert_eq!(plan::<8>(&p, Operation::Read, &o, &two), Err(PlanError::TooFewDraws { retry: 3 }));
@@ -264,18 +264,18 @@ fn row_21_too_few_draws() {
 
 #[test]
 fn row_22_capacity_exceeded() {
-    let p = seed000().build().unwrap();
+    let p = exercise().build().unwrap();
     let o = [Outcome::status(503); 10];
     let draws = [Draw::ZERO; 9];
     assert_eq!(plan::<3>(&p, Operation::Read, &o, &draws), Err(PlanError::CapacityExceeded { capacity: 3 }));
-    // Seven retries at most under seed 000's policy: a capacity of 7 always holds them.
+    // Seven retries at most under the exercise policy: a capacity of 7 always holds them.
     assert!(plan::<7>(&p, Operation::Read, &o, &draws).is_ok());
 }
 
 #[test]
 fn row_23_attempt_longer_than_the_deadline() {
-    assert_eq!(seed000().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
-    assert!(seed000().deadline(10).min_attempt(10).build().is_ok());
+    assert_eq!(exercise().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
+    assert!(exercise().deadline(10).min_attempt(10).build().is_ok());
 }
 
 // ---- `wary plan` JSON lines: each gets `{"error": …}` and the run goes on ----
@@ -335,7 +335,7 @@ fn row_30_plan_policy_not_a_non_negative_integer() {
     // refuses it for a running call.
     let line = r#"{"outcomes":[503,"ok"],"op":"read","policy":{"base":5,"cap":4,"budget":120},"draws":[0]}"#;
     assert_eq!(wary_cli::plan::answer(line).unwrap(), r#"{"waits":[2],"verdict":"ok"}"#);
-    assert_eq!(seed000().base(5).cap(4).build(), Err(PolicyError::CapBelowBase));
+    assert_eq!(exercise().base(5).cap(4).build(), Err(PolicyError::CapBelowBase));
 }
 
 // ---- modem lines: classified, never a panic ----

@@ -304,7 +304,7 @@ mod tests {
     use wary::Preset;
 
     #[test]
-    fn seed_000_worked_waits() {
+    fn the_worked_waits_of_base_2_cap_60_budget_120() {
         let p = Policy::builder(Preset::Default).tick_hz(1).base(2).cap(60).budget(120).build().unwrap();
         let e = explain(&p, None);
         assert_eq!(e.max_retries, 7);

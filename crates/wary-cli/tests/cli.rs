@@ -52,7 +52,7 @@ fn plan_answers_each_line_and_reports_invalid_ones() {
 }
 
 #[test]
-fn explain_json_gives_seed_000_worked_waits() {
+fn explain_json_gives_the_worked_waits() {
     let out = wary(&["explain", "--base", "2", "--cap", "60", "--budget", "120", "--json"], "");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();

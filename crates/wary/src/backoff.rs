@@ -10,7 +10,7 @@
 //! assert_eq!(ceiling(2, 60, 1), 2);
 //! assert_eq!(ceiling(2, 60, 6), 60);
 //! let b = Backoff::new(2, 60, Jitter::Equal);
-//! // Seed 000: c // 2 + (c - c // 2) * draw // 100.
+//! // Equal jitter: c / 2 + (c − c / 2) · draw, rounded down.
 //! assert_eq!(b.wait(6, 0, Draw::percent(99).unwrap()), 59);
 //! assert_eq!(b.wait(6, 0, Draw::percent(0).unwrap()), 30);
 //! ```
@@ -22,9 +22,9 @@ use crate::error::DrawError;
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Jitter {
     /// Half fixed, half drawn: `c/2 + draw·(c − c/2)`. The fixed half means every retry spends
-    /// budget, so the budget bounds the attempts (seed 000). wary's default.
+    /// budget, so the budget bounds the attempts. wary's default.
     Equal,
-    /// Anywhere in `[0, c)`: the fewest calls under contention (seeds 001, 004), but a draw
+    /// Anywhere in `[0, c)`: the fewest calls under contention, but a draw
     /// near 0 spends no budget, so a policy with it needs an attempt cap.
     Full,
     /// `base + draw·(min(cap, 3·previous) − base)`: each wait grows from the last one drawn.
@@ -66,7 +66,7 @@ enum DrawKind {
 
 /// One random draw in `[0, 1)`, supplied by the caller.
 ///
-/// Two forms: a whole percentage 0..=99 (seed 000's exercise and `wary plan`), or a 32-bit
+/// Two forms: a whole percentage 0..=99 (the exercise preset and `wary plan`), or a 32-bit
 /// fraction of 2³² (production, from a `rand_core::RngCore` seeded per device — never one fixed
 /// seed for a whole fleet, or every device draws the same waits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -223,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn equal_jitter_matches_seed_000() {
+    fn equal_jitter_waits_half_the_ceiling_plus_a_drawn_share_of_the_rest() {
         let b = Backoff::new(2, 60, Jitter::Equal);
         let waits: Vec<u64> = (1..=7).map(|k| b.wait(k, 0, pct(0))).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);

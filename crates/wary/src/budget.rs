@@ -4,7 +4,8 @@
 //! last wait. After each attempt, [`Policy::decide`] classifies the outcome and either ends the
 //! call with a verdict or returns the wait before the next attempt, having checked every stop
 //! rule: the attempt cap, a Retry-After longer than the call can afford, the wait budget and the
-//! deadline. Waits are integer ticks, so seed 003's `.1 + .2` fits a `.3` budget exactly.
+//! deadline. Waits are integer ticks, so `.1 + .2` s fits a `.3` s budget exactly (in
+//! floating point it would not).
 //!
 //! ```
 //! use wary::{CallState, Decision, Draw, GiveUp, Operation, Outcome, Policy, Preset, Verdict};
@@ -251,7 +252,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_exact_cumulative_wait_and_attempt_exhaustion() {
+    fn waits_that_add_up_to_the_budget_exactly_fit_then_the_attempt_cap_ends_the_call() {
         // 100 + 200 ms = 300 ms fits a 300 ms budget exactly: no float error stops it early.
         let p = Policy::builder(Preset::Strict).max_attempts(10).build().unwrap();
         let o = [Outcome::ResponseTimeout; 4];
@@ -261,7 +262,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_retry_after_past_the_budget_stops_before_any_wait() {
+    fn a_retry_after_past_the_budget_stops_before_any_wait() {
         let p = Policy::builder(Preset::Strict).budget(500).build().unwrap();
         let o = [Outcome::status_after(503, 2), Outcome::Ok];
         assert_eq!(
@@ -271,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_posts_and_bad_data_are_not_retried() {
+    fn strict_posts_and_bad_data_are_not_retried() {
         let p = Policy::builder(Preset::Strict).build().unwrap();
         assert_eq!(decide_all(&p, Operation::Write, &[Outcome::ResponseTimeout]), (vec![], Verdict::Unknown));
         assert_eq!(decide_all(&p, Operation::Write, &[Outcome::status(429)]), (vec![], Verdict::Failed));
@@ -279,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_001_long_retry_after_fails_at_once() {
+    fn a_retry_after_past_max_retry_after_fails_at_once() {
         // max_delay 20 s, Retry-After 120 s: no sleep at all.
         let p = Policy::builder(Preset::Default).max_attempts(5).max_retry_after(20_000).build().unwrap();
         let o = [Outcome::status_after(429, 120), Outcome::Ok];

@@ -136,14 +136,14 @@ fn plan_any<const N: usize>(
 ///
 /// ```
 /// use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
-/// struct Seed000;
-/// impl StaticPolicy for Seed000 {
+/// struct Exercise;
+/// impl StaticPolicy for Exercise {
 ///     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
 ///         Ok(p) => p,
 ///         Err(_) => panic!(),
 ///     };
 /// }
-/// let r = plan_static::<Seed000, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
+/// let r = plan_static::<Exercise, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
 /// assert_eq!(r.waits.as_slice(), &[1, 2, 4, 8, 16, 30, 30]);
 /// ```
 ///
@@ -151,14 +151,14 @@ fn plan_any<const N: usize>(
 ///
 /// ```compile_fail
 /// # use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
-/// # struct Seed000;
-/// # impl StaticPolicy for Seed000 {
+/// # struct Exercise;
+/// # impl StaticPolicy for Exercise {
 /// #     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
 /// #         Ok(p) => p,
 /// #         Err(_) => panic!(),
 /// #     };
 /// # }
-/// let r = plan_static::<Seed000, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
+/// let r = plan_static::<Exercise, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
 /// ```
 pub fn plan_static<P: StaticPolicy, const N: usize>(
     op: Operation,

@@ -47,7 +47,7 @@ pub enum RetryAfterError {
     /// The value is neither delay-seconds nor an HTTP-date.
     #[error("neither delay-seconds nor an HTTP-date")]
     Malformed,
-    /// The value is an HTTP-date and these rules accept integer seconds only (seed 003).
+    /// The value is an HTTP-date and these rules accept integer seconds only.
     #[error("HTTP-date not accepted by this policy")]
     DateNotAccepted,
     /// The header appears more than once and these rules refuse to guess which one holds.
@@ -80,7 +80,7 @@ impl RetryAfter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Duplicates {
-    /// Refuse them: ambiguous, so the response is treated as having no Retry-After (seed 003).
+    /// Refuse them: ambiguous, so the response is treated as having no Retry-After.
     Reject,
     /// Take the longest wait any of them asks for: the server wants at least that.
     Longest,
@@ -126,7 +126,8 @@ pub struct Rules {
 impl Rules {
     /// Both forms, the longest of duplicates.
     pub const LENIENT: Rules = Rules { accept_dates: true, duplicates: Duplicates::Longest };
-    /// Integer seconds only, duplicates refused (seed 003).
+    /// Integer seconds only, duplicates refused: a header that is not exactly what the rule
+    /// allows is not guessed at.
     pub const STRICT: Rules = Rules { accept_dates: false, duplicates: Duplicates::Reject };
 
     /// True for rules that take the longest of duplicates: they are the lenient rules, which

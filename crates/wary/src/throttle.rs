@@ -1,7 +1,7 @@
 //! The fleet retry budget: gRPC's A6 token bucket, in fixed point, lock-free.
 //!
 //! Per-call budgets bound one call; they do not stop a fleet of calls from tripling the load on
-//! a server that is already down (three layers of four attempts make 64 calls, seed 004). The
+//! a server that is already down (three layers of four attempts each make 4³ = 64 calls). The
 //! bucket starts full at `max_tokens`. Every failed attempt costs one token, every success
 //! returns `token_ratio`, and no retry is allowed while the tokens are at or below half the
 //! maximum. A retry's cost is taken when its attempt fails, before the backoff, so a retry

@@ -1,40 +1,36 @@
-//! wary's conformance cases on the Cortex-M4: seed 000's eleven examples through the core's
-//! `plan`, then properties over generated cases. Exit 0 only if every check passed.
+//! wary's conformance cases on the Cortex-M4: every line of the repository's conformance data
+//! file (`tests/data/conformance.jsonl`, the same file the host tests read), parsed here without
+//! allocation and planned by the core, then properties over generated cases. Exit 0 only if
+//! every check passed.
 
 #![no_std]
 #![no_main]
 
 use embassy_executor::Spawner;
+use heapless::Vec;
 use wary::plan::{Plan, plan_static};
 use wary::policy::StaticPolicy;
 use wary::{Draw, GiveUp, Operation, Outcome, Policy, Preset, Verdict};
 use wary_qemu::Tally;
 
-/// Seed 000's policy, in the seed's own unit (seconds, so one tick per second).
-struct Seed000;
+/// The exercise policy, in its own unit (seconds, so one tick per second).
+struct ExercisePolicy;
 
-impl StaticPolicy for Seed000 {
+impl StaticPolicy for ExercisePolicy {
     const POLICY: Policy =
         match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
             Ok(p) => p,
-            Err(_) => panic!("seed 000's policy is refused"),
+            Err(_) => panic!("the exercise policy is refused"),
         };
 }
 
 /// Holds every retry the policy can make (checked at compile time by `plan_static`).
-const CAPACITY: usize = Seed000::MAX_RETRIES;
+const CAPACITY: usize = ExercisePolicy::MAX_RETRIES;
 /// More than any case needs.
 const MAX_OUTCOMES: usize = 16;
 
-struct Case {
-    name: &'static str,
-    outcomes: &'static [Outcome],
-    op: Operation,
-    /// Whole percentages, one per retry.
-    draws: &'static [u8],
-    waits: &'static [u64],
-    verdict: Verdict,
-}
+/// The conformance cases, one JSON object per line.
+const CASES: &str = include_str!("../../../../tests/data/conformance.jsonl");
 
 const OK: Outcome = Outcome::Ok;
 const TIMEOUT: Outcome = Outcome::ResponseTimeout;
@@ -42,98 +38,170 @@ const fn s(code: u16) -> Outcome {
     Outcome::status(code)
 }
 
-/// The `TESTS` list of seed 000, in its order. The seed says only `gave_up`; the reason is the
-/// core's, checked too.
-const CASES: &[Case] = &[
-    Case {
-        name: "keyed write retries two 500s",
-        outcomes: &[s(500), s(500), OK],
-        op: Operation::KeyedWrite,
-        draws: &[50, 50],
-        waits: &[1, 3],
-        verdict: Verdict::Ok,
-    },
-    Case {
-        name: "unkeyed write stops at a timeout",
-        outcomes: &[TIMEOUT, OK],
-        op: Operation::Write,
-        draws: &[50],
-        waits: &[],
-        verdict: Verdict::Unknown,
-    },
-    Case {
-        name: "Retry-After raises a write's wait",
-        outcomes: &[Outcome::status_after(429, 30), OK],
-        op: Operation::Write,
-        draws: &[0],
-        waits: &[30],
-        verdict: Verdict::Ok,
-    },
-    Case {
-        name: "ten 503s give up at the budget",
-        outcomes: &[s(503); 10],
-        op: Operation::Read,
-        draws: &[99; 9],
-        waits: &[1, 3, 7, 15, 31, 59],
-        verdict: Verdict::GaveUp(GiveUp::Budget),
-    },
-    Case {
-        name: "a 400 fails at once",
-        outcomes: &[s(400), OK],
-        op: Operation::Read,
-        draws: &[0],
-        waits: &[],
-        verdict: Verdict::Failed,
-    },
-    Case {
-        name: "a 401 fails at once",
-        outcomes: &[s(401)],
-        op: Operation::KeyedWrite,
-        draws: &[],
-        waits: &[],
-        verdict: Verdict::Failed,
-    },
-    Case {
-        name: "draws of 0 still spend the budget",
-        outcomes: &[s(500); 10],
-        op: Operation::Read,
-        draws: &[0; 9],
-        waits: &[1, 2, 4, 8, 16, 30, 30],
-        verdict: Verdict::GaveUp(GiveUp::Budget),
-    },
-    Case {
-        name: "Retry-After past the budget gives up now",
-        outcomes: &[Outcome::status_after(429, 200), OK],
-        op: Operation::Read,
-        draws: &[0],
-        waits: &[],
-        verdict: Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 200 }),
-    },
-    Case {
-        name: "unkeyed write survives a 429, stops at a timeout",
-        outcomes: &[s(429), TIMEOUT, OK],
-        op: Operation::Write,
-        draws: &[0, 0],
-        waits: &[1],
-        verdict: Verdict::Unknown,
-    },
-    Case {
-        name: "outcomes run out while failing",
-        outcomes: &[s(500), s(500)],
-        op: Operation::Read,
-        draws: &[0, 0],
-        waits: &[1],
-        verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted),
-    },
-    Case {
-        name: "keyed write retries a timeout",
-        outcomes: &[TIMEOUT, s(502), OK],
-        op: Operation::KeyedWrite,
-        draws: &[99, 99],
-        waits: &[1, 3],
-        verdict: Verdict::Ok,
-    },
-];
+/// One line of the data file.
+struct Case<'a> {
+    name: &'a str,
+    op: Option<Operation>,
+    outcomes: Vec<Outcome, MAX_OUTCOMES>,
+    draws: Vec<Draw, MAX_OUTCOMES>,
+    /// Base, cap and budget.
+    policy: (u64, u64, u64),
+    waits: Vec<u64, MAX_OUTCOMES>,
+    verdict: &'a str,
+    reason: Option<&'a str>,
+    asked: Option<u64>,
+}
+
+/// A cursor over one line of the data file's JSON: objects, arrays, strings without escapes,
+/// unsigned integers. Enough for our own data, with no allocation; anything else is refused.
+struct Json<'a> {
+    rest: &'a str,
+}
+
+impl<'a> Json<'a> {
+    fn ws(&mut self) {
+        self.rest = self.rest.trim_start();
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        self.ws();
+        match self.rest.strip_prefix(c) {
+            Some(after) => {
+                self.rest = after;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn peek(&mut self) -> Option<char> {
+        self.ws();
+        self.rest.chars().next()
+    }
+
+    fn string(&mut self) -> Option<&'a str> {
+        if !self.eat('"') {
+            return None;
+        }
+        let end = self.rest.find('"')?;
+        let (text, after) = self.rest.split_at(end);
+        if text.contains('\\') {
+            return None;
+        }
+        self.rest = after.get(1..)?;
+        Some(text)
+    }
+
+    fn number(&mut self) -> Option<u64> {
+        self.ws();
+        let end = self.rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(self.rest.len());
+        let (digits, after) = self.rest.split_at(end);
+        self.rest = after;
+        digits.parse().ok()
+    }
+
+    /// `[` items `]`, calling `item` for each.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        if !self.eat('[') {
+            return None;
+        }
+        if self.eat(']') {
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            if self.eat(']') {
+                return Some(());
+            }
+            if !self.eat(',') {
+                return None;
+            }
+        }
+    }
+
+    /// `{` `"key": value` … `}`, calling `field` with each key.
+    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        if !self.eat('{') {
+            return None;
+        }
+        loop {
+            let key = self.string()?;
+            if !self.eat(':') {
+                return None;
+            }
+            field(self, key)?;
+            if self.eat('}') {
+                return Some(());
+            }
+            if !self.eat(',') {
+                return None;
+            }
+        }
+    }
+}
+
+fn parse_outcome(j: &mut Json<'_>) -> Option<Outcome> {
+    match j.peek()? {
+        '"' => match j.string()? {
+            "ok" => Some(OK),
+            "timeout" => Some(TIMEOUT),
+            _ => None,
+        },
+        '[' => {
+            let mut pair: Vec<u64, 2> = Vec::new();
+            j.array(|j| pair.push(j.number()?).ok())?;
+            match pair.as_slice() {
+                [code, ra] => Some(Outcome::status_after(u16::try_from(*code).ok()?, *ra)),
+                _ => None,
+            }
+        }
+        _ => Some(s(u16::try_from(j.number()?).ok()?)),
+    }
+}
+
+fn parse(line: &str) -> Option<Case<'_>> {
+    let mut c = Case {
+        name: "",
+        op: None,
+        outcomes: Vec::new(),
+        draws: Vec::new(),
+        policy: (0, 0, 0),
+        waits: Vec::new(),
+        verdict: "",
+        reason: None,
+        asked: None,
+    };
+    let mut j = Json { rest: line };
+    j.object(|j, key| {
+        match key {
+            "name" => c.name = j.string()?,
+            "op" => c.op = Some(Operation::from_name(j.string()?)?),
+            "outcomes" => j.array(|j| c.outcomes.push(parse_outcome(j)?).ok())?,
+            "draws" => j.array(|j| {
+                let d = Draw::percent(u8::try_from(j.number()?).ok()?).ok()?;
+                c.draws.push(d).ok()
+            })?,
+            "waits" => j.array(|j| c.waits.push(j.number()?).ok())?,
+            "policy" => j.object(|j, k| {
+                let n = j.number()?;
+                match k {
+                    "base" => c.policy.0 = n,
+                    "cap" => c.policy.1 = n,
+                    "budget" => c.policy.2 = n,
+                    _ => return None,
+                }
+                Some(())
+            })?,
+            "verdict" => c.verdict = j.string()?,
+            "reason" => c.reason = Some(j.string()?),
+            "asked" => c.asked = Some(j.number()?),
+            _ => return None,
+        }
+        Some(())
+    })?;
+    j.ws();
+    j.rest.is_empty().then_some(c)
+}
 
 fn run_plan(op: Operation, outcomes: &[Outcome], percents: &[u8]) -> Option<Plan<CAPACITY>> {
     let mut draws = [Draw::ZERO; MAX_OUTCOMES];
@@ -141,7 +209,7 @@ fn run_plan(op: Operation, outcomes: &[Outcome], percents: &[u8]) -> Option<Plan
         *slot = Draw::percent(p).ok()?;
     }
     let draws = draws.get(..percents.len())?;
-    match plan_static::<Seed000, CAPACITY>(op, outcomes, draws) {
+    match plan_static::<ExercisePolicy, CAPACITY>(op, outcomes, draws) {
         Ok(plan) => Some(plan),
         Err(e) => {
             defmt::error!("plan refused its inputs: {}", e);
@@ -150,27 +218,70 @@ fn run_plan(op: Operation, outcomes: &[Outcome], percents: &[u8]) -> Option<Plan
     }
 }
 
-fn seed_cases(tally: &mut Tally) {
-    for case in CASES {
-        let ok = match run_plan(case.op, case.outcomes, case.draws) {
-            Some(plan) => {
-                let ok = plan.waits.as_slice() == case.waits && plan.verdict == case.verdict;
-                if !ok {
-                    defmt::error!(
-                        "{=str}: expected {} {}, got {} {}",
-                        case.name,
-                        case.waits,
-                        case.verdict,
-                        plan.waits.as_slice(),
-                        plan.verdict
-                    );
-                }
-                ok
-            }
-            None => false,
-        };
-        tally.check(case.name, ok);
+/// Checks one parsed case against the core's plan.
+fn holds(c: &Case<'_>) -> bool {
+    let Some(op) = c.op else { return false };
+    let (base, cap, budget) = c.policy;
+    let b = Policy::builder(Preset::Exercise).tick_hz(1).base(base).cap(cap).budget(budget);
+    let plan = match b.plan::<MAX_OUTCOMES>(op, &c.outcomes, &c.draws) {
+        Ok(p) => p,
+        Err(e) => {
+            defmt::error!("{=str}: plan refused its inputs: {}", c.name, e);
+            return false;
+        }
+    };
+    let reason_ok = match (plan.verdict, c.reason) {
+        (Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }), Some(r)) => {
+            r == "retry_after_too_long" && c.asked == Some(asked)
+        }
+        (Verdict::GaveUp(why), Some(r)) => why.name() == r,
+        (Verdict::GaveUp(_), None) => false,
+        (_, reason) => reason.is_none(),
+    };
+    let ok = plan.waits.as_slice() == c.waits.as_slice() && plan.verdict.name() == c.verdict && reason_ok;
+    if !ok {
+        defmt::error!(
+            "{=str}: expected {} {=str}, got {} {}",
+            c.name,
+            c.waits.as_slice(),
+            c.verdict,
+            plan.waits.as_slice(),
+            plan.verdict
+        );
     }
+    // Under the exercise policy itself, the compile-time-checked plan agrees too.
+    if b.build().ok() == Some(ExercisePolicy::POLICY) {
+        let mut percents: Vec<u8, MAX_OUTCOMES> = Vec::new();
+        for d in &c.draws {
+            if percents.push(d.as_percent().unwrap_or(0)).is_err() {
+                return false;
+            }
+        }
+        match run_plan(op, &c.outcomes, &percents) {
+            Some(p) if p.waits.as_slice() == plan.waits.as_slice() && p.verdict == plan.verdict => {}
+            _ => {
+                defmt::error!("{=str}: the static plan disagrees", c.name);
+                return false;
+            }
+        }
+    }
+    ok
+}
+
+fn conformance_cases(tally: &mut Tally) {
+    let (mut lines, mut parsed) = (0u32, 0u32);
+    for line in CASES.lines().filter(|l| !l.trim().is_empty()) {
+        lines += 1;
+        match parse(line) {
+            Some(case) => {
+                parsed += 1;
+                let ok = holds(&case);
+                tally.check(case.name, ok);
+            }
+            None => defmt::error!("unreadable conformance line {=u32}", lines),
+        }
+    }
+    tally.check("every conformance line parses", lines > 0 && parsed == lines);
 }
 
 /// xorshift32: a fixed sequence, so a failing generated case is the same on every run.
@@ -191,7 +302,7 @@ impl Gen {
     }
 }
 
-/// Every kind of outcome seed 000 speaks of, weighted towards failures that retry.
+/// Every kind of outcome `wary plan` speaks of, weighted towards failures that retry.
 fn outcome(g: &mut Gen) -> Outcome {
     match g.below(12) {
         0 => OK,
@@ -216,7 +327,7 @@ const GENERATED: u32 = 2_000;
 
 /// Properties every plan must have, over generated cases.
 fn properties(tally: &mut Tally) {
-    let budget = Seed000::POLICY.budget();
+    let budget = ExercisePolicy::POLICY.budget();
     let mut g = Gen(0x5eed_0000);
     let (mut within_budget, mut write_safe, mut four_xx_final, mut planned) = (true, true, true, true);
     // Coverage: the generator must reach the cases the properties are about.
@@ -253,7 +364,8 @@ fn properties(tally: &mut Tally) {
             within_budget = false;
         }
         if op == Operation::Write {
-            // Seed 000's $4,200: a write with no key that may have landed is never sent again.
+            // A write with no key that may have landed is never sent again: a resend could record
+            // a payment twice.
             let resent = retried.iter().any(is_5xx_or_timeout);
             let ends_unknown = last.is_none_or(|o| !is_5xx_or_timeout(o)) || plan.verdict == Verdict::Unknown;
             if resent || !ends_unknown {
@@ -283,14 +395,17 @@ fn properties(tally: &mut Tally) {
     tally.check("a 4xx other than 429 is never retried", four_xx_final);
     // The same fingerprint as on the host (crates/wary/src/policy.rs pins it), so a device's
     // ledger replays on a laptop.
-    tally.check("the policy fingerprint matches the host's", Seed000::POLICY.fingerprint() == 0x5924_342a);
+    tally.check(
+        "the policy fingerprint matches the host's",
+        ExercisePolicy::POLICY.fingerprint() == 0x5924_342a,
+    );
 }
 
 #[embassy_executor::main]
 async fn main(_spawner: Spawner) {
     let _board = mps2_an386::init();
     let mut tally = Tally::new();
-    seed_cases(&mut tally);
+    conformance_cases(&mut tally);
     properties(&mut tally);
     tally.finish()
 }
