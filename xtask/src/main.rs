@@ -51,6 +51,9 @@ enum Verb {
         /// List the mutants instead of testing them.
         #[arg(long)]
         list: bool,
+        /// Run only the core's own tests for each mutant (quick; the cross-crate suites are skipped).
+        #[arg(long)]
+        core_only: bool,
     },
     /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
     Qemu,
@@ -72,7 +75,9 @@ fn main() -> Result<()> {
         Verb::Fuzz { seconds, skip_without_nightly } => {
             fuzz::fuzz(&root, seconds, !skip_without_nightly, None)
         }
-        Verb::Mutants { files, shard, list } => mutants::mutants(&root, &files, shard.as_deref(), list),
+        Verb::Mutants { files, shard, list, core_only } => {
+            mutants::mutants(&root, &files, shard.as_deref(), list, core_only)
+        }
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),

@@ -32,27 +32,41 @@ pub const EXCLUDE: &[&str] = &[
     "defmt::Format",
 ];
 
+/// The test targets of `wary-tests` that exercise the decision path and run in seconds. The
+/// exhaustive walk (a minute in a debug build) and the end-to-end gateway tests (sockets) are
+/// left out: every mutant would pay for them.
+pub const CROSS_TESTS: &[&str] = &["conformance", "bad_input", "properties"];
+
 /// Runs cargo-mutants over `files` (all of [`FILES`] when empty), optionally one shard.
-pub fn mutants(root: &Path, files: &[String], shard: Option<&str>, list: bool) -> Result<()> {
+/// `core_only` runs the core's own tests alone: a few seconds a mutant instead of a rebuild of
+/// every crate `wary-tests` links, for a quick pass while writing tests.
+pub fn mutants(
+    root: &Path,
+    files: &[String],
+    shard: Option<&str>,
+    list: bool,
+    core_only: bool,
+) -> Result<()> {
     ensure_cargo_install("cargo-mutants", "cargo-mutants", &[])?;
     let chosen: Vec<String> =
         if files.is_empty() { FILES.iter().map(|f| (*f).to_owned()).collect() } else { files.to_vec() };
     let mut args: Vec<String> =
-        // Unit and integration tests, not doctests: the examples show the API, the tests pin
-        // the rules, and compiling every example again for each mutant would double the run.
-        [
-            "mutants",
-            "-p",
-            "wary",
-            "--test-package",
-            "wary",
-            "--test-package",
-            "wary-tests",
-            "--cargo-test-arg=--tests",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        ["mutants", "-p", "wary", "--test-package", "wary"].iter().map(|s| (*s).to_owned()).collect();
+    // Unit and integration tests, not doctests: the examples show the API, the tests pin the
+    // rules, and compiling every example again for each mutant would double the run.
+    let mut test_args = vec!["--lib".to_owned(), "--test".to_owned(), "runner".to_owned()];
+    if !core_only {
+        args.extend(["--test-package".to_owned(), "wary-tests".to_owned()]);
+        // cargo-mutants 27 tests only the mutated package even with `--test-package` when `-p`
+        // is given, so the package and its targets also go to `cargo test` directly.
+        test_args.push("--package=wary-tests".to_owned());
+        for t in CROSS_TESTS {
+            test_args.extend(["--test".to_owned(), (*t).to_owned()]);
+        }
+    }
+    for a in test_args {
+        args.push(format!("--cargo-test-arg={a}"));
+    }
     for f in &chosen {
         args.push("-f".into());
         args.push(f.clone());

@@ -116,6 +116,7 @@ fn run() -> Result<ExitCode> {
             let l = replay::load(&text);
             for (n, e) in &l.bad_lines {
                 println!("line {n}: unreadable: {e}");
+                eprintln!("warning: line {n} of {} is unreadable: {e}", ledger.display());
             }
             let d = replay::replay(&l);
             for x in &d {
@@ -137,11 +138,20 @@ fn run() -> Result<ExitCode> {
         Command::Stats { ledger, json } => {
             let text =
                 std::fs::read_to_string(&ledger).with_context(|| format!("reading {}", ledger.display()))?;
-            let s = replay::stats(&replay::load(&text));
+            let l = replay::load(&text);
+            // Figures over part of a file must not pass for figures over all of it.
+            for (n, e) in &l.bad_lines {
+                eprintln!("warning: line {n} of {} is unreadable: {e}", ledger.display());
+            }
+            let s = replay::stats(&l);
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
                 print!("{}", replay::render_stats(&s));
+            }
+            if s.unreadable_lines > 0 {
+                eprintln!("warning: {} unreadable lines left out of these figures", s.unreadable_lines);
+                return Ok(ExitCode::FAILURE);
             }
             Ok(ExitCode::SUCCESS)
         }
