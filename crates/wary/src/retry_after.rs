@@ -645,4 +645,96 @@ mod tests {
         assert_eq!(strict.read([b"2".as_slice(), b"2"], None, None), Err(RetryAfterError::Duplicate));
         assert_eq!(strict.read([later], Some(date), None), Err(RetryAfterError::DateNotAccepted));
     }
+
+    #[test]
+    fn every_calendar_rule_of_the_three_date_forms() {
+        for (date, unix) in [
+            // Leap years: every fourth, not centuries, but every fourth century.
+            (&b"Sat, 29 Feb 2000 12:00:00 GMT"[..], 951_825_600),
+            (b"Thu, 29 Feb 1996 00:00:00 GMT", 825_552_000),
+            (b"Thu, 29 Feb 2024 23:59:59 GMT", 1_709_251_199),
+            (b"Wed, 01 Mar 2000 00:00:00 GMT", 951_868_800),
+            (b"Sat, 01 Jan 2000 00:00:00 GMT", 946_684_800),
+            (b"Thu, 01 Mar 2100 00:00:00 GMT", 4_107_542_400),
+            (b"Sun, 28 Feb 2100 00:00:00 GMT", 4_107_456_000),
+            (b"Fri, 31 Dec 1999 23:59:59 GMT", 946_684_799),
+            // The last day of every month.
+            (b"Fri, 31 Jan 2025 00:00:00 GMT", 1_738_281_600),
+            (b"Mon, 31 Mar 2025 00:00:00 GMT", 1_743_379_200),
+            (b"Wed, 30 Apr 2025 00:00:00 GMT", 1_745_971_200),
+            (b"Sat, 31 May 2025 00:00:00 GMT", 1_748_649_600),
+            (b"Mon, 30 Jun 2025 00:00:00 GMT", 1_751_241_600),
+            (b"Thu, 31 Jul 2025 00:00:00 GMT", 1_753_920_000),
+            (b"Sun, 31 Aug 2025 00:00:00 GMT", 1_756_598_400),
+            (b"Tue, 30 Sep 2025 00:00:00 GMT", 1_759_190_400),
+            (b"Fri, 31 Oct 2025 00:00:00 GMT", 1_761_868_800),
+            (b"Sun, 30 Nov 2025 00:00:00 GMT", 1_764_460_800),
+            // Around 1970: a date in the past means now.
+            (b"Thu, 01 Jan 1970 00:00:01 GMT", 1),
+            (b"Wed, 31 Dec 1969 23:59:59 GMT", 0),
+            (b"Mon, 28 Feb 1900 00:00:00 GMT", 0),
+            (b"Mon, 01 Jan 0001 00:00:00 GMT", 0),
+            // The last second of a day, a leap second, a four-digit year's end.
+            (b"Sun, 06 Nov 1994 23:59:59 GMT", 784_166_399),
+            (b"Sun, 06 Nov 1994 00:00:60 GMT", 784_080_060),
+            (b"Sun, 06 Nov 9999 08:49:37 GMT", 253_397_494_177),
+            // Two-digit years: 70 and up are the 1900s, below 70 the 2000s.
+            (b"Thursday, 01-Jan-70 00:00:00 GMT", 0),
+            (b"Friday, 31-Dec-99 23:59:59 GMT", 946_684_799),
+            (b"Saturday, 01-Jan-00 00:00:00 GMT", 946_684_800),
+            (b"Saturday, 01-Jan-69 00:00:00 GMT", 3_124_224_000),
+            // asctime with a two-digit day, a leap day, a padded one-digit day.
+            (b"Sun Nov 16 08:49:37 1994", 784_975_777),
+            (b"Tue Feb 29 00:00:00 2028", 1_835_395_200),
+            (b"Sun Jan  1 00:00:00 2023", 1_672_531_200),
+        ] {
+            assert_eq!(parse_http_date(date), Ok(unix), "{:?}", core::str::from_utf8(date));
+        }
+        for bad in [
+            &b"Thu, 29 Feb 1900 00:00:00 GMT"[..],
+            b"Mon, 29 Feb 2100 00:00:00 GMT",
+            b"Thu, 31 Apr 2025 00:00:00 GMT",
+            b"Thu, 31 Jun 2025 00:00:00 GMT",
+            b"Thu, 31 Sep 2025 00:00:00 GMT",
+            b"Thu, 31 Nov 2025 00:00:00 GMT",
+            b"Thu, 32 Jan 2025 00:00:00 GMT",
+            b"Thu, 00 Jan 2025 00:00:00 GMT",
+            b"Thu, 01 Jan 0000 00:00:00 GMT",
+            b"Thu, 01 Jan 19940 00:00:00 GMT",
+            b"Thu, 01 Jan 94 00:00:00 GMT",
+            b"Thu, 01 Jan 2025 00:60:00 GMT",
+            b"Thu, 01 Jan 2025 00:00:61 GMT",
+            b"Thu, 01 Jan 2025 0:00:00 GMT",
+            b"Sun, 06 Nov 1994 08:49:37 GMT extra",
+            b"Sun, 06-Nov-94 08:49:37 GMT",
+            b"Sunday, 06-Nov-94 08:49:37 UTC",
+            b"Sunday, 06 Nov 1994 08:49:37 GMT",
+            b"Sun Nov  6 08:49:37 19945",
+            b"Xyz Nov  6 08:49:37 1994",
+            b"Sun Now  6 08:49:37 1994",
+            b"Sun Nov  6 08:49:37 19a4",
+            b"Sun,Nov  6 08:49:37 1994",
+        ] {
+            assert_eq!(parse_http_date(bad), Err(RetryAfterError::Malformed), "{:?}", core::str::from_utf8(bad));
+        }
+        assert_eq!(parse_http_date(b""), Err(RetryAfterError::Empty));
+    }
+
+    #[test]
+    fn the_longest_of_several_values_whatever_their_order() {
+        let l = Rules::LENIENT;
+        assert_eq!(l.read([b"9".as_slice(), b"5"], None, None), Ok(Some(9)));
+        assert_eq!(l.read([b"5".as_slice(), b"9", b"7"], None, None), Ok(Some(9)));
+        assert_eq!(l.read([b"4".as_slice(), b"4"], None, None), Ok(Some(4)));
+        // A date and seconds compare as waits from now.
+        let date = b"Sun, 06 Nov 1994 08:49:37 GMT".as_slice();
+        let later = b"Sun, 06 Nov 1994 08:50:37 GMT".as_slice();
+        assert_eq!(l.read([later, b"30"], Some(date), None), Ok(Some(60)));
+        assert_eq!(l.read([b"90".as_slice(), later], Some(date), None), Ok(Some(90)));
+        // Strict rules take one value as it is.
+        assert_eq!(Rules::STRICT.read([b"0".as_slice()], None, None), Ok(Some(0)));
+        // A value past u64 in the loose form rounds up within u64.
+        assert_eq!(parse_lenient(b"10000000000000000000.5"), Ok(RetryAfter::Seconds(10_000_000_000_000_000_001)));
+        assert_eq!(parse_lenient(b"1.8446744073709551615e19"), Ok(RetryAfter::Seconds(u64::MAX)));
+    }
 }
