@@ -19,7 +19,7 @@
 //!            Decision::Done(Verdict::GaveUp(GiveUp::Attempts)));
 //! ```
 
-use crate::backoff::Draw;
+use crate::backoff::{Draw, at_least, at_most};
 use crate::classify::{Class, Operation, Outcome};
 use crate::policy::{Policy, RetryAfterMode};
 use crate::{GiveUp, Verdict};
@@ -134,17 +134,14 @@ impl Policy {
                     RetryAfterMode::Spread => {
                         // The spread past the server's value is ours: trimmed to what the call can
                         // still wait, so it never turns a Retry-After that fits into a give-up.
-                        let mut room = left;
-                        if let Some(d) = deadline_left {
-                            if d < room {
-                                room = d;
-                            }
-                        }
-                        let spread = asked.saturating_add(draw.scale(self.backoff.ceiling(k)));
-                        if spread < room { spread } else { room }
+                        let room = match deadline_left {
+                            Some(d) => at_most(left, d),
+                            None => left,
+                        };
+                        at_most(asked.saturating_add(draw.scale(self.backoff.ceiling(k))), room)
                     }
                 };
-                if raised > backoff { raised } else { backoff }
+                at_least(raised, backoff)
             }
         };
         if wait > left {

@@ -11,7 +11,7 @@
 //! assert_eq!(e, Err(PolicyError::Unbounded));
 //! ```
 
-use crate::backoff::{Backoff, Jitter};
+use crate::backoff::{Backoff, Jitter, at_most};
 use crate::classify::Table;
 use crate::error::PolicyError;
 use crate::retry_after::Rules;
@@ -213,12 +213,13 @@ impl Policy {
             None => None,
         };
         let limit = match self.deadline {
-            Some(d) if d < self.budget => d,
-            _ => self.budget,
+            Some(d) => at_most(d, self.budget),
+            None => self.budget,
         };
         let by_time = self.retries_within(limit);
         match (by_cap, by_time) {
-            (Some(a), Some(b)) => Some(if a < b { a } else { b }),
+            // Both fit a u32, and so does the smaller.
+            (Some(a), Some(b)) => Some(at_most(a as u64, b as u64) as u32),
             (Some(a), None) => Some(a),
             (None, b) => b,
         }
@@ -249,7 +250,8 @@ impl Policy {
                 };
                 let done = k.saturating_sub(1) as u64;
                 let total = done.saturating_add(more);
-                return Some(if total > u32::MAX as u64 { u32::MAX } else { total as u32 });
+                // Saturated to u32::MAX first, so the cast keeps every bit.
+                return Some(at_most(total, u32::MAX as u64) as u32);
             }
             if spent.saturating_add(cost) > limit {
                 return Some(k.saturating_sub(1));

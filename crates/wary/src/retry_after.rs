@@ -293,7 +293,7 @@ fn loose_seconds(v: &[u8]) -> Option<u64> {
             let e = digits.iter().fold(0i64, |n, d| {
                 n.saturating_mul(10).saturating_add(i64::from(d.saturating_sub(b'0'))).min(1_000)
             });
-            if negative { -e } else { e }
+            if negative { e.saturating_neg() } else { e }
         }
         _ => return None,
     };
@@ -715,7 +715,12 @@ mod tests {
             b"Sun Nov  6 08:49:37 19a4",
             b"Sun,Nov  6 08:49:37 1994",
         ] {
-            assert_eq!(parse_http_date(bad), Err(RetryAfterError::Malformed), "{:?}", core::str::from_utf8(bad));
+            assert_eq!(
+                parse_http_date(bad),
+                Err(RetryAfterError::Malformed),
+                "{:?}",
+                core::str::from_utf8(bad)
+            );
         }
         assert_eq!(parse_http_date(b""), Err(RetryAfterError::Empty));
     }
@@ -734,7 +739,10 @@ mod tests {
         // Strict rules take one value as it is.
         assert_eq!(Rules::STRICT.read([b"0".as_slice()], None, None), Ok(Some(0)));
         // A value past u64 in the loose form rounds up within u64.
-        assert_eq!(parse_lenient(b"10000000000000000000.5"), Ok(RetryAfter::Seconds(10_000_000_000_000_000_001)));
+        assert_eq!(
+            parse_lenient(b"10000000000000000000.5"),
+            Ok(RetryAfter::Seconds(10_000_000_000_000_000_001))
+        );
         assert_eq!(parse_lenient(b"1.8446744073709551615e19"), Ok(RetryAfter::Seconds(u64::MAX)));
     }
 }

@@ -66,10 +66,7 @@ impl FleetBudget {
     /// Records a success (`ratio` back, up to the maximum).
     pub fn on_success(&self) {
         let max = self.max;
-        self.update(|t| {
-            let t = t.saturating_add(self.ratio);
-            if t > max { max } else { t }
-        });
+        self.update(|t| t.saturating_add(self.ratio).min(max));
     }
 
     /// True if a retry would be allowed now (tokens above half the maximum).
