@@ -11,7 +11,9 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
 
 use crate::util::{ensure_cargo_install, run, step};
 
@@ -35,6 +37,13 @@ pub const EXCLUDE: &[&str] = &[
     // (`==`, the reversed comparison, a constant result) are tested.
     r"replace < with <= in at_most",
     r"replace > with >= in at_least",
+    // `max_retries` divides once the shortest wait stops changing (the ceiling at the cap, or
+    // decorrelated jitter, whose shortest wait is always the base) and otherwise walks one retry
+    // at a time up to the 64th, where it divides anyway. Dropping the `!` before the
+    // decorrelated test only moves equal, full and no jitter to the walk, which reaches the same
+    // count by the 64th retry: no input can tell. (`||` → `&&` beside it is not excluded: with
+    // decorrelated jitter and a huge budget it walks 2⁴⁸ retries, and a test times out.)
+    r"delete ! in Policy::retries_within",
 ];
 
 /// The test targets of `wary-tests` that exercise the decision path and run in seconds. The
@@ -97,10 +106,24 @@ pub fn mutants(
         chosen.len(),
         shard.map(|s| format!(", shard {s}")).unwrap_or_default()
     ));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    run(root, "cargo", &refs)?;
-    if !list {
-        eprintln!("no mutant survived (details: target/mutants.out/outcomes.json)");
+    if list {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        return run(root, "cargo", &refs);
+    }
+    eprintln!("    $ cargo {}", args.join(" "));
+    let status =
+        Command::new("cargo").args(&args).current_dir(root).status().context("starting cargo mutants")?;
+    let out = root.join("target/mutants.out");
+    // cargo-mutants' exit codes: 0 every mutant caught, 2 some missed, 3 some timed out.
+    match status.code() {
+        Some(0) => eprintln!("no mutant survived (details: {}/outcomes.json)", out.display()),
+        // A mutant that makes a test hang is caught: the test never passes.
+        Some(3) => eprintln!(
+            "no mutant survived; some made a test hang and were stopped ({}/timeout.txt)",
+            out.display()
+        ),
+        Some(2) => bail!("mutants survived: {}/missed.txt lists them; pin each with a test", out.display()),
+        _ => bail!("cargo mutants failed ({status}); see {}/debug.log", out.display()),
     }
     Ok(())
 }

@@ -605,6 +605,38 @@ mod tests {
         // Decorrelated waits of the base each time, counted past 64 retries.
         let many = exercise().jitter(Jitter::Decorrelated).base(1).cap(100).budget(1_000).build().unwrap();
         assert_eq!(many.max_retries(), Some(1_000));
+        // …and divided, not walked, however large the budget: 2⁴⁸ retries saturate a u32.
+        let huge =
+            exercise().jitter(Jitter::Decorrelated).base(1).cap(100).budget(MAX_TICKS).build().unwrap();
+        assert_eq!(huge.max_retries(), Some(u32::MAX));
+    }
+
+    #[test]
+    fn each_limit_of_the_builder_is_inclusive_and_each_duration_is_checked_on_its_own() {
+        // An attempt as long as the whole deadline still fits.
+        assert!(exercise().deadline(10).min_attempt(10).build().is_ok());
+        assert_eq!(exercise().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
+        assert!(
+            exercise()
+                .cap(MAX_TICKS)
+                .budget(MAX_TICKS)
+                .deadline(MAX_TICKS)
+                .min_attempt(MAX_TICKS)
+                .max_retry_after(MAX_TICKS)
+                .build()
+                .is_ok()
+        );
+        for too_large in [
+            exercise().cap(MAX_TICKS + 1),
+            exercise().budget(MAX_TICKS + 1),
+            exercise().deadline(MAX_TICKS + 1),
+            exercise().min_attempt(MAX_TICKS + 1),
+            exercise().max_retry_after(MAX_TICKS + 1),
+        ] {
+            assert_eq!(too_large.build(), Err(PolicyError::TooLarge));
+        }
+        assert!(exercise().max_attempts(1).build().is_ok());
+        assert!(exercise().base(60).cap(60).build().is_ok());
     }
 
     #[test]
