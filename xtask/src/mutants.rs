@@ -95,7 +95,9 @@ pub fn mutants(
     }
     // A fixed test timeout: cargo-mutants derives one from its baseline, which tests only the
     // mutated package, and the cross-crate suites take longer than that on a busy machine.
-    args.extend(["--timeout".to_owned(), "300".to_owned()]);
+    // The core's own tests take well under a second: a minute is a hang.
+    let timeout = if core_only { "60" } else { "300" };
+    args.extend(["--timeout".to_owned(), timeout.to_owned()]);
     // Beside the build outputs, so a run leaves nothing to commit.
     args.extend(["--output".to_owned(), "target".to_owned()]);
     if list {

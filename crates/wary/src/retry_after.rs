@@ -189,8 +189,8 @@ impl Rules {
             match secs {
                 Ok(secs) => {
                     result = Some(match result {
-                        Some(prev) if prev > secs => prev,
-                        _ => secs,
+                        Some(prev) => prev.max(secs),
+                        None => secs,
                     });
                 }
                 // Strict rules refuse what they cannot read.
@@ -738,6 +738,14 @@ mod tests {
         assert_eq!(l.read([b"90".as_slice(), later], Some(date), None), Ok(Some(90)));
         // Strict rules take one value as it is.
         assert_eq!(Rules::STRICT.read([b"0".as_slice()], None, None), Ok(Some(0)));
+        // Strict rules stop at the first value they cannot read, even before a good one.
+        assert_eq!(
+            Rules::STRICT.read([b"junk".as_slice(), b"5"], None, None),
+            Err(RetryAfterError::Malformed)
+        );
+        // Field digits: one to four ASCII digits, nothing else.
+        assert_eq!((digits(b""), digits(b"12345"), digits(b"1a")), (None, None, None));
+        assert_eq!((digits(b"0"), digits(b"9999")), (Some(0), Some(9999)));
         // A value past u64 in the loose form rounds up within u64.
         assert_eq!(
             parse_lenient(b"10000000000000000000.5"),
