@@ -380,8 +380,11 @@ fn walk(
     }
 }
 
+/// Outcomes, operation, (base, cap, budget), draws, expected waits and verdict.
+type ConformanceCase = (Vec<Sym>, Operation, (u64, u64, u64), Vec<u8>, Vec<u64>, String);
+
 /// The conformance cases (`tests/data/conformance.jsonl`) as the model's symbols.
-fn conformance_cases() -> Vec<(Vec<Sym>, Operation, (u64, u64, u64), Vec<u8>, Vec<u64>, String)> {
+fn conformance_cases() -> Vec<ConformanceCase> {
     let sym = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) if s == "ok" => Sym::Ok,
         serde_json::Value::String(s) if s == "timeout" => Sym::Timeout,

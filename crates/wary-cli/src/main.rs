@@ -236,10 +236,10 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
         Ok(p) => p,
         Err(e) => {
             eprintln!("wary: {e}");
-            if let wary_host::spec::SpecError::Policy(pe) = &e {
-                if let Some(why) = explain::why_refused(pe) {
-                    eprintln!("why: {why}");
-                }
+            if let wary_host::spec::SpecError::Policy(pe) = &e
+                && let Some(why) = explain::why_refused(pe)
+            {
+                eprintln!("why: {why}");
             }
             if spec.jitter.as_deref() == Some("full") && spec.max_attempts.is_none() {
                 eprintln!("warning: full jitter with no attempt cap: waits near 0 spend no budget");

@@ -54,10 +54,10 @@ fn model(case: &Value) -> Result<(Vec<u64>, &'static str), ()> {
             }
             _ => return Err(()),
         });
-        if let Some(O::Status(code, _)) = parsed.last() {
-            if !(100..=999).contains(code) {
-                return Err(());
-            }
+        if let Some(O::Status(code, _)) = parsed.last()
+            && !(100..=999).contains(code)
+        {
+            return Err(());
         }
     }
     let idempotent = op != "write";
@@ -81,8 +81,7 @@ fn model(case: &Value) -> Result<(Vec<u64>, &'static str), ()> {
         }
         let draw = *draws.get(k - 1).ok_or(())?;
         // base·2^(k−1), exact while it fits; past 2¹²⁷ it is above any cap a u64 can hold.
-        let grown =
-            if k - 1 >= 127 { u128::MAX } else { base.checked_mul(1u128 << (k - 1)).unwrap_or(u128::MAX) };
+        let grown = if k > 127 { u128::MAX } else { base.saturating_mul(1u128 << (k - 1)) };
         let c = cap.min(grown);
         let mut wait = c / 2 + (c - c / 2) * draw / 100;
         if let Some(ra) = retry_after {
