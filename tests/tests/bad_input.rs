@@ -34,16 +34,16 @@
 //! | 28 | `wary plan` more outcomes than the capacity (64) | `wary_cli::plan::answer` | `{"error": "… more than the capacity of 64"}` |
 //! | 29 | `wary plan` status not a three-digit HTTP status | `wary_cli::plan::answer` | `{"error": "status … is not a three-digit HTTP status"}` |
 //! | 30 | `wary plan` invalid policy | `wary_cli::plan::answer` | `{"error": "invalid policy: …"}` |
-//! | 31 | modem line longer than 128 bytes | `LineBuf::push` | `Event::Overflow`, nothing kept |
-//! | 32 | modem line of binary garbage | `parse_line` | `LineError::Garbage`, skipped as noise |
-//! | 33 | `+HTTPPOST:` with fields that do not parse | `parse_line`, `PostExchange` | `LineError::Malformed` → `ProtoError::Malformed` → `Outcome::Reset` |
-//! | 34 | `OK` with no `+HTTPPOST:` before it | `PostExchange` | `ProtoError::NoInfo` → `Outcome::Reset` (may have landed) |
-//! | 35 | `ERROR` with no other line since the command | `PostExchange` | `ProtoError::Rejected` → `Outcome::Refused` (never sent) |
-//! | 36 | an answer cut short (no final `OK`) | the device's answer timeout | `ProtoError::Timeout` → `Outcome::ResponseTimeout` |
-//! | 37 | gateway frame longer than 4096 bytes | `read_frame` | `FrameError::Oversized`, body not read |
-//! | 38 | gateway frame whose body is not a reading | `read_frame` | `FrameError::Garbage` |
-//! | 39 | gateway stream that ends inside a frame | `read_frame` | `FrameError::Truncated` |
-//! | 40 | `ERROR` after a status line or after noise | `PostExchange` | `ProtoError::Malformed` / `NoInfo` → `Outcome::Reset` (may have landed) |
+//! | 31 | a modem line longer than the chat's buffer | `wary_dial::Chat::dial` (`crates/wary-dial/tests/scripted_modem.rs`: `overlong_line_is_dropped_and_counted`) | dropped and counted, the chat goes on |
+//! | 32 | binary garbage from the modem | `wary_dial::Chat::dial` (`garbage_and_unsolicited_noise_are_skipped`, `endless_garbage_is_bounded_by_the_deadline`) | skipped as noise, bounded by the step's deadline |
+//! | 33 | a reply whose status line is not HTTP | `wary_uplink::http::post` (on target: `nettest` `/garbage`) | `HttpError::Malformed` → `Outcome::Reset` (may have landed) |
+//! | 34 | a reply cut short in its header block | `wary_uplink::http::post` (`nettest` `/truncated`) | `HttpError::Truncated` → `Outcome::Reset` (may have landed) |
+//! | 35 | a connection refused | `wary_uplink::http::post` (`nettest` `/refused`) | `HttpError::Refused` → `Outcome::Refused` (never sent) |
+//! | 36 | a reply that never comes (stalled) | `wary_uplink::http::post` (`nettest` `/stall`, `/trickle`) | `HttpError::ResponseTimeout` → `Outcome::ResponseTimeout` (may have landed) |
+//! | 37 | gateway request body longer than its limit | `wary_gateway::ingress::parse` | `BadRequest::TooLarge`: 413, body not read, nothing sent upstream |
+//! | 38 | gateway request body that is not JSON, or no `Idempotency-Key` | `wary_gateway::ingress::parse` | `BadRequest::NotJson` / `MissingKey`: 400 with the reason |
+//! | 39 | gateway request cut short inside its body | `wary_gateway::ingress::parse` | `BadRequest::Broken`: nothing queued, nothing sent upstream |
+//! | 40 | a reply header block larger than the device's buffer | `wary_uplink::http::post` (`nettest` `/huge-headers`) | `HttpError::HeadersTooLarge` → `Outcome::Reset` (may have landed) |
 
 use wary::classify::TABLE_STATUSES;
 use wary::policy::MAX_TICKS;
@@ -338,117 +338,66 @@ fn row_30_plan_policy_not_a_non_negative_integer() {
     assert_eq!(exercise().base(5).cap(4).build(), Err(PolicyError::CapBelowBase));
 }
 
-// ---- modem lines: classified, never a panic ----
+// ---- gateway requests ----
 
-use wary_modem_proto::{Event, Line, LineBuf, LineError, PostExchange, ProtoError, parse_line};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wary_gateway::{BadRequest, Gateway};
 
-#[test]
-fn row_31_modem_line_too_long() {
-    let mut buf = LineBuf::<128>::default();
-    let mut last = Event::Pending;
-    for b in std::iter::repeat_n(b'A', 300).chain(*b"\r") {
-        last = buf.push(b);
-    }
-    assert_eq!(last, Event::Overflow);
-    assert!(buf.line().is_empty());
-    // The next line is read cleanly.
-    for b in *b"OK" {
-        buf.push(b);
-    }
-    assert_eq!(buf.push(b'\n'), Event::Line);
-    assert_eq!(parse_line(buf.line()), Ok(Line::Ok));
-}
-
-#[test]
-fn row_32_modem_garbage_line() {
-    assert_eq!(parse_line(b"\x00\xff\x13garbage"), Err(LineError::Garbage));
-    assert_eq!(parse_line(b"RING"), Err(LineError::Garbage));
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(parse_line(b"\x00\xff")), None);
-    assert_eq!(x.noise(), 1);
-}
-
-#[test]
-fn row_33_modem_malformed_post_line() {
-    let line = parse_line(b"+HTTPPOST: abc,\"\",\"\"");
-    assert_eq!(line, Err(LineError::Malformed));
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(line), None);
-    assert_eq!(x.feed(Ok(Line::Ok)), Some(Err(ProtoError::Malformed)));
-    assert_eq!(ProtoError::Malformed.outcome(), Outcome::Reset);
-}
-
-#[test]
-fn row_34_modem_ok_without_status() {
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(Ok(Line::Ok)), Some(Err(ProtoError::NoInfo)));
-    assert_eq!(ProtoError::NoInfo.outcome(), Outcome::Reset);
-    // A write that may have landed: an unkeyed one is never resent.
-    let p = Policy::builder(Preset::Default).build().unwrap();
-    assert_eq!(p.classify(Operation::Write, &Outcome::Reset), wary::Class::Unknown);
-}
-
-#[test]
-fn row_35_modem_error_alone() {
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::Rejected)));
-    assert_eq!(ProtoError::Rejected.outcome(), Outcome::Refused);
-}
-
-#[test]
-fn row_36_modem_answer_cut_short() {
-    let mut x = PostExchange::new();
-    // The status line arrives, the final OK never does: the exchange stays open…
-    assert_eq!(x.feed(parse_line(b"+HTTPPOST: 201,\"\",\"\"")), None);
-    // …until the device's answer timeout, whose outcome may have landed.
-    assert_eq!(ProtoError::Timeout.outcome(), Outcome::ResponseTimeout);
-}
-
-// ---- gateway frames ----
-
-use wary_gateway::frame::{FrameError, MAX_FRAME, Reading, read_frame};
-
-fn read(bytes: &[u8]) -> Result<Option<Reading>, FrameError> {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// Sends `raw` bytes to a gateway whose upstream is nowhere (nothing may reach it), half-closes
+/// if `hang_up`, and returns the answer's bytes and the gateway's refusal count.
+fn exchange(raw: &[u8], max_body: usize, hang_up: bool) -> (String, u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     rt.block_on(async {
-        let mut s = bytes;
-        read_frame::<_, Reading>(&mut s).await
+        let mut c = wary_gateway::Config::new("http://127.0.0.1:9");
+        c.max_body = max_body;
+        let gw = std::sync::Arc::new(Gateway::start(c, Box::new(std::io::sink())).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(wary_gateway::ingress::serve(gw.clone(), listener));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(raw).await.unwrap();
+        if hang_up {
+            s.shutdown().await.unwrap();
+        }
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        let m = gw.metrics();
+        assert_eq!(m.stats.attempts(), 0, "nothing went upstream");
+        (String::from_utf8_lossy(&out).into_owned(), m.refused.get("bad_request").copied().unwrap_or(0))
     })
 }
 
-#[test]
-fn row_37_gateway_frame_oversized() {
-    let mut bytes = (MAX_FRAME + 1).to_be_bytes().to_vec();
-    bytes.extend_from_slice(b"{}");
-    assert!(
-        matches!(read(&bytes), Err(FrameError::Oversized { len, max }) if len == MAX_FRAME + 1 && max == MAX_FRAME)
-    );
+fn head(len: usize, key: bool) -> String {
+    let key = if key { "Idempotency-Key: 0123456789abcdef0123456789abcdef\r\n" } else { "" };
+    format!(
+        "POST /readings HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nConnection: close\r\n{key}Content-Length: {len}\r\n\r\n"
+    )
 }
 
 #[test]
-fn row_38_gateway_frame_garbage() {
-    let body = b"not a reading";
-    let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
-    bytes.extend_from_slice(body);
-    assert!(matches!(read(&bytes), Err(FrameError::Garbage)));
+fn row_37_gateway_body_over_the_limit() {
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(100));
+    let (answer, refused) = exchange(format!("{}{body}", head(body.len(), true)).as_bytes(), 64, false);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains(&BadRequest::TooLarge.to_string()), "{answer}");
+    assert_eq!(refused, 1);
 }
 
 #[test]
-fn row_39_gateway_stream_ends_inside_a_frame() {
-    assert!(matches!(read(&[0, 0]), Err(FrameError::Truncated)));
-    let mut bytes = 40u32.to_be_bytes().to_vec();
-    bytes.extend_from_slice(b"{\"sensor\":");
-    assert!(matches!(read(&bytes), Err(FrameError::Truncated)));
-    assert!(matches!(read(&[]), Ok(None)));
+fn row_38_gateway_body_not_json_or_no_key() {
+    let (answer, refused) = exchange(format!("{}seq=1", head(5, true)).as_bytes(), 1024, false);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains(&BadRequest::NotJson.to_string()), "{answer}");
+    assert_eq!(refused, 1);
+    let (answer, _) = exchange(format!("{}{{}}", head(2, false)).as_bytes(), 1024, false);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains(&BadRequest::MissingKey.to_string()), "{answer}");
 }
 
 #[test]
-fn row_40_modem_error_after_a_status_or_noise() {
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(parse_line(b"+HTTPPOST: 201,\"\",\"\"")), None);
-    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::Malformed)));
-    let mut x = PostExchange::new();
-    assert_eq!(x.feed(parse_line(b"+HTTPE\xffR: TIMEOUT")), None);
-    assert_eq!(x.feed(Ok(Line::Error)), Some(Err(ProtoError::NoInfo)));
-    assert_eq!(ProtoError::NoInfo.outcome(), Outcome::Reset);
+fn row_39_gateway_request_cut_short_in_its_body() {
+    // 40 bytes announced, 10 sent, then the device hangs up: refused, never queued.
+    let (answer, refused) = exchange(format!("{}{{\"seq\":12,", head(40, true)).as_bytes(), 1024, true);
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert_eq!(refused, 1, "the cut-short request was refused as broken");
 }

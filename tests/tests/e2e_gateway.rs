@@ -1,15 +1,17 @@
-//! End to end: sensors → gateway (in-process, framed stream) → test cloud on 127.0.0.1.
+//! End to end: sensors → gateway (in-process, HTTP on 127.0.0.1) → test cloud on 127.0.0.1.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+
+mod gateway_http;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncWriteExt, duplex};
+use gateway_http::{Ack, HttpClient, Reading, client, drive, post, readings, serve};
+use tokio::io::AsyncWriteExt;
 use wary_cloud::{Cloud, Faults};
-use wary_gateway::frame::{read_frame, write_frame};
-use wary_gateway::{Ack, Config, Gateway, Reading};
+use wary_gateway::{Config, Gateway};
 use wary_host::spec::PolicySpec;
 
 fn config(cloud: &Cloud) -> Config {
@@ -26,64 +28,40 @@ fn config(cloud: &Cloud) -> Config {
     c.fleet_max_tokens = 1000;
     c.fleet_ratio_milli = 1000;
     c.workers = 16;
-    c.queue = 32;
+    c.queue = 256;
     c.seed = Some(99);
     c
 }
 
-fn readings(sensors: u32, per: u64) -> Vec<Reading> {
-    (0..sensors)
-        .flat_map(|s| {
-            (0..per).map(move |q| Reading {
-                sensor: s,
-                boot: 1,
-                seq: q,
-                value: i64::from(s) * 100 + q as i64,
-            })
-        })
-        .collect()
+fn legacy(mut c: Config) -> Config {
+    c.upstream.legacy = true;
+    c.upstream.path = "/legacy/readings".into();
+    c
 }
 
-/// One sensor-side connection: writes every reading as a frame, reads one ack per reading.
-async fn drive(gw: &Gateway, batch: &[Reading]) -> Vec<Ack> {
-    let (sensor_side, gw_side) = duplex(64 * 1024);
-    let (gw_r, gw_w) = tokio::io::split(gw_side);
-    let (mut s_r, mut s_w) = tokio::io::split(sensor_side);
-    let batch = batch.to_vec();
-    let n = batch.len();
-    let writer = async move {
-        for r in &batch {
-            write_frame(&mut s_w, r).await.unwrap();
-        }
-        s_w.shutdown().await.unwrap();
-    };
-    let reader = async move {
-        let mut acks = Vec::new();
-        while acks.len() < n {
-            match read_frame::<_, Ack>(&mut s_r).await.unwrap() {
-                Some(a) => acks.push(a),
-                None => break,
-            }
-        }
-        acks
-    };
-    let (served, (), acks) = tokio::join!(gw.serve(gw_r, gw_w), writer, reader);
-    assert_eq!(served.unwrap(), n as u64);
-    acks
+/// A gateway serving HTTP; its base URL.
+async fn start(c: Config) -> (Arc<Gateway>, String) {
+    let gw = Arc::new(Gateway::start(c, Box::new(std::io::sink())).unwrap());
+    let base = serve(&gw).await;
+    (gw, base)
 }
 
-/// Sends until every reading is acked done, as a sensor re-sends what was not acked.
-async fn until_done(gw: &Gateway, all: &[Reading], rounds: usize) -> BTreeMap<(u32, u64), Ack> {
+/// Sends until every reading is answered done, as a sensor re-sends what was not.
+async fn until_done(
+    client: &HttpClient,
+    base: &str,
+    all: &[Reading],
+    rounds: usize,
+) -> BTreeMap<Reading, Ack> {
     let mut done = BTreeMap::new();
     for _ in 0..rounds {
-        let left: Vec<Reading> =
-            all.iter().filter(|r| !done.contains_key(&(r.sensor, r.seq))).copied().collect();
+        let left: Vec<Reading> = all.iter().filter(|r| !done.contains_key(*r)).copied().collect();
         if left.is_empty() {
             break;
         }
-        for a in drive(gw, &left).await {
-            if a.done {
-                done.insert((a.sensor, a.seq), a);
+        for a in drive(client, base, &left).await {
+            if a.done() {
+                done.insert(a.reading, a);
             }
         }
     }
@@ -95,13 +73,13 @@ async fn keyed_writes_under_a_fault_storm_have_exactly_one_effect() {
     let faults =
         "503=0.2,429=0.1,500=0.1,drop_after_effect=0.1,drop_before_effect=0.05,slow=0.05:ms=600,seed=7";
     let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
-    let gw = Gateway::start(config(&cloud), Box::new(std::io::sink())).unwrap();
+    let (gw, base) = start(config(&cloud)).await;
     let all = readings(20, 10);
-    let done = until_done(&gw, &all, 5).await;
+    let done = until_done(&client(), &base, &all, 5).await;
     assert_eq!(done.len(), all.len(), "every reading acked");
-    assert!(done.values().all(|a| a.verdict == "ok"));
+    assert!(done.values().all(|a| a.verdict == "ok" && a.status == Some(http::StatusCode::CREATED)));
     for r in &all {
-        let ks = cloud.key_stats(r.key().to_hex().as_str()).expect("key reached the cloud");
+        let ks = cloud.key_stats(&r.key()).expect("key reached the cloud");
         assert_eq!(ks.effects, 1, "reading {r:?}");
     }
     let stats = cloud.stats();
@@ -121,25 +99,23 @@ async fn keyed_writes_under_a_fault_storm_have_exactly_one_effect() {
 async fn legacy_writes_are_never_resent_blind_and_the_probe_resolves_unknowns() {
     let faults = "scope=legacy,500=0.25,drop_after_effect=0.15,drop_before_effect=0.15,503=0.1,seed=3";
     let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
-    let mut c = config(&cloud);
-    c.upstream.legacy = true;
-    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let (gw, base) = start(legacy(config(&cloud))).await;
     let all = readings(10, 10);
-    let acks = drive(&gw, &all).await;
+    let acks = drive(&client(), &base, &all).await;
     assert_eq!(acks.len(), all.len());
     let mut unknown = 0;
     for a in &acks {
-        let r = Reading { sensor: a.sensor, boot: a.boot, seq: a.seq, value: 0 };
-        let effects = cloud.reading_effects(&r.reading_id());
-        assert!(effects <= 1, "reading {} applied {effects} times", r.reading_id());
+        let r = a.reading;
+        let effects = cloud.reading_effects(&r.key());
+        assert!(effects <= 1, "reading {r:?} applied {effects} times");
         match a.verdict.as_str() {
             "ok" => {
-                assert_eq!(effects, 1, "acked ok but not applied: {}", r.reading_id());
-                assert!(a.done && !a.surfaced, "{a:?}");
+                assert_eq!(effects, 1, "answered ok but not applied: {r:?}");
+                assert!(a.status.unwrap().is_success(), "{a:?}");
             }
-            // Final for the sensor (never resent), and surfaced to a person.
+            // Final for the sensor (never resent), and surfaced to a person: 409.
             "unknown" => {
-                assert!(a.done && a.surfaced, "an unknown must not be resent: {a:?}");
+                assert_eq!(a.status, Some(http::StatusCode::CONFLICT), "{a:?}");
                 unknown += 1;
             }
             other => panic!("unexpected verdict {other}"),
@@ -152,52 +128,11 @@ async fn legacy_writes_are_never_resent_blind_and_the_probe_resolves_unknowns() 
     assert!(m.probe_landed > 0 && m.probe_not_landed > 0, "{m:?}");
     assert_eq!(m.unresolved, unknown);
     assert_eq!(m.surfaced_total, unknown);
-    let listed: BTreeSet<(u32, u64)> = m.surfaced.iter().map(|s| (s.sensor, s.seq)).collect();
-    let unknowns: BTreeSet<(u32, u64)> =
-        acks.iter().filter(|a| a.verdict == "unknown").map(|a| (a.sensor, a.seq)).collect();
+    let listed: BTreeSet<String> = m.surfaced.iter().map(|k| k.to_hex().as_str().to_owned()).collect();
+    let unknowns: BTreeSet<String> =
+        acks.iter().filter(|a| a.verdict == "unknown").map(|a| a.reading.key()).collect();
     assert_eq!(listed, unknowns);
     assert!(gw.prometheus().contains(&format!("wary_gateway_surfaced_total {unknown}\n")));
-    cloud.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nothing_is_lost_across_a_gateway_restart() {
-    let cloud = Cloud::start("127.0.0.1:0", "slow=0.5:ms=300,503=0.2,seed=5".parse().unwrap()).await.unwrap();
-    let all = readings(10, 10);
-    let mut c = config(&cloud);
-    c.workers = 4;
-    let gw = Arc::new(Gateway::start(c.clone(), Box::new(std::io::sink())).unwrap());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut tasks = tokio::task::JoinSet::new();
-    for r in all.clone() {
-        let (gw, tx) = (gw.clone(), tx.clone());
-        tasks.spawn(async move {
-            if let Ok(a) = gw.submit(r).await {
-                let _ = tx.send(a);
-            }
-        });
-    }
-    let mut acked = BTreeSet::new();
-    while acked.len() < 30 {
-        let a = rx.recv().await.unwrap();
-        if a.done {
-            acked.insert((a.sensor, a.seq));
-        }
-    }
-    // Crash: the sensors' connections and the gateway go away mid-flight.
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    drop(gw);
-    let unacked: Vec<Reading> = all.iter().filter(|r| !acked.contains(&(r.sensor, r.seq))).copied().collect();
-    assert!(!unacked.is_empty());
-    // Restart; the sensors re-send everything not acked.
-    let gw2 = Gateway::start(c, Box::new(std::io::sink())).unwrap();
-    let done = until_done(&gw2, &unacked, 5).await;
-    assert_eq!(acked.len() + done.len(), all.len(), "lost readings");
-    for r in &all {
-        let ks = cloud.key_stats(r.key().to_hex().as_str()).expect("reading reached the cloud");
-        assert_eq!(ks.effects, 1, "reading {r:?}");
-    }
     cloud.shutdown().await;
 }
 
@@ -207,9 +142,15 @@ async fn the_fleet_budget_bounds_amplification_in_a_total_outage() {
     let mut c = config(&cloud);
     c.fleet_max_tokens = 10;
     c.fleet_ratio_milli = 100;
-    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
-    let acks = drive(&gw, &readings(10, 10)).await;
-    assert!(acks.iter().all(|a| a.verdict == "gave_up" && !a.done));
+    let (gw, base) = start(c).await;
+    let acks = drive(&client(), &base, &readings(10, 10)).await;
+    // Every one a 503 with a Retry-After: the sensor keeps it and comes back later.
+    assert!(
+        acks.iter().all(|a| a.verdict == "gave_up"
+            && a.status == Some(http::StatusCode::SERVICE_UNAVAILABLE)
+            && a.retry_after.is_some_and(|s| s >= 1)),
+        "{acks:?}"
+    );
     let requests = cloud.stats().requests;
     // Without the fleet budget each call would retry until its 2 s wait budget (≈10 attempts
     // each, about 1,000 requests). With 10 tokens, retries stop once 5 are spent.
@@ -231,11 +172,12 @@ async fn a_hostile_cloud_cannot_hold_the_gateway_past_its_budgets() {
         ("endless_body=1.0:ms=50", &["budget", "deadline"][..]),
     ] {
         let cloud = Cloud::start("127.0.0.1:0", faults.parse::<Faults>().unwrap()).await.unwrap();
-        let gw = Gateway::start(config(&cloud), Box::new(std::io::sink())).unwrap();
+        let (gw, base) = start(config(&cloud)).await;
         let t0 = Instant::now();
-        let r = Reading { sensor: 1, boot: 1, seq: 1, value: 1 };
-        let ack = tokio::time::timeout(Duration::from_secs(8), gw.submit(r)).await.expect(faults).unwrap();
+        let r = Reading { sensor: 1, seq: 1 };
+        let ack = post(&client(), &base, r, Duration::from_secs(8)).await;
         assert_eq!(ack.verdict, "gave_up", "{faults}");
+        assert_eq!(ack.status, Some(http::StatusCode::SERVICE_UNAVAILABLE), "{faults}");
         assert!(reasons.contains(&ack.reason.as_deref().unwrap()), "{faults}: {ack:?}");
         // The 4 s deadline plus one attempt's timeout bounds it.
         assert!(t0.elapsed() < Duration::from_millis(4_600), "{faults}: {:?}", t0.elapsed());
@@ -291,19 +233,17 @@ async fn the_probe_waits_out_a_write_still_in_flight() {
     // and the relay lets the server finish it. Read at once, the probe would find nothing.
     let faults = "scope=legacy,slow=1.0:ms=300:before=true,seed=1";
     let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
-    let mut c = config(&cloud);
+    let mut c = legacy(config(&cloud));
     c.upstream.base = relay(&cloud).await;
-    c.upstream.legacy = true;
     c.upstream.attempt_timeout = Duration::from_millis(250);
-    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let (gw, base) = start(c).await;
     let all = readings(4, 3);
-    let acks = drive(&gw, &all).await;
+    let acks = drive(&client(), &base, &all).await;
     assert_eq!(acks.len(), all.len());
     // Any resend still on its way lands within its 300 ms.
     tokio::time::sleep(Duration::from_millis(700)).await;
     for a in &acks {
-        let r = Reading { sensor: a.sensor, boot: a.boot, seq: a.seq, value: 0 };
-        assert_eq!(cloud.reading_effects(&r.reading_id()), 1, "applied twice or never: {a:?}");
+        assert_eq!(cloud.reading_effects(&a.reading.key()), 1, "applied twice or never: {a:?}");
         // The probe, 250 ms after the timeout, finds it landed: ok, with no resend.
         assert_eq!(a.verdict, "ok", "{a:?}");
     }
@@ -320,22 +260,22 @@ async fn the_probe_waits_out_a_write_still_in_flight() {
 async fn the_probe_never_runs_past_the_call_deadline() {
     let faults = "scope=legacy,slow=1.0:ms=600:before=true,seed=1";
     let cloud = Cloud::start("127.0.0.1:0", faults.parse().unwrap()).await.unwrap();
-    let mut c = config(&cloud);
+    let mut c = legacy(config(&cloud));
     c.upstream.base = relay(&cloud).await;
-    c.upstream.legacy = true;
     c.upstream.attempt_timeout = Duration::from_millis(300);
     c.policy.deadline = Some(400);
-    let gw = Gateway::start(c, Box::new(std::io::sink())).unwrap();
+    let (gw, base) = start(c).await;
     let t0 = Instant::now();
-    let a = gw.submit(Reading { sensor: 7, boot: 1, seq: 1, value: 1 }).await.unwrap();
+    let r = Reading { sensor: 7, seq: 1 };
+    let a = post(&client(), &base, r, Duration::from_secs(5)).await;
     let took = t0.elapsed();
     assert_eq!(a.verdict, "unknown", "{a:?}");
-    assert!(a.done && a.surfaced, "{a:?}");
+    assert_eq!(a.status, Some(http::StatusCode::CONFLICT), "{a:?}");
     // The 300 ms attempt, then no 300 ms grace past the 400 ms deadline.
     assert!(took < Duration::from_millis(550), "{took:?}");
     // Let the slow write land: it was sent once, and read never.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(cloud.reading_effects("7-1-1"), 1);
+    assert_eq!(cloud.reading_effects(&r.key()), 1);
     assert_eq!(cloud.stats().requests, 1, "{:?}", cloud.stats());
     assert_eq!(gw.metrics().surfaced_total, 1);
     cloud.shutdown().await;

@@ -1,14 +1,14 @@
 //! `cargo xtask bench`: decision cost under callgrind (wary against backon, same run), sizes,
-//! flash deltas on thumbv7em, and the fleet simulation; printed and written to target/bench/.
-//! Installs what it needs when missing: valgrind, iai-callgrind-runner, the thumb target and
-//! llvm-tools.
+//! flash deltas on thumbv7em, the fleet simulation, and the gateway under load beside nginx;
+//! printed and written to target/bench/. Installs what it needs when missing: valgrind,
+//! iai-callgrind-runner, the thumb target, llvm-tools and nginx.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{ensure_apt, ensure_targets, output, run, run_env, step};
+use crate::util::{NGINX, ensure_apt, ensure_nginx, ensure_targets, output, run, run_env, step};
 
 /// Must match the `iai-callgrind` version in crates/wary-bench: the runner refuses any other.
 const IAI_RUNNER_VERSION: &str = "0.16.1";
@@ -16,9 +16,21 @@ const IAI_RUNNER_VERSION: &str = "0.16.1";
 const SIZE_BINARIES: [&str; 5] = ["baseline", "wary", "wary_plan", "wary_fleet", "backon"];
 const THUMB: &str = "thumbv7em-none-eabihf";
 
-/// Runs every benchmark and the simulation.
-pub fn bench(root: &Path) -> Result<()> {
+/// A part of the bench that runs on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// The gateway's throughput, latency and memory against nginx.
+    Gateway,
+}
+
+/// Runs every benchmark and the simulation, or only `only`.
+pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
     let started = Instant::now();
+    if only == Some(Part::Gateway) {
+        gateway(root)?;
+        eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
+        return Ok(());
+    }
     ensure_apt("valgrind", "valgrind")?;
     ensure_iai_runner()?;
     ensure_targets(&[THUMB])?;
@@ -89,7 +101,53 @@ pub fn bench(root: &Path) -> Result<()> {
             s(&flash_file)?,
         ],
     )?;
+    gateway(root)?;
     eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The gateway under load beside nginx, one run against the test cloud on 127.0.0.1 (the load
+/// generator is crates/wary-gateway/examples/gateway_load.rs, bounded in count and time); adds a
+/// `gateway` section to target/bench/results.json, keeping whatever else the file holds.
+fn gateway(root: &Path) -> Result<()> {
+    ensure_nginx()?;
+    let nginx = if Path::new(NGINX).exists() { NGINX.to_owned() } else { "nginx".to_owned() };
+    step("gateway under load: throughput at 0% and 30% upstream 503s, added latency, RSS; nginx beside it");
+    run(
+        root,
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "wary-gateway",
+            "--bin",
+            "wary-gateway",
+            "--example",
+            "gateway_load",
+        ],
+    )?;
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let section = out.join("gateway.json");
+    let load = root.join("target/release/examples/gateway_load");
+    let gw = root.join("target/release/wary-gateway");
+    run(root, s(&load)?, &["--gateway-bin", s(&gw)?, "--nginx", &nginx, "--out", s(&section)?])?;
+    let text = std::fs::read_to_string(&section).with_context(|| format!("reading {}", section.display()))?;
+    let figures: serde_json::Value = serde_json::from_str(&text).context("the gateway bench's JSON")?;
+    let results = out.join("results.json");
+    let mut all = match std::fs::read_to_string(&results) {
+        Ok(t) => serde_json::from_str::<serde_json::Value>(&t).unwrap_or_else(|_| serde_json::json!({})),
+        Err(_) => serde_json::json!({}),
+    };
+    if !all.is_object() {
+        all = serde_json::json!({});
+    }
+    all["gateway"] = figures;
+    std::fs::write(&results, serde_json::to_string_pretty(&all)?)
+        .with_context(|| format!("writing {}", results.display()))?;
+    eprintln!("    gateway figures added to {}", results.display());
     Ok(())
 }
 

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
-use crate::util::{ensure_targets, run, step};
+use crate::util::{ensure_targets, output, run, run_env, step};
 
 /// Cortex-M4F/M7F, Cortex-M0/M0+ (no compare-and-swap), Cortex-M33 (Armv8-M).
 const THUMB: [&str; 3] = ["thumbv7em-none-eabihf", "thumbv6m-none-eabi", "thumbv8m.main-none-eabihf"];
@@ -50,7 +50,13 @@ pub fn run_all(root: &Path) -> Result<()> {
     }
 
     step("host tests");
+    crate::util::ensure_nginx()?;
     run(root, "cargo", &["test", "--workspace"])?;
+
+    examples(root)?;
+    msrv(root)?;
+    docs(root)?;
+    package_lists(root)?;
 
     crate::bench::no_panic(root)?;
 
@@ -61,5 +67,78 @@ pub fn run_all(root: &Path) -> Result<()> {
 
     step("firmware: on-target tests under QEMU");
     crate::qemu::qemu(root)?;
+    Ok(())
+}
+
+/// Every runnable example, as `(package, example)`: each starts the test cloud in-process on
+/// 127.0.0.1 (or needs no server) and exits 0 only if its calls ended as they should.
+const EXAMPLES: [(&str, &str); 5] = [
+    ("wary-reqwest", "middleware"),
+    ("wary-reqwest", "one_liner"),
+    ("wary-host", "tower"),
+    ("wary-host", "runner"),
+    ("wary-cli", "explain"),
+];
+
+/// The crates meant for the registry.
+const PUBLISHABLE: [&str; 3] = ["wary", "wary-host", "wary-reqwest"];
+
+/// Runs each example (about 15 s in all once built, most of it the middleware example's
+/// Retry-After waits; building them reuses the test build).
+fn examples(root: &Path) -> Result<()> {
+    step("examples: each runs against the in-process test cloud (or needs no server) and exits 0");
+    for (package, example) in EXAMPLES {
+        run(root, "cargo", &["run", "-q", "-p", package, "--example", example])?;
+    }
+    Ok(())
+}
+
+/// The core's declared `rust-version`, from its manifest.
+fn declared_rust_version(root: &Path) -> Result<String> {
+    let manifest = root.join("crates/wary/Cargo.toml");
+    let text =
+        std::fs::read_to_string(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
+    let line = text.lines().find_map(|l| l.trim().strip_prefix("rust-version"));
+    let Some(value) = line.and_then(|l| l.split('"').nth(1)) else {
+        bail!("{} declares no rust-version", manifest.display());
+    };
+    // rustup names toolchains with three parts.
+    Ok(if value.split('.').count() == 2 { format!("{value}.0") } else { value.to_owned() })
+}
+
+/// Builds the core with the toolchain of its declared `rust-version`, installing it when
+/// missing (about 1 min once; the build about 30 s). `--locked` so the old cargo cannot
+/// rewrite the lockfile, and its own target directory so it never invalidates the main build.
+fn msrv(root: &Path) -> Result<()> {
+    let version = declared_rust_version(root)?;
+    step(&format!("MSRV: the core builds with its declared rust-version {version}"));
+    let installed = output("rustup", &["toolchain", "list"]).unwrap_or_default();
+    if !installed.lines().any(|l| l.starts_with(&version)) {
+        step(&format!("installing the {version} toolchain (minimal profile) for the MSRV build"));
+        run(root, "rustup", &["toolchain", "install", &version, "--profile", "minimal"])?;
+    }
+    let toolchain = format!("+{version}");
+    run(root, "cargo", &[&toolchain, "build", "-p", "wary", "--locked", "--target-dir", "target/msrv"])
+}
+
+/// API docs of the publishable crates with rustdoc warnings denied (broken intra-doc links,
+/// bad code blocks), in one invocation so the dependencies are checked once: about a minute
+/// from cold, most of it checking the dependencies.
+fn docs(root: &Path) -> Result<()> {
+    step("docs: rustdoc of each publishable crate, all features, warnings denied");
+    let mut args = vec!["doc", "--all-features", "--no-deps"];
+    for krate in PUBLISHABLE {
+        args.extend(["-p", krate]);
+    }
+    run_env(root, "cargo", &args, &[("RUSTDOCFLAGS", "-D warnings")])
+}
+
+/// What `cargo package` would upload for each publishable crate: fails on a path dependency
+/// without a version or a manifest the registry refuses (a few seconds, no build).
+fn package_lists(root: &Path) -> Result<()> {
+    step("package: the file list of each publishable crate (cargo package --no-verify --list)");
+    for krate in PUBLISHABLE {
+        run(root, "cargo", &["package", "-p", krate, "--no-verify", "--list", "--allow-dirty"])?;
+    }
     Ok(())
 }

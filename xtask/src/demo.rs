@@ -1,5 +1,5 @@
-//! `cargo xtask demo`, the main job: a device's firmware under QEMU sending through the modem
-//! emulator to the test cloud, then the test cloud, two gateways and a simulated sensor fleet
+//! `cargo xtask demo`, the main job: a device's firmware under QEMU posting over its Ethernet
+//! controller straight to the test cloud, reset three times on the way, then the test cloud, two gateways and a simulated sensor fleet
 //! through a scripted fault storm, all on 127.0.0.1. Prints a summary whose last two lines are
 //! `duplicates: <n>` and `lost: <n>`, and writes `target/demo/timeline.svg`.
 
@@ -13,8 +13,10 @@ use crate::util::{run, run_env, step};
 pub fn demo(root: &Path) -> Result<()> {
     // Installs what it needs (thumb target, qemu-system-arm, defmt-print) and fails unless
     // every reading reached the cloud exactly once.
-    step("device leg: the uplink firmware under QEMU (mps2-an386), its modem's far side on the test cloud");
-    let device = crate::qemu::uplink_scenario(root, crate::qemu::UPLINK_FAULTS)?;
+    step(
+        "device leg: the uplink firmware under QEMU (mps2-an386), HTTP over its LAN9118 to the test cloud, reset three times",
+    );
+    let device = crate::device::run(root, &crate::device::RESETS)?;
     println!("{device}");
     // The first line holds the device's counts (`uplink: readings=20 landed=20 …`).
     let device_counts = device.lines().next().unwrap_or_default().to_owned();

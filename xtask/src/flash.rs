@@ -22,8 +22,6 @@ const FLASH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Builds the firmware and runs `flashtest` under QEMU; fails unless it exits 0 in time after
 /// booting [`BOOTS`] times in one QEMU process.
-// Until `cargo xtask qemu` calls it.
-#[allow(dead_code)]
 pub(crate) fn flashtest(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;

@@ -3,11 +3,13 @@
 mod bench;
 mod ci;
 mod demo;
+mod device;
 mod flash;
 mod fuzz;
 mod mutants;
 mod net;
 mod qemu;
+mod shares;
 mod tls;
 mod util;
 
@@ -27,8 +29,13 @@ struct Cli {
 enum Verb {
     /// Format check, clippy (host and thumb), all host tests, cross builds of the core.
     Ci,
-    /// Decision cost (callgrind, wary vs backon), sizes, flash deltas, fleet simulation; writes target/bench/.
-    Bench,
+    /// Decision cost (callgrind, wary vs backon), sizes, flash deltas, fleet simulation, the
+    /// gateway under load against nginx; writes target/bench/.
+    Bench {
+        /// Run one part only: `gateway` (its load bench, about a minute).
+        #[arg(long)]
+        only: Option<bench::Part>,
+    },
     /// The main job: cloud, gateway, firmware under QEMU and a sensor fleet through a fault storm.
     Demo,
     /// Every cargo-fuzz target in fuzz/ (nightly) for a while each; fails on any crash.
@@ -70,7 +77,7 @@ fn main() -> Result<()> {
     let root = project_root();
     match cli.verb {
         Verb::Ci => ci::run_all(&root),
-        Verb::Bench => bench::bench(&root),
+        Verb::Bench { only } => bench::bench(&root, only),
         Verb::Demo => demo::demo(&root),
         Verb::Fuzz { seconds, skip_without_nightly } => {
             fuzz::fuzz(&root, seconds, !skip_without_nightly, None)

@@ -1,6 +1,6 @@
 //! `cargo xtask qemu` runs the firmware's on-target tests under QEMU (mps2-an386, Cortex-M4F),
-//! then the uplink scenario ([`uplink_scenario`]): the `uplink` firmware against the
-//! `wary-modem` emulator and the test cloud, with faults on both; `cargo xtask size` prints what
+//! the network and flash tests, then the device scenarios (`crate::device`): the `uplink`
+//! firmware posting over its LAN9118 straight to the faulty test cloud, with and without resets; `cargo xtask size` prints what
 //! the firmware binaries take of flash and RAM, and the wary core's share. Both also build the
 //! nRF52840-DK application ([`board`]), which needs the board to run, so it is only compiled.
 //!
@@ -9,7 +9,7 @@
 //! (`boards/nrf52840-dk/`), built the same way from its own folder.
 
 use std::env;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -23,17 +23,8 @@ use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, output, step
 pub(crate) const TARGET: &str = "thumbv7em-none-eabihf";
 /// The on-target test binaries, run in this order; each exits 0 only if all its checks passed.
 const TEST_BINS: &[&str] = &["selftest", "conformance", "uplinktest"];
-/// Every firmware binary, for `size`.
-const ALL_BINS: &[&str] = &["selftest", "conformance", "uplinktest", "uplink"];
-/// The cloud's faults in `cargo xtask qemu`'s uplink scenario: 503s, 429s with Retry-After: 1,
-/// and replies lost after the write landed.
-pub const UPLINK_FAULTS: &str = "503=0.2,429=0.1:ra=1,drop_after_effect=0.1,seed=7";
-/// The modem's own faults: a share of answers preceded by a garbage or oversized line, and a
-/// share cut short after the HTTP request was made.
-const MODEM_FAULTS: &[&str] = &["--garbage", "0.15", "--truncate", "0.04"];
-/// Must match `firmware/qemu/src/bin/uplink.rs`: the readings it makes. The device id and the
-/// boot nonce in the keys are read from its SUMMARY line (the nonce changes every run).
-const UPLINK_READINGS: u32 = 20;
+/// Every firmware binary, for `size`; `uplink` is the application.
+const ALL_BINS: &[&str] = &["uplink", "selftest", "conformance", "uplinktest", "nettest", "flashtest"];
 /// The nRF52840-DK application: its cargo workspace (from the repository root) and binary.
 const BOARD_DIR: &str = "boards/nrf52840-dk";
 const BOARD_BIN: &str = "wary-nrf52840-dk";
@@ -51,29 +42,66 @@ pub fn qemu(root: &Path) -> Result<()> {
     for bin in TEST_BINS {
         run_under_qemu(&elf_path(&firmware, bin), bin)?;
     }
-    let summary = uplink_scenario(root, UPLINK_FAULTS)?;
-    step("uplink scenario passed");
-    println!("{summary}");
+    crate::net::nettest(root)?;
+    crate::flash::flashtest(root)?;
+    for scenario in [&crate::device::STORM, &crate::device::RESETS] {
+        let summary = crate::device::run(root, scenario)?;
+        step(&format!("device scenario `{}` passed", scenario.name));
+        println!("{summary}");
+    }
     board(root)
 }
 
-/// Builds the nRF52840-DK application (release, `--locked`) in its own workspace and prints its
-/// flash and RAM use and the wary core's share. Flashing it needs the board: see
-/// firmware/README.md.
+/// Builds the nRF52840-DK application (release, `--locked`) in its own workspace, plain and
+/// with its `tls` feature (HTTPS against a CA pinned at build time: a throwaway one made here,
+/// since only the size matters), and prints the flash and RAM of both and who owns the flash.
+/// Flashing it needs the board: see firmware/README.md.
 pub fn board(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     let llvm_size = llvm_size()?;
+    let llvm_nm = llvm_size.with_file_name("llvm-nm");
     let dir = root.join(BOARD_DIR);
-    step("building the nRF52840-DK application (release, thumbv7em-none-eabihf)");
+    step("building the nRF52840-DK application (release, thumbv7em-none-eabihf), plain HTTP");
     let started = Instant::now();
-    run_firmware_cargo(&dir, BOARD_DIR, &["build", "--release", "--locked"]).with_context(|| {
-        format!("if {BOARD_DIR}/Cargo.lock is out of date, run `cargo build --release` there once and commit the lock")
-    })?;
+    let lock_hint = || {
+        format!(
+            "if {BOARD_DIR}/Cargo.lock is out of date, run `cargo build --release` there once and commit the lock"
+        )
+    };
+    run_firmware_cargo(&dir, BOARD_DIR, &["build", "--release", "--locked"], &[]).with_context(lock_hint)?;
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
+    let plain = dir.join("target/wary-nrf52840-dk.plain.elf");
+    copy_elf(&elf_path(&dir, BOARD_BIN), &plain)?;
+
+    step("building it again with `--features tls` (TLS 1.3, a CA pinned at build time)");
+    let ca_dir = env::temp_dir().join(format!("wary-board-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&ca_dir)?;
+    let ca = ca_dir.join("ca.der");
+    std::fs::write(&ca, crate::tls::throwaway_ca_der()?)?;
+    let ca_arg = ca.to_str().context("temp path is not UTF-8")?.to_owned();
+    let started = Instant::now();
+    let built = run_firmware_cargo(
+        &dir,
+        BOARD_DIR,
+        &["build", "--release", "--locked", "--features", "tls"],
+        &[("WARY_CA_DER", ca_arg.as_str())],
+    );
+    let _ = std::fs::remove_dir_all(&ca_dir);
+    built.with_context(lock_hint)?;
+    eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
+    let tls = dir.join("target/wary-nrf52840-dk.tls.elf");
+    copy_elf(&elf_path(&dir, BOARD_BIN), &tls)?;
+
     step("nRF52840-DK application size (flash = text + data, RAM = data + bss; the stack is not counted)");
-    let elf = elf_path(&dir, BOARD_BIN);
-    size_table(&llvm_size, &[(BOARD_BIN, elf.clone())])?;
-    core_share(&llvm_size.with_file_name("llvm-nm"), &[(BOARD_BIN, elf)])
+    let bins = [("nrf52840-dk", plain), ("nrf52840-dk+tls", tls)];
+    size_table(&llvm_size, &bins)?;
+    shares_table(&llvm_nm, &bins)
+}
+
+/// Keeps a copy of a build's ELF, since the next build with other features overwrites it.
+fn copy_elf(elf: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(elf, to).with_context(|| format!("copying {} to {}", elf.display(), to.display()))?;
+    Ok(())
 }
 
 /// Builds the firmware and prints flash and RAM use of each binary.
@@ -85,7 +113,7 @@ pub fn size(root: &Path) -> Result<()> {
     step("firmware size (flash = text + data, RAM = data + bss; the stack is not counted)");
     let bins: Vec<_> = ALL_BINS.iter().map(|bin| (*bin, elf_path(&firmware, bin))).collect();
     size_table(&llvm_size, &bins)?;
-    core_share(&llvm_size.with_file_name("llvm-nm"), &bins)?;
+    shares_table(&llvm_size.with_file_name("llvm-nm"), &bins[..1])?;
     board(root)
 }
 
@@ -107,252 +135,29 @@ fn size_table(llvm_size: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
     Ok(())
 }
 
-/// The wary core's share of flash: sizes of symbols under `wary::` from `llvm-nm`. With LTO
-/// much of the core is inlined into its callers, so this is a lower bound.
-fn core_share(llvm_nm: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
-    step("the wary core's share (symbols under `wary::`; inlined code counts toward its callers)");
-    println!("{:<16} {:>11} {:>11} {:>9}", "binary", "core flash", "all flash", "share");
+/// Who owns each binary's flash, by crate group (`crate::shares`): lower bounds, since LTO
+/// inlines code into its callers.
+fn shares_table(llvm_nm: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
+    step(
+        "flash by crate (sized symbols; code inlined by LTO counts toward its caller, so each is a lower bound)",
+    );
     for (bin, elf) in bins {
-        let out = Command::new(llvm_nm)
-            .args(["--print-size", "--size-sort", "--demangle"])
-            .arg(elf)
-            .output()
-            .with_context(|| format!("running {}", llvm_nm.display()))?;
-        if !out.status.success() {
-            bail!("llvm-nm {} failed: {}", elf.display(), String::from_utf8_lossy(&out.stderr));
-        }
-        let (core, all) = flash_symbols(&String::from_utf8_lossy(&out.stdout), "wary::");
-        let share = if all == 0 { 0.0 } else { 100.0 * core as f64 / all as f64 };
-        println!("{bin:<16} {core:>11} {all:>11} {share:>8.1}%");
+        let shares = crate::shares::shares(llvm_nm, elf)?;
+        let all: u64 = shares.iter().map(|(_, n)| n).sum();
+        let row: Vec<String> = shares
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{name} {n} ({:.1}%)", 100.0 * *n as f64 / all.max(1) as f64))
+            .collect();
+        println!("{bin}: {all} B in sized symbols: {}", row.join(", "));
     }
     Ok(())
-}
-
-/// Sums the sizes of code and read-only symbols in `llvm-nm --print-size` output: those whose
-/// name contains `prefix`, and all of them.
-fn flash_symbols(nm: &str, prefix: &str) -> (u64, u64) {
-    let mut core = 0;
-    let mut all = 0;
-    for line in nm.lines() {
-        let mut fields = line.splitn(4, ' ');
-        let (Some(_addr), Some(size), Some(kind), Some(name)) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        if !matches!(kind, "t" | "T" | "r" | "R") {
-            continue;
-        }
-        let Ok(size) = u64::from_str_radix(size, 16) else { continue };
-        all += size;
-        if name.contains(prefix) {
-            core += size;
-        }
-    }
-    (core, all)
-}
-
-/// A QEMU wall-time limit for the uplink scenario; a healthy run takes 10 to 30 s (the round
-/// pauses grow while the fleet budget refuses retries).
-const UPLINK_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Runs the uplink scenario and returns its summary: builds the firmware and `wary-modem`,
-/// starts QEMU with UART0 on a Unix socket, starts `wary-modem` on it (with an in-process
-/// cloud injecting `faults`, and its own garbage lines and cut answers), and fails unless the
-/// firmware exits 0 and the cloud applied every one of the readings exactly once.
-pub fn uplink_scenario(root: &Path, faults: &str) -> Result<String> {
-    ensure_targets(&[TARGET])?;
-    ensure_apt("qemu-system-arm", "qemu-system-arm")?;
-    ensure_cargo_install("defmt-print", "defmt-print", &[])?;
-    let firmware = root.join("firmware");
-    build(&firmware)?;
-    step("building wary-modem");
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
-        .args(["build", "-p", "wary-modem"])
-        .current_dir(root)
-        .status()
-        .context("starting cargo")?;
-    if !status.success() {
-        bail!("`cargo build -p wary-modem` failed with {status}");
-    }
-    let target_dir = env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |d| root.join(d));
-    let modem_bin = target_dir.join("debug").join("wary-modem");
-
-    let elf = elf_path(&firmware, "uplink");
-    let elf_arg = elf.to_str().context("firmware path is not UTF-8")?.to_owned();
-    let dir = env::temp_dir().join(format!("wary-uplink-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let sock = dir.join("modem.sock");
-    let _ = std::fs::remove_file(&sock);
-    let sock_arg = sock.to_str().context("temp path is not UTF-8")?.to_owned();
-    step(&format!("uplink scenario: cloud faults `{faults}`, modem faults `{}`", MODEM_FAULTS.join(" ")));
-    let chardev = format!("socket,id=modem,path={sock_arg},server=on,wait=on");
-    let started = Instant::now();
-    let (mut qemu, mut printer) = start_qemu(
-        &elf_arg,
-        &["-chardev", &chardev, "-serial", "chardev:modem"],
-        Stdio::null(),
-        Stdio::piped(),
-    )?;
-    let mut children = Children(vec![]);
-    let log = printer.stdout.take().context("defmt-print stdout")?;
-    let log_reader = thread::spawn(move || {
-        let mut summary = None;
-        for line in BufReader::new(log).lines().map_while(Result::ok) {
-            println!("    {line}");
-            if let Some(at) = line.find("SUMMARY ") {
-                summary = line.get(at + "SUMMARY ".len()..).map(str::to_owned);
-            }
-        }
-        summary
-    });
-    let modem = Command::new(&modem_bin)
-        .args(["--socket", &sock_arg, "--faults", faults])
-        .args(MODEM_FAULTS)
-        .stdout(Stdio::piped())
-        .spawn();
-    let mut modem = match modem {
-        Ok(m) => m,
-        Err(err) => {
-            children.0.extend([qemu, printer]);
-            return Err(err).with_context(|| format!("starting {}", modem_bin.display()));
-        }
-    };
-    let mut modem_out = modem.stdout.take().context("wary-modem stdout")?;
-    let report_reader = thread::spawn(move || {
-        let mut text = String::new();
-        let _ = modem_out.read_to_string(&mut text);
-        text
-    });
-
-    // QEMU holds the guest until the modem connects: a modem that dies first (a bad fault
-    // spec, say) would leave QEMU waiting, so stop it at once.
-    let deadline = Instant::now() + UPLINK_TIMEOUT;
-    let qemu_status = loop {
-        if let Some(status) = qemu.try_wait().context("waiting for qemu-system-arm")? {
-            break Some(status);
-        }
-        if let Some(status) = modem.try_wait().context("waiting for wary-modem")?
-            && !status.success()
-        {
-            let _ = qemu.kill();
-            let _ = qemu.wait();
-            bail!("wary-modem exited with {status} before the firmware finished");
-        }
-        if Instant::now() >= deadline {
-            let _ = qemu.kill();
-            let _ = qemu.wait();
-            break None;
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    // The modem ends when QEMU closes the socket; a modem that hangs is killed.
-    let modem_status = wait_with_timeout(&mut modem, Duration::from_secs(15))?;
-    let _ = printer.wait();
-    let summary = log_reader.join().ok().flatten();
-    let report = report_reader.join().unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
-    let elapsed = started.elapsed().as_secs_f64();
-    match qemu_status {
-        None => bail!("uplink: QEMU still running after {} s; killed", UPLINK_TIMEOUT.as_secs()),
-        Some(status) if !status.success() => bail!("uplink failed under QEMU: {}", describe_exit(status)),
-        Some(_) => {}
-    }
-    match modem_status {
-        Some(status) if status.success() => {}
-        other => bail!("wary-modem failed: {other:?}"),
-    }
-    let summary = summary.context("the firmware printed no SUMMARY line")?;
-    let (device, boot) = device_and_boot(&summary)?;
-    let check = exactly_once(&report, device, boot)?;
-    let stats = attempt_stats(&summary);
-    Ok(format!("uplink: {summary}\nattempts per call: {stats}\nserver: {check}\nwall time {elapsed:.1} s"))
-}
-
-/// The `device=` and `boot=` fields (hex) of the SUMMARY line: the keys' device and boot parts.
-fn device_and_boot(summary: &str) -> Result<(u32, u32)> {
-    let hex = |name: &str| -> Result<u32> {
-        let value = summary
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-            .with_context(|| format!("no {name}= in the SUMMARY line: {summary}"))?;
-        u32::from_str_radix(value, 16).with_context(|| format!("{name}={value} is not a 32-bit hex number"))
-    };
-    Ok((hex("device")?, hex("boot")?))
-}
-
-/// Checks the modem's report: each of the readings' keys (from `device` in boot `boot`)
-/// applied exactly once, no duplicates.
-fn exactly_once(report: &str, device: u32, boot: u32) -> Result<String> {
-    let report: serde_json::Value = serde_json::from_str(report.trim())
-        .with_context(|| format!("wary-modem printed no JSON report: {report:?}"))?;
-    let cloud = &report["cloud"];
-    let duplicates = cloud["duplicates"]["keys"].as_u64().context("no duplicates.keys in the cloud stats")?;
-    if duplicates != 0 {
-        bail!("the cloud applied {duplicates} keys more than once: {}", cloud["duplicates"]);
-    }
-    let mut missing = vec![];
-    for seq in 0..UPLINK_READINGS {
-        let key = wary::Key::from_parts(device, boot, u64::from(seq)).to_hex();
-        let effects = report["keys"][key.as_str()]["effects"].as_u64().unwrap_or(0);
-        if effects != 1 {
-            missing.push(format!("reading {seq} (key {key}): {effects} effects"));
-        }
-    }
-    if !missing.is_empty() {
-        bail!("not exactly once: {}", missing.join("; "));
-    }
-    let keyed = cloud["keyed_effects"].as_u64().unwrap_or(0);
-    if keyed != u64::from(UPLINK_READINGS) {
-        bail!("the cloud applied {keyed} keyed effects, expected {UPLINK_READINGS}");
-    }
-    Ok(format!(
-        "{UPLINK_READINGS} keys of device {device:08x} boot {boot:08x}, each applied exactly once \
-         (duplicates 0); requests {}, replays {}, \
-         faults injected {}, by status {}; modem {}",
-        cloud["requests"],
-        cloud["replays"],
-        cloud["faults_injected"],
-        cloud["requests_by_status"],
-        report["modem"]
-    ))
-}
-
-/// `mean=… p95=… max=…` out of the SUMMARY fields.
-fn attempt_stats(summary: &str) -> String {
-    let field = |name: &str| {
-        summary
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-            .unwrap_or("?")
-            .to_owned()
-    };
-    format!(
-        "mean {}, p95 {}, max {} over {} calls",
-        field("mean"),
-        field("p95"),
-        field("max"),
-        field("calls")
-    )
-}
-
-/// Children killed and reaped when dropped (on an early error).
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 pub(crate) fn build(firmware: &Path) -> Result<()> {
     step("building the firmware (release, thumbv7em-none-eabihf)");
     let started = Instant::now();
-    run_firmware_cargo(firmware, "firmware", &["build", "--release", "--locked", "--bins"]).context(
+    run_firmware_cargo(firmware, "firmware", &["build", "--release", "--locked", "--bins"], &[]).context(
         "if firmware/Cargo.lock is out of date (a dependency of crates/wary changed), run \
          `cargo build --release` in firmware/ once and commit the lock",
     )?;
@@ -363,7 +168,7 @@ pub(crate) fn build(firmware: &Path) -> Result<()> {
 /// Runs cargo in `dir` (`firmware/` or a board's folder, `label` in messages) without the
 /// caller's RUSTFLAGS: they would replace the `rustflags` of its .cargo/config.toml, and with
 /// them the linker scripts.
-fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str]) -> Result<()> {
+fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str], vars: &[(&str, &str)]) -> Result<()> {
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"] {
         if env::var_os(var).is_some() {
             eprintln!("    note: {var} is set; not passing it to the firmware build");
@@ -375,6 +180,7 @@ fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str]) -> Result<()> {
         .current_dir(dir)
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .envs(vars.iter().copied())
         .status()
         .context("starting cargo")?;
     if !status.success() {
@@ -534,27 +340,6 @@ mod tests {
         let out = "   text\t   data\t    bss\t    dec\t    hex\tfilename\n  12208\t      0\t   1096\t  13304\t   33f8\tconformance\n";
         assert_eq!(parse_berkeley(out), Some((12208, 0, 1096)));
         assert_eq!(parse_berkeley("text data bss\n"), None);
-    }
-
-    #[test]
-    fn sums_core_symbols() {
-        let nm = "00000100 00000010 T wary::run::Runner::call\n00000200 00000020 t main\n\
-                  00000300 00000008 R wary::classify::Table::DEFAULT\n20000000 00000040 B wary::X\n";
-        assert_eq!(flash_symbols(nm, "wary::"), (0x18, 0x38));
-    }
-
-    #[test]
-    fn reads_device_and_boot_from_the_summary() {
-        let s = "device=0a386001 boot=9f00e2c4 readings=20 landed=20";
-        assert_eq!(device_and_boot(s).unwrap(), (0x0a38_6001, 0x9f00_e2c4));
-        assert!(device_and_boot("readings=20 landed=20").is_err());
-        assert!(device_and_boot("device=0a386001 boot=xyz").is_err());
-    }
-
-    #[test]
-    fn reads_attempt_stats_from_the_summary() {
-        let s = "readings=20 landed=20 calls=21 attempts=30 mean=1.428 p95=3 max=4";
-        assert_eq!(attempt_stats(s), "mean 1.428, p95 3, max 4 over 21 calls");
     }
 
     #[test]

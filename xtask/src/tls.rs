@@ -52,11 +52,12 @@ const MAX_REQUEST_HEAD: usize = 8 * 1024;
 const PACKAGE: &str = "wary-tls-probe";
 
 /// What one server must have seen by the end of the run: connections, completed handshakes,
-/// requests. Must agree with `CASES` in tls-probe.rs.
+/// requests. Must agree with `CASES` in tls-probe.rs, and its two cases through the uplink's
+/// own `TlsTransport` (one more on `good` and on `rogue`).
 const EXPECTED: &[(&str, Seen)] = &[
-    ("good", Seen { connections: 1, handshakes: 1, requests: 1 }),
+    ("good", Seen { connections: 2, handshakes: 2, requests: 2 }),
     // Refused by the device after the server's certificate: no handshake completes, nothing is sent.
-    ("rogue", Seen { connections: 1, handshakes: 0, requests: 0 }),
+    ("rogue", Seen { connections: 2, handshakes: 0, requests: 0 }),
     ("wrongname", Seen { connections: 1, handshakes: 0, requests: 0 }),
     ("small", Seen { connections: 1, handshakes: 1, requests: 1 }),
     // The small-buffer case's request lands before its reply record overflows the buffer.
@@ -281,6 +282,13 @@ impl TestChain {
             ("big", tls13(&good)?, BIG_BODY),
         ])
     }
+}
+
+/// A throwaway CA certificate (DER), for a build that pins a CA but never connects: its key is
+/// dropped at once.
+pub(crate) fn throwaway_ca_der() -> Result<Vec<u8>> {
+    let ca = CertifiedIssuer::self_signed(ca_params("wary build-check CA")?, KeyPair::generate()?)?;
+    Ok(ca.der().to_vec())
 }
 
 fn ca_params(name: &str) -> Result<CertificateParams> {

@@ -72,6 +72,30 @@ pub fn ensure_apt(program: &str, package: &str) -> Result<()> {
     )
 }
 
+/// Where Debian's nginx package puts the binary (`/usr/sbin` is not on every user's PATH).
+pub const NGINX: &str = "/usr/sbin/nginx";
+
+/// Installs Debian's `nginx` when it is missing: the gateway's scale-out test runs three
+/// replicas behind it, and `cargo xtask bench` measures the gateway against it. Only the
+/// binary is used (the tests and the bench start it with their own config on loopback); the
+/// package's own service is stopped if its install started one.
+pub fn ensure_nginx() -> Result<()> {
+    if Path::new(NGINX).exists() || have("nginx") {
+        return Ok(());
+    }
+    step("nginx is missing (the gateway's replica test and bench use it): installing Debian package nginx");
+    run(Path::new("."), "apt-get", &["update", "-qq"])?;
+    run_env(
+        Path::new("."),
+        "apt-get",
+        &["install", "-y", "-qq", "--no-install-recommends", "nginx"],
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )?;
+    // A package install may start the default site on port 80; nothing here needs it.
+    let _ = Command::new(NGINX).args(["-s", "stop"]).status();
+    Ok(())
+}
+
 /// Installs a cargo tool when `program` is missing.
 pub fn ensure_cargo_install(program: &str, krate: &str, extra: &[&str]) -> Result<()> {
     if have(program) {

@@ -1,19 +1,15 @@
 //! The uplink application on the nRF52840-DK: the same uplink as the QEMU app
-//! (`firmware/qemu/src/bin/uplink.rs`), on real hardware.
+//! (`firmware/qemu/src/bin/uplink.rs`), over a cellular modem's PPP instead of Ethernet.
 //!
-//! - **Modem**: UARTE0 as a `BufferedUarte` at 115200 baud, TX on P0.06 and RX on P0.08 (the
-//!   DK's VCOM pins), speaking the AT protocol of `wary-modem-proto`. Other pins: change
-//!   `modem_tx`/`modem_rx` in `main` (firmware/README.md lists the DK's free pins).
-//! - **Jitter seed**: 8 bytes from the hardware RNG (bias correction on), per boot.
+//! - **Link**: UARTE0 as a `BufferedUarte`, 115200 8N1, TX P1.01 and RX P1.02, to a 3GPP modem.
+//!   `wary-dial` brings it into data mode (`ATD*99#` → `CONNECT`), then `embassy-net-ppp` runs
+//!   PPP on the same UART as the `embassy-net` device, with the IPv4 address from IPCP; when
+//!   PPP ends the modem is hung up and dialled again after a jittered wait ([`link`]).
+//! - **Outbox and boot counter**: on the internal flash, in the top 32 KiB that `memory.x`
+//!   keeps out of the program ([`layout`]), through embassy-nrf's `Nvmc`.
+//! - **Jitter seed**: from the hardware RNG (bias correction on), per boot.
 //! - **Device id**: FICR DEVICEID[0], the low 32 bits of the factory-programmed 64-bit id.
-//! - **Boot field of the keys**: a 32-bit nonce from the hardware RNG, drawn at every boot, so
-//!   a rebooted board does not reuse its earlier keys (the cloud would replay, not apply, a
-//!   reading with a reused key). Unique per boot with high probability only: two boots collide
-//!   with probability 2^-32 per pair (about 1 in 86 000 over 100 boots of one board). For a
-//!   guarantee, persist a boot counter instead: a flash page reserved at the end of FLASH in
-//!   `memory.x` (4 KiB at `0x000F_F000`), incremented at boot through
-//!   `embassy_nrf::nvmc::Nvmc` before the first reading (firmware/README.md).
-//! - **Readings**: the on-die temperature sensor (`TEMP`), one every [`PERIOD`].
+//! - **Readings**: the on-die temperature sensor (`TEMP`), one every [`PERIOD`], for ever.
 //!
 //! Logs over defmt-rtt (`cargo run --release` prints them through probe-rs); a panic is
 //! reported by panic-probe.
@@ -21,28 +17,105 @@
 #![no_std]
 #![no_main]
 
+mod config;
+mod layout;
+mod link;
+
+use core::net::{Ipv4Addr, SocketAddrV4};
+
 use defmt_rtt as _;
+use embassy_embedded_hal::adapter::BlockingAsync;
 use embassy_executor::Spawner;
+use embassy_net::{Stack, StackResources};
 use embassy_nrf::buffered_uarte::{self, BufferedUarte};
 use embassy_nrf::config::{HfclkSource, LfclkSource};
+use embassy_nrf::nvmc::Nvmc;
 use embassy_nrf::temp::{self, Temp};
 use embassy_nrf::{bind_interrupts, peripherals, rng, uarte};
-use embassy_time::{Duration, Timer};
+use embassy_time::{Delay, Duration, Timer};
 use panic_probe as _;
+use static_cell::{ConstStaticCell, StaticCell};
 use wary::ledger::Ledger;
-use wary_uplink::{Config, FLEET, Modem, Outbox, POLICY, Reading, SplitMix64, uplink};
+use wary_dial::{Apn, Chat};
+use wary_outbox::{Outbox, PushError};
+#[cfg(not(feature = "tls"))]
+use wary_uplink::HttpTransport;
+use wary_uplink::http::Buffers;
+use wary_uplink::{Config, FLEET, POLICY, Reading, SplitMix64, Store, uplink};
 
-/// Readings the sensor makes; the run ends when all have settled.
-const READINGS: u32 = 20;
-/// Small on purpose, as under QEMU: a modem slower than the sensor meets the full-outbox policy.
-const OUTBOX: usize = 4;
-/// Time between temperature readings.
-const PERIOD: Duration = Duration::from_secs(1);
-/// An answer not complete within this is a response timeout: a cellular modem's HTTP request
-/// can take seconds (attach, DNS, TLS), far longer than the emulator under QEMU.
-const MODEM_TIMEOUT: Duration = Duration::from_secs(15);
+use crate::link::LinkAware;
 
-static OUTBOX_CELL: Outbox<OUTBOX> = Outbox::new();
+// ---------------------------------------------------------------------------------------------
+// Configuration: each value can be set in the build's environment (`WARY_APN=... cargo build`);
+// a malformed one stops the build. The APN and the PAP credentials are never logged.
+// ---------------------------------------------------------------------------------------------
+
+/// `WARY_APN`: the access point name of the SIM's data plan. Default empty: the network's
+/// default APN, which many networks assign.
+const APN: Apn<'static> = match Apn::new(config::or(option_env!("WARY_APN"), "")) {
+    Ok(apn) => apn,
+    Err(_) => panic!("WARY_APN: printable ASCII without `\"` or `\\`, at most 100 bytes"),
+};
+/// `WARY_PPP_USER`, `WARY_PPP_PASSWORD`: PAP credentials, if the APN needs them (default
+/// empty: most cellular networks take any).
+const PPP_USER: &str = config::or(option_env!("WARY_PPP_USER"), "");
+const PPP_PASSWORD: &str = config::or(option_env!("WARY_PPP_PASSWORD"), "");
+/// `WARY_SERVER`: the cloud's IPv4 address. The default, 192.0.2.1, is a documentation
+/// address that reaches nothing: set it to your server.
+const SERVER_IP: Ipv4Addr = match config::ipv4(config::or(option_env!("WARY_SERVER"), "192.0.2.1")) {
+    Some(ip) => ip,
+    None => panic!("WARY_SERVER: an IPv4 address such as 203.0.113.7"),
+};
+/// `WARY_PORT`: the cloud's TCP port (HTTP/1.1, no TLS). Default 8080.
+const SERVER_PORT: u16 = match config::port(config::or(option_env!("WARY_PORT"), "8080")) {
+    Some(port) => port,
+    None => panic!("WARY_PORT: a TCP port, 1 to 65535"),
+};
+/// `WARY_PATH`: where readings are posted. Default `/readings`.
+const PATH: &str = config::or(option_env!("WARY_PATH"), wary_uplink::PATH);
+/// `WARY_SERVER_NAME` (feature `tls`): the cloud's name, sent as SNI and `Host`; its
+/// certificate must carry it and lead to the CA compiled in from `WARY_CA_DER`.
+#[cfg(feature = "tls")]
+const SERVER_NAME: &str = config::or(option_env!("WARY_SERVER_NAME"), "cloud.example.com");
+#[cfg(feature = "tls")]
+static PINNED_CA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pinned-ca.der"));
+/// TLS record buffers: a whole record of any server, and one record of request.
+#[cfg(feature = "tls")]
+static TLS_READ: ConstStaticCell<[u8; wary_uplink::tls::MAX_RECORD]> =
+    ConstStaticCell::new([0; wary_uplink::tls::MAX_RECORD]);
+#[cfg(feature = "tls")]
+static TLS_WRITE: ConstStaticCell<[u8; 1024]> = ConstStaticCell::new([0; 1024]);
+const _: () = assert!(config::path(PATH), "WARY_PATH: an absolute path of visible ASCII, such as /readings");
+
+/// Time between temperature readings. Flash wear sets the floor: the queue erases a page per
+/// about 118 readings and has six pages, so one reading a minute erases each page about twice a
+/// day, far inside the nRF52840's 10 000 erase cycles over a device's life.
+const PERIOD: Duration = Duration::from_secs(60);
+/// The longest one exchange may take (connect, send, reply): a cellular round trip takes
+/// hundreds of milliseconds, more while the radio wakes; the call's 20 s deadline shortens it.
+const ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
+/// How long the device waits before it tries again to open an outbox that did not open.
+const OPEN_RETRY: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+
+/// The outbox's flash: the NVMC's blocking `NorFlash` and `MultiwriteNorFlash`, made async.
+/// Writes and erases halt the CPU while they run (a page erase takes up to 85 ms); the UART's
+/// receive buffer is sized to take what the modem sends meanwhile.
+type Flash = BlockingAsync<Nvmc<'static>>;
+/// One exchange at a time: socket buffers and a header block of 1 KiB each.
+type NetBuffers = Buffers<1024, 1024, 1024>;
+
+/// The UART's receive buffer: half of it (2 KiB) holds 170 ms at 115200 baud, twice the longest
+/// flash erase, during which the CPU cannot empty it.
+static UART_RX: ConstStaticCell<[u8; 4096]> = ConstStaticCell::new([0; 4096]);
+static UART_TX: ConstStaticCell<[u8; 2048]> = ConstStaticCell::new([0; 2048]);
+static PPP_STATE: ConstStaticCell<embassy_net_ppp::State<2, 2>> =
+    ConstStaticCell::new(embassy_net_ppp::State::new());
+/// One TCP socket for the exchange, one spare.
+static RESOURCES: ConstStaticCell<StackResources<2>> = ConstStaticCell::new(StackResources::new());
+static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
+static STORE: StaticCell<Store<Flash>> = StaticCell::new();
 
 bind_interrupts!(struct Irqs {
     UARTE0 => buffered_uarte::InterruptHandler<peripherals::UARTE0>;
@@ -50,20 +123,56 @@ bind_interrupts!(struct Irqs {
     TEMP => temp::InterruptHandler;
 });
 
-/// Reads the on-die temperature sensor `count` times, one every `period`, and offers each
-/// reading until the outbox takes it (every refusal is counted by the outbox).
 #[embassy_executor::task]
-async fn sensor(mut temp: Temp<'static>, outbox: &'static Outbox<OUTBOX>, count: u32, period: Duration) {
-    for seq in 0..count {
+async fn net_task(mut runner: embassy_net::Runner<'static, embassy_net_ppp::Device<'static>>) -> ! {
+    runner.run().await
+}
+
+/// The modem: dial, PPP, hang up, redial, for ever.
+#[embassy_executor::task]
+async fn modem_task(
+    mut uart: BufferedUarte<'static>,
+    mut ppp: embassy_net_ppp::Runner<'static>,
+    stack: Stack<'static>,
+    seed: u64,
+) -> ! {
+    let ppp_config =
+        embassy_net_ppp::Config { username: PPP_USER.as_bytes(), password: PPP_PASSWORD.as_bytes() };
+    let chat = Chat::new(wary_dial::Config::new(APN));
+    link::run(&mut uart, &mut ppp, ppp_config, chat, stack, SplitMix64::new(seed)).await
+}
+
+/// Reads the on-die temperature sensor every [`PERIOD`], for ever, and pushes each reading into
+/// the outbox. A full outbox or a flash error hands the reading back (the outbox counts each
+/// refusal and error): it is offered again a period later, so nothing is dropped.
+#[embassy_executor::task]
+async fn sensor_task(mut temp: Temp<'static>, store: &'static Store<Flash>) -> ! {
+    loop {
         // Quarter degrees Celsius.
         let quarters = temp.read().await.to_bits();
-        let reading = Reading { seq, milli_celsius: quarters.saturating_mul(250) };
-        defmt::debug!("reading {}", reading);
-        while !outbox.offer(reading) {
-            defmt::warn!("outbox full: reading {=u32} refused, offered again later", seq);
-            Timer::after(period).await;
+        let mut reading = Reading { milli_celsius: quarters.saturating_mul(250) };
+        loop {
+            match store.push(reading).await {
+                Ok(id) => {
+                    defmt::info!("ACCEPTED boot={=u32:08x} seq={=u32}", id.boot, id.seq);
+                    break;
+                }
+                Err(PushError::Full(back)) => {
+                    defmt::warn!("outbox full: reading refused, offered again later");
+                    reading = back;
+                }
+                Err(PushError::Failed(back, e)) => {
+                    defmt::error!("outbox push failed ({}): reading offered again later", e);
+                    reading = back;
+                }
+                Err(other) => {
+                    defmt::error!("outbox push refused: reading offered again later");
+                    reading = other.into_entry();
+                }
+            }
+            Timer::after(PERIOD).await;
         }
-        Timer::after(period).await;
+        Timer::after(PERIOD).await;
     }
 }
 
@@ -81,30 +190,55 @@ async fn main(spawner: Spawner) {
     let p = embassy_nrf::init(config);
 
     let device = device_id();
-    // 8 bytes of jitter seed, then 4 of boot nonce (the keys' boot field), all from the
-    // hardware RNG with bias correction: fresh at every boot.
-    let (seed, boot) = {
+    // Three seeds from the hardware RNG with bias correction, fresh at every boot: the uplink's
+    // jitter, the redial backoff's jitter, and the TCP stack's (initial sequence numbers, ports).
+    // With TLS, 256 more bits seed the handshakes' generator.
+    let (jitter_seed, redial_seed, net_seed, _tls_seed) = {
         let mut rng = rng::Rng::new(p.RNG, Irqs);
         rng.set_bias_correction(true);
-        let mut bytes = [0u8; 12];
+        let mut bytes = [0u8; 56];
         rng.fill_bytes(&mut bytes).await;
-        let [s0, s1, s2, s3, s4, s5, s6, s7, b0, b1, b2, b3] = bytes;
-        (u64::from_le_bytes([s0, s1, s2, s3, s4, s5, s6, s7]), u32::from_le_bytes([b0, b1, b2, b3]))
+        let (words, tls) = bytes.split_at(24);
+        let mut seeds = words.chunks_exact(8).map(|c| c.try_into().map_or(0, u64::from_le_bytes));
+        let tls: [u8; 32] = tls.try_into().unwrap_or([0; 32]);
+        (seeds.next().unwrap_or(0), seeds.next().unwrap_or(0), seeds.next().unwrap_or(0), tls)
+    };
+
+    // The outbox first: its boot counter goes up before anything is sent.
+    let outbox_config =
+        wary_outbox::Config { boot_range: layout::BOOT_RANGE, queue_range: layout::QUEUE_RANGE };
+    let mut flash: Flash = BlockingAsync::new(Nvmc::new(p.NVMC));
+    let (outbox, report) = loop {
+        match Outbox::open(flash, outbox_config.clone()).await {
+            Ok(opened) => break opened,
+            Err(e) => {
+                defmt::error!(
+                    "the outbox does not open ({}): trying again in {=u64} s",
+                    e.error,
+                    OPEN_RETRY.as_secs()
+                );
+                flash = e.flash;
+                Timer::after(OPEN_RETRY).await;
+            }
+        }
     };
     defmt::info!(
-        "wary uplink on nRF52840-DK: device {=u32:08x}, boot nonce {=u32:08x}, jitter seed {=u64:016x}",
+        "wary uplink on nRF52840-DK: device {=u32:08x}, BOOT {=u32}: {=u32} pending, boot range reset {}, queue range reset {}, {=u32} foreign discarded",
         device,
-        boot,
-        seed
+        report.boot,
+        report.pending,
+        report.boot_range_reset,
+        report.queue_range_reset,
+        report.foreign_discarded
     );
+    defmt::info!("server {}:{=u16}, path {=str}", SERVER_IP, SERVER_PORT, PATH);
+    let store: &'static Store<Flash> = STORE.init(Store::new(outbox));
 
-    // The modem's pins: TX P0.06, RX P0.08, the DK's VCOM pins (also wired to the on-board
-    // J-Link's USB serial port). Any free GPIO works; firmware/README.md lists the free ones.
-    let (modem_tx, modem_rx) = (p.P0_06, p.P0_08);
+    // The modem's pins: TX P1.01, RX P1.02, on the DK's P1 header and used by nothing else on
+    // the board. firmware/README.md lists the other free pins.
+    let (modem_tx, modem_rx) = (p.P1_01, p.P1_02);
     let mut uart_config = uarte::Config::default();
     uart_config.baudrate = uarte::Baudrate::Baud115200;
-    let mut rx_buffer = [0u8; 256];
-    let mut tx_buffer = [0u8; 256];
     let uart = BufferedUarte::new(
         p.UARTE0,
         p.TIMER1,
@@ -115,26 +249,53 @@ async fn main(spawner: Spawner) {
         modem_tx,
         Irqs,
         uart_config,
-        &mut rx_buffer,
-        &mut tx_buffer,
+        UART_RX.take(),
+        UART_TX.take(),
     );
-    let (rx, tx) = uart.split();
-    let mut modem = Modem::new(rx, tx, MODEM_TIMEOUT);
 
-    match sensor(Temp::new(p.TEMP, Irqs), &OUTBOX_CELL, READINGS, PERIOD) {
-        Ok(token) => spawner.spawn(token),
-        Err(_) => panic!("could not spawn the sensor task"),
+    let (device_ppp, ppp_runner) = embassy_net_ppp::new(PPP_STATE.take());
+    // No address until IPCP assigns one (`link`).
+    let (stack, net_runner) =
+        embassy_net::new(device_ppp, embassy_net::Config::default(), RESOURCES.take(), net_seed);
+
+    for spawned in [
+        net_task(net_runner).map(|t| spawner.spawn(t)),
+        modem_task(uart, ppp_runner, stack, redial_seed).map(|t| spawner.spawn(t)),
+        sensor_task(Temp::new(p.TEMP, Irqs), store).map(|t| spawner.spawn(t)),
+    ] {
+        if spawned.is_err() {
+            // Each task is spawned once, into its own pool: this cannot happen.
+            defmt::panic!("could not spawn a task");
+        }
     }
 
-    let config = Config::new(device, boot, READINGS);
+    let server = SocketAddrV4::new(SERVER_IP, SERVER_PORT);
+    #[cfg(not(feature = "tls"))]
+    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take());
+    #[cfg(feature = "tls")]
+    let http = {
+        use rand_chacha::rand_core::SeedableRng;
+        let pinned = wary_uplink::tls::Pinned { ca: PINNED_CA, server_name: SERVER_NAME };
+        wary_uplink::tls::TlsTransport::new(
+            stack,
+            server,
+            PATH,
+            *POLICY.retry_after_rules(),
+            pinned,
+            BUFFERS.take(),
+            TLS_READ.take(),
+            TLS_WRITE.take(),
+            rand_chacha::ChaCha20Rng::from_seed(_tls_seed),
+        )
+    };
+    let mut transport = LinkAware::new(http, stack);
     let mut ledger = Ledger::<32>::new();
-    let s =
-        uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;
-
-    s.log(READINGS, OUTBOX_CELL.refused(), modem.noise(), modem.lost_answers());
-    if s.all_landed(READINGS) {
-        defmt::info!("every reading landed; idle");
-    } else {
-        defmt::error!("{=u32} of {=u32} readings did not land; idle", READINGS - s.landed, READINGS);
+    // A device runs for ever: no round limit.
+    let config = Config { attempt_limit: ATTEMPT_LIMIT, max_rounds: u32::MAX, ..Config::new(device) };
+    let mut rng = SplitMix64::new(jitter_seed);
+    loop {
+        let s = uplink(&config, &POLICY, &FLEET, Delay, &mut rng, &mut transport, store, &mut ledger).await;
+        s.log(&store.counters().await, &transport.inner.counts());
+        defmt::info!("{=u32} attempts found no link", transport.no_link());
     }
 }

@@ -1,6 +1,8 @@
-//! `wary-demo`: starts the test cloud and two gateways (keyed and legacy) in-process, runs a
-//! simulated sensor fleet through a scripted fault storm, prints a summary whose last two lines
-//! are `duplicates: <n>` and `lost: <n>`, and writes an SVG retry timeline.
+//! `wary-demo`: starts the test cloud and two gateways (keyed and legacy upstream) in-process,
+//! each serving HTTP on 127.0.0.1, runs a simulated sensor fleet through a scripted fault storm
+//! (every sensor posts `POST /readings` with its `Idempotency-Key`, as a device does), prints a
+//! summary whose last two lines are `duplicates: <n>` and `lost: <n>`, and writes an SVG retry
+//! timeline.
 //!
 //! Usage: `wary-demo [OUT.svg]` (default `target/demo/timeline.svg`). Everything runs on
 //! 127.0.0.1.
@@ -15,9 +17,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use wary::Key;
 use wary_cloud::{Cloud, Faults};
-use wary_gateway::{Config, Gateway, Reading};
+use wary_gateway::{Config, Gateway};
 use wary_host::spec::PolicySpec;
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Keyed sensors, legacy sensors, readings per sensor, ms between readings.
 const KEYED_SENSORS: u32 = 50;
@@ -65,13 +76,16 @@ struct Tally {
     acked: AtomicU64,
     /// Acked `gave_up`: kept and sent again.
     gave_up: AtomicU64,
-    /// Acked `unknown` (`surfaced`): may have landed; with a person; never resent, not acked.
+    /// Answered `unknown` (409, surfaced): may have landed; with a person; never resent, not acked.
     surfaced: Mutex<BTreeSet<(u32, u64)>>,
 }
 
 fn config(cloud: &Cloud, legacy: bool) -> Config {
     let mut c = Config::new(&cloud.url(""));
     c.upstream.legacy = legacy;
+    if legacy {
+        c.upstream.path = "/legacy/readings".to_owned();
+    }
     c.upstream.attempt_timeout = Duration::from_millis(1_000);
     c.policy = PolicySpec {
         base: Some(50),
@@ -89,10 +103,48 @@ fn config(cloud: &Cloud, legacy: bool) -> Config {
     c
 }
 
-/// One sensor: a reading every period; what was not acked done is kept and sent again on the
-/// next tick. An `unknown` legacy write is acked done and `surfaced`: it went to a person; the
-/// sensor neither resends it (never a blind resend) nor counts it as acked.
-async fn sensor(gw: Arc<Gateway>, id: u32, tally: Arc<Tally>) {
+/// A reading's key: sensor, boot 1, sequence (the cloud's report is looked up by it).
+fn key(sensor: u32, seq: u64) -> String {
+    Key::from_parts(sensor, 1, seq).to_hex().as_str().to_owned()
+}
+
+/// What a sensor makes of the gateway's answer.
+enum Heard {
+    /// Landed (2xx) or failed (424): done.
+    Done,
+    /// Unknown (409): with a person; never resent.
+    Surfaced,
+    /// 503 (the gateway gave up, or its queue was full), no answer, or a broken connection:
+    /// kept and sent again later with the same key.
+    Later,
+}
+
+/// `POST /readings` as a device sends it, with the gateway's answer classified.
+async fn post(client: &HttpClient, url: &str, key: &str, body: String) -> Heard {
+    let Ok(req) = Request::post(url)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from(body)))
+    else {
+        return Heard::Later;
+    };
+    let exchange = async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status();
+        resp.into_body().collect().await.ok()?;
+        Some(status)
+    };
+    match tokio::time::timeout(Duration::from_secs(20), exchange).await {
+        Ok(Some(s)) if s.is_success() || s == StatusCode::FAILED_DEPENDENCY => Heard::Done,
+        Ok(Some(StatusCode::CONFLICT)) => Heard::Surfaced,
+        _ => Heard::Later,
+    }
+}
+
+/// One sensor: a reading every period; what was not answered done is kept and sent again on
+/// the next tick, with the same key. An `unknown` legacy write (409) is surfaced: the sensor
+/// neither resends it (never a blind resend) nor counts it as acked.
+async fn sensor(client: HttpClient, url: String, id: u32, tally: Arc<Tally>) {
     tokio::time::sleep(Duration::from_millis(u64::from(id % 50) * 29)).await;
     let mut tick = tokio::time::interval(Duration::from_millis(PERIOD_MS));
     let mut pending = VecDeque::new();
@@ -100,27 +152,35 @@ async fn sensor(gw: Arc<Gateway>, id: u32, tally: Arc<Tally>) {
     loop {
         tick.tick().await;
         if seq < PER_SENSOR {
-            pending.push_back(Reading { sensor: id, boot: 1, seq, value: i64::from(id) * 1000 + seq as i64 });
+            pending.push_back(seq);
             seq += 1;
         } else if pending.is_empty() {
             return;
         }
-        for r in std::mem::take(&mut pending) {
-            match gw.submit(r).await {
-                Ok(a) if a.surfaced => {
-                    tally.surfaced.lock().unwrap_or_else(|e| e.into_inner()).insert((r.sensor, r.seq));
+        for q in std::mem::take(&mut pending) {
+            let body = format!("{{\"seq\":{q},\"mC\":{}}}", i64::from(id) * 1000 + q as i64);
+            match post(&client, &url, &key(id, q), body).await {
+                Heard::Surfaced => {
+                    tally.surfaced.lock().unwrap_or_else(|e| e.into_inner()).insert((id, q));
                 }
-                Ok(a) if a.done => {
+                Heard::Done => {
                     tally.acked.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(_) => {
+                Heard::Later => {
                     tally.gave_up.fetch_add(1, Ordering::Relaxed);
-                    pending.push_back(r);
+                    pending.push_back(q);
                 }
-                Err(_) => pending.push_back(r),
             }
         }
     }
+}
+
+/// Serves `gw` over HTTP on a free loopback port; returns its readings URL.
+async fn serve(gw: &Arc<Gateway>) -> Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/readings", listener.local_addr()?);
+    tokio::spawn(wary_gateway::ingress::serve(gw.clone(), listener));
+    Ok(url)
 }
 
 #[tokio::main]
@@ -138,14 +198,16 @@ async fn main() -> Result<()> {
     );
     let keyed = Arc::new(Gateway::start(config(&cloud, false), Box::new(ledger))?);
     let legacy = Arc::new(Gateway::start(config(&cloud, true), Box::new(std::io::sink()))?);
+    let (keyed_url, legacy_url) = (serve(&keyed).await?, serve(&legacy).await?);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let tally = Arc::new(Tally::default());
     let t0 = Instant::now();
     let mut sensors = tokio::task::JoinSet::new();
     for id in 0..KEYED_SENSORS {
-        sensors.spawn(sensor(keyed.clone(), id, tally.clone()));
+        sensors.spawn(sensor(client.clone(), keyed_url.clone(), id, tally.clone()));
     }
     for id in 0..LEGACY_SENSORS {
-        sensors.spawn(sensor(legacy.clone(), 1000 + id, tally.clone()));
+        sensors.spawn(sensor(client.clone(), legacy_url.clone(), 1000 + id, tally.clone()));
     }
     let total = u64::from(KEYED_SENSORS + LEGACY_SENSORS) * PER_SENSOR;
     let mut bands = Vec::new();
@@ -181,8 +243,7 @@ async fn main() -> Result<()> {
     let (mut effects, mut duplicates, mut lost) = (0u64, 0u64, 0u64);
     for id in 0..KEYED_SENSORS {
         for seq in 0..PER_SENSOR {
-            let r = Reading { sensor: id, boot: 1, seq, value: 0 };
-            let e = cloud.key_stats(r.key().to_hex().as_str()).map_or(0, |k| k.effects);
+            let e = cloud.key_stats(&key(id, seq)).map_or(0, |k| k.effects);
             effects += e;
             duplicates += e.saturating_sub(1);
             lost += u64::from(e == 0);
@@ -192,12 +253,12 @@ async fn main() -> Result<()> {
     let surfaced = surfaced_ids.len() as u64;
     for id in 0..LEGACY_SENSORS {
         for seq in 0..PER_SENSOR {
-            let r = Reading { sensor: 1000 + id, boot: 1, seq, value: 0 };
-            let e = cloud.reading_effects(&r.reading_id());
+            // The legacy upstream labels each effect with the key it got as `X-Reading-Id`.
+            let e = cloud.reading_effects(&key(1000 + id, seq));
             effects += e;
             duplicates += e.saturating_sub(1);
             // A legacy reading surfaced as unknown that did not land is with a person, not lost.
-            lost += u64::from(e == 0 && !surfaced_ids.contains(&(r.sensor, seq)));
+            lost += u64::from(e == 0 && !surfaced_ids.contains(&(1000 + id, seq)));
         }
     }
     let (km, lm) = (keyed.metrics(), legacy.metrics());

@@ -1,22 +1,25 @@
-//! A Linux gateway for wary: readings from downstream sensors arrive as length-prefixed frames
-//! and go upstream to the cloud, one wary-run call each, acknowledged downstream only after
-//! their verdict, so a restart loses nothing (the sensor re-sends what was not acked).
+//! A Linux gateway for wary: devices post readings to it over HTTP exactly as they would post
+//! them to the cloud (`POST /readings` with an `Idempotency-Key`), and it sends each upstream
+//! as one wary call, answering the device only after its verdict.
 //!
-//! - keyed writes (`POST /readings`, key from sensor, boot and sequence), or a legacy mode
-//!   (`POST /legacy/readings` unkeyed; an `unknown` goes to the `GET` probe, never a resend;
-//!   one the probe cannot resolve is acked `done` and `surfaced`: the sensor never resends it);
-//! - one shared fleet retry budget; a JSON-lines ledger; attempt statistics;
-//! - a bounded queue: a full queue stops reading frames (backpressure to the sensors);
-//! - Prometheus text on `GET /metrics`.
+//! - any upstream: a 2xx means landed; a body check is opt-in, and a 2xx failing it is landed
+//!   with a bad body, never resent; path, key header and static headers are configuration;
+//! - keyed writes, or a legacy mode for unkeyed upstreams (an `unknown` goes to the `GET`
+//!   probe, never a resend; one the probe cannot resolve is answered 409 and surfaced);
+//! - one shared fleet retry budget per process; a JSON-lines ledger; attempt statistics;
+//! - a bounded queue: a full queue answers 503 + Retry-After at once;
+//! - Prometheus text on `GET /metrics` (loopback).
 //!
-//! Retry happens at exactly one layer: the HTTP client does not retry on its own.
+//! Retry happens at exactly one layer per hop: the HTTP client does not retry on its own, and
+//! the device's resend after a 503 is paced by the gateway's Retry-After and deduplicated by
+//! its key upstream. See `docs/deployment.md` for running several replicas.
 
-pub mod frame;
 pub mod gateway;
+pub mod ingress;
 pub mod metrics;
 pub mod upstream;
 
-pub use frame::{Ack, FrameError, MAX_FRAME, Reading};
-pub use gateway::{Config, Gateway, GatewayError};
-pub use metrics::{Event, Metrics, Surfaced};
-pub use upstream::Upstream;
+pub use gateway::{Answer, Config, Gateway, GatewayError};
+pub use ingress::BadRequest;
+pub use metrics::{Event, Metrics};
+pub use upstream::{BodyCheck, Delivered, Forward, StaticHeader, Upstream};

@@ -1,31 +1,56 @@
-//! `wary-gateway`: readings from downstream sensors (length-prefixed frames on stdin, or on a
-//! Unix socket) sent upstream with wary; an ack frame back for each after its verdict.
+//! `wary-gateway`: devices post readings over HTTP (`POST /readings` with `Idempotency-Key`);
+//! each goes upstream as one wary call, and the device is answered after its verdict.
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use wary_gateway::gateway::accept_loop;
-use wary_gateway::{Config, Gateway};
+use http::header::{HeaderName, HeaderValue};
+use wary_gateway::{BodyCheck, Config, Gateway, StaticHeader};
 use wary_host::spec::PolicySpec;
 
 #[derive(Parser)]
-#[command(about = "wary gateway: downstream frames to the cloud, acked after their verdict", version)]
+#[command(
+    about = "wary gateway: devices' readings over HTTP to any upstream, answered after their verdict",
+    version
+)]
 struct Args {
-    /// The cloud, `http://127.0.0.1:PORT`.
+    /// Where devices connect (`POST /readings`).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The upstream, `http://host:port`.
     #[arg(long)]
     upstream: String,
-    /// Legacy mode: unkeyed `POST /legacy/readings`, probe on `unknown`.
+    /// The upstream path readings are posted to (default `/readings`; `/legacy/readings` with
+    /// `--legacy`).
+    #[arg(long)]
+    path: Option<String>,
+    /// The upstream's idempotency header.
+    #[arg(long, default_value = "Idempotency-Key")]
+    key_header: String,
+    /// A static header sent upstream, `Name: value` (not for secrets: see --header-file).
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+    /// A static header whose value is read from a file, `Name=PATH` (an API token; never logged).
+    #[arg(long = "header-file", value_name = "NAME=PATH")]
+    header_files: Vec<String>,
+    /// A static header whose value is read from an environment variable, `Name=VAR` (never logged).
+    #[arg(long = "header-env", value_name = "NAME=VAR")]
+    header_envs: Vec<String>,
+    /// Opt-in body check: a 2xx must carry this content type (else: landed, bad body).
+    #[arg(long, conflicts_with = "require_json_field")]
+    require_content_type: Option<String>,
+    /// Opt-in body check: a 2xx must be a JSON object with this field (else: landed, bad body).
+    #[arg(long)]
+    require_json_field: Option<String>,
+    /// Legacy mode: the upstream has no idempotency keys; unkeyed POSTs, probe on `unknown`.
     #[arg(long)]
     legacy: bool,
-    /// Serve a Unix socket instead of stdin/stdout.
-    #[arg(long)]
-    unix: Option<PathBuf>,
     /// Serve Prometheus text on this loopback address (`GET /metrics`).
     #[arg(long, default_value = "127.0.0.1:9464", conflicts_with = "no_metrics")]
     metrics: SocketAddr,
@@ -38,12 +63,15 @@ struct Args {
     /// A policy spec (JSON) instead of the default.
     #[arg(long)]
     policy: Option<PathBuf>,
-    /// Queue capacity.
-    #[arg(long, default_value_t = 256)]
+    /// Queue capacity: readings waiting for a worker; beyond it devices get 503 at once.
+    #[arg(long, default_value_t = 1024)]
     queue: usize,
     /// Concurrent upstream calls.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 64)]
     workers: usize,
+    /// Largest request body accepted, bytes.
+    #[arg(long, default_value_t = 16 * 1024)]
+    max_body: usize,
     /// Time per attempt, milliseconds.
     #[arg(long, default_value_t = 5000)]
     attempt_timeout_ms: u64,
@@ -51,20 +79,89 @@ struct Args {
     /// milliseconds (default: the attempt timeout).
     #[arg(long)]
     probe_grace_ms: Option<u64>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn split<'a>(spec: &'a str, sep: char, what: &str) -> Result<(HeaderName, &'a str)> {
+    let Some((name, rest)) = spec.split_once(sep) else { bail!("{what} must be `NAME{sep}…`") };
+    let name = HeaderName::try_from(name.trim()).with_context(|| format!("{what}: bad header name"))?;
+    Ok((name, rest.trim()))
+}
+
+fn secret(name: HeaderName, value: &str, from: &str) -> Result<StaticHeader> {
+    // The value's text is never put into an error: only where it came from.
+    let v = HeaderValue::from_str(value.trim())
+        .map_err(|_| anyhow::anyhow!("{name}: the value from {from} is not a valid header value"))?;
+    Ok(StaticHeader::new(name, v))
+}
+
+fn headers(args: &Args) -> Result<Vec<StaticHeader>> {
+    let mut out = Vec::new();
+    for h in &args.headers {
+        let (name, value) = split(h, ':', "--header")?;
+        out.push(secret(name, value, "--header")?);
+    }
+    for h in &args.header_files {
+        let (name, path) = split(h, '=', "--header-file")?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        out.push(secret(name, &text, path)?);
+    }
+    for h in &args.header_envs {
+        let (name, var) = split(h, '=', "--header-env")?;
+        let text = std::env::var(var).with_context(|| format!("environment variable {var}"))?;
+        out.push(secret(name, &text, var)?);
+    }
+    Ok(out)
+}
+
+/// The device-side listener, with a backlog for bursts of connecting devices (the kernel caps
+/// it at `net.core.somaxconn`).
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket =
+        if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    // A restarted replica binds its port again at once, whatever its last connections' state.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
+fn main() -> Result<()> {
     let args = Args::parse();
-    if !is_loopback(args.metrics.ip()) {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    rt.enable_all().build()?.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<()> {
+    if !args.metrics.ip().is_loopback() {
         bail!("the metrics endpoint is served on loopback only");
     }
     let mut config = Config::new(&args.upstream);
-    config.upstream.legacy = args.legacy;
-    config.upstream.attempt_timeout = Duration::from_millis(args.attempt_timeout_ms);
-    config.upstream.probe_grace = args.probe_grace_ms.map(Duration::from_millis);
+    let up = &mut config.upstream;
+    up.legacy = args.legacy;
+    up.path = args
+        .path
+        .clone()
+        .unwrap_or_else(|| if args.legacy { "/legacy/readings" } else { "/readings" }.to_owned());
+    if !up.path.starts_with('/') {
+        bail!("--path must start with `/`");
+    }
+    up.key_header = HeaderName::try_from(args.key_header.as_str()).context("--key-header")?;
+    up.headers = headers(&args)?;
+    up.body_check = match (&args.require_content_type, &args.require_json_field) {
+        (Some(ct), _) => BodyCheck::ContentType(ct.clone()),
+        (_, Some(f)) => BodyCheck::JsonField(f.clone()),
+        _ => BodyCheck::None,
+    };
+    up.attempt_timeout = Duration::from_millis(args.attempt_timeout_ms);
+    up.probe_grace = args.probe_grace_ms.map(Duration::from_millis);
     config.queue = args.queue;
     config.workers = args.workers;
+    config.max_body = args.max_body;
     if let Some(p) = &args.policy {
         let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
         config.policy = serde_json::from_str::<PolicySpec>(&text).context("policy spec")?;
@@ -77,43 +174,13 @@ async fn main() -> Result<()> {
     if !args.no_metrics {
         let listener = tokio::net::TcpListener::bind(args.metrics).await?;
         eprintln!("wary-gateway: metrics on http://{}/metrics", listener.local_addr()?);
-        tokio::spawn(gw.clone().serve_metrics(listener));
+        tokio::spawn(wary_gateway::ingress::serve_metrics(gw.clone(), listener));
     }
-    match &args.unix {
-        None => {
-            let n = gw.serve(tokio::io::stdin(), tokio::io::stdout()).await?;
-            eprintln!("wary-gateway: {n} readings, stream closed");
-        }
-        Some(path) => {
-            // A socket left by an earlier run is replaced; any other file at the path is not.
-            use std::os::unix::fs::FileTypeExt as _;
-            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-                std::fs::remove_file(path)?;
-            }
-            let sock = tokio::net::UnixListener::bind(path)?;
-            let handle = |(stream, _): (tokio::net::UnixStream, _)| {
-                let gw = gw.clone();
-                tokio::spawn(async move {
-                    let (r, w) = stream.into_split();
-                    if let Err(e) = gw.serve(r, w).await {
-                        eprintln!("wary-gateway: stream closed: {e}");
-                    }
-                });
-            };
-            // An accept error (say, out of file descriptors) is waited out, not fatal and
-            // not a busy loop; its kind is logged, never its text.
-            let on_error = |e: &std::io::Error, d: Duration| {
-                eprintln!("wary-gateway: accept failed ({:?}); next try in {} ms", e.kind(), d.as_millis());
-            };
-            tokio::select! {
-                () = accept_loop(|| sock.accept(), handle, on_error) => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
+    let listener = listen(args.listen).with_context(|| format!("binding {}", args.listen))?;
+    eprintln!("wary-gateway: listening on http://{}", listener.local_addr()?);
+    tokio::select! {
+        () = wary_gateway::ingress::serve(gw.clone(), listener) => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
-}
-
-fn is_loopback(ip: IpAddr) -> bool {
-    ip.is_loopback()
 }

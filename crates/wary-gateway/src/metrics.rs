@@ -13,18 +13,6 @@ pub const BUCKETS: usize = 32;
 /// Surfaced readings kept in [`Metrics::surfaced`] (the most recent; the count is exact).
 pub const SURFACED_KEPT: usize = 1024;
 
-/// A reading whose write may have landed and that nobody could resolve: surfaced to a person,
-/// never resent. Identity only, no payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Surfaced {
-    /// Sensor id.
-    pub sensor: u32,
-    /// Boot count.
-    pub boot: u32,
-    /// Sequence number.
-    pub seq: u64,
-}
-
 /// One attempt on the timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
@@ -61,10 +49,16 @@ pub struct Metrics {
     pub probe_not_landed: u64,
     /// Unknowns nobody could resolve (from the ledger).
     pub unresolved: u64,
-    /// Readings acked `unknown` (may have landed; surfaced to a person; never resent).
+    /// Readings answered `unknown` (may have landed; surfaced to a person; never resent).
     pub surfaced_total: u64,
-    /// The most recent [`SURFACED_KEPT`] of them, oldest first, for a person to check.
-    pub surfaced: Vec<Surfaced>,
+    /// The keys of the most recent [`SURFACED_KEPT`] of them, oldest first, for a person to
+    /// check (identity only, no payload).
+    pub surfaced: Vec<Key>,
+    /// Readings that landed with a body that failed the configured body check (never resent).
+    pub landed_bad_body: u64,
+    /// Requests answered before the queue: `full` (503 at once) or `bad_request` (400, 404,
+    /// 405, 413).
+    pub refused: BTreeMap<&'static str, u64>,
     /// Attempts by outcome kind or status.
     pub outcomes: BTreeMap<String, u64>,
     /// Every attempt, if the timeline is on.
@@ -106,8 +100,8 @@ impl Metrics {
         }
     }
 
-    /// Notes a reading acked `unknown`: surfaced to a person.
-    pub fn surface(&mut self, reading: Surfaced) {
+    /// Notes a reading answered `unknown`: surfaced to a person.
+    pub fn surface(&mut self, reading: Key) {
         self.surfaced_total += 1;
         if self.surfaced.len() >= SURFACED_KEPT {
             self.surfaced.remove(0);
@@ -182,8 +176,24 @@ impl Metrics {
         metric(
             "wary_gateway_surfaced_total",
             "counter",
-            "Readings acked unknown: may have landed, surfaced to a person, never resent.",
+            "Readings answered unknown: may have landed, surfaced to a person, never resent.",
             &one(self.surfaced_total.to_string()),
+        );
+        metric(
+            "wary_gateway_landed_bad_body_total",
+            "counter",
+            "Readings that landed with a body failing the body check (never resent).",
+            &one(self.landed_bad_body.to_string()),
+        );
+        let refused: Vec<_> = ["full", "bad_request"]
+            .iter()
+            .map(|r| (format!("{{reason=\"{r}\"}}"), self.refused.get(r).copied().unwrap_or(0).to_string()))
+            .collect();
+        metric(
+            "wary_gateway_refused_total",
+            "counter",
+            "Requests answered before the queue, by reason.",
+            &refused,
         );
         metric(
             "wary_gateway_fleet_tokens",

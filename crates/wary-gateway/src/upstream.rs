@@ -1,8 +1,14 @@
-//! One upstream attempt, and the probe for legacy writes.
+//! One upstream attempt, and the probe for unkeyed (legacy) upstreams.
+//!
+//! Any upstream: a 2xx means the effect landed. What the body of a 2xx looks like is the
+//! upstream's business; a [`BodyCheck`] is opt-in, and a 2xx that fails it is still landed
+//! (reported as [`Delivered::body_ok`] `false`), never resent: sending it again would do the
+//! work twice and still not change the body.
 
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
@@ -13,8 +19,6 @@ use wary::{Key, Operation, Outcome, Policy, Preset};
 use wary_host::draw::process_rng;
 use wary_host::http::{error_outcome, outcome};
 use wary_host::time::{MonotonicClock, TokioDelay, WallClock};
-
-use crate::frame::Reading;
 
 /// Largest response body read, bytes.
 pub const MAX_RESPONSE: usize = 64 * 1024;
@@ -30,12 +34,75 @@ pub fn client(connect_timeout: Duration) -> HttpClient {
     Client::builder(TokioExecutor::new()).retry_canceled_requests(false).build(c)
 }
 
+/// What a 2xx body must look like to count as good, if anything. Opt-in: the default accepts
+/// any body, because a success is the upstream's status, not its body.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BodyCheck {
+    /// Any body.
+    #[default]
+    None,
+    /// The `Content-Type` must start with this media type (compared case-insensitively).
+    ContentType(String),
+    /// The body must be a JSON object holding this top-level field.
+    JsonField(String),
+}
+
+impl BodyCheck {
+    /// True if a 2xx with this content type and body passes.
+    pub fn passes(&self, content_type: Option<&HeaderValue>, body: &[u8]) -> bool {
+        match self {
+            BodyCheck::None => true,
+            BodyCheck::ContentType(want) => content_type.is_some_and(|v| {
+                v.as_bytes().get(..want.len()).is_some_and(|p| p.eq_ignore_ascii_case(want.as_bytes()))
+            }),
+            BodyCheck::JsonField(field) => serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .is_some_and(|v| v.get(field.as_str()).is_some()),
+        }
+    }
+}
+
+/// A static header sent on every upstream request (an API token, say). Its value is marked
+/// sensitive and never printed: `Debug` shows the name only.
+#[derive(Clone)]
+pub struct StaticHeader {
+    /// The header's name.
+    pub name: HeaderName,
+    /// The header's value.
+    pub value: HeaderValue,
+}
+
+impl StaticHeader {
+    /// A header whose value is kept out of logs (and out of HPACK tables, for HTTP/2).
+    pub fn new(name: HeaderName, mut value: HeaderValue) -> Self {
+        value.set_sensitive(true);
+        StaticHeader { name, value }
+    }
+}
+
+impl std::fmt::Debug for StaticHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: <redacted>", self.name)
+    }
+}
+
 /// Where and how readings go.
 #[derive(Debug, Clone)]
 pub struct Upstream {
     /// `http://host:port`, no trailing slash.
     pub base: String,
-    /// Legacy mode: `POST /legacy/readings` unkeyed, probe on `unknown`.
+    /// The path readings are posted to (`/readings`).
+    pub path: String,
+    /// The header carrying the idempotency key (`Idempotency-Key`).
+    pub key_header: HeaderName,
+    /// Sent on every request, after the gateway's own headers.
+    pub headers: Vec<StaticHeader>,
+    /// What a 2xx body must look like (opt-in).
+    pub body_check: BodyCheck,
+    /// Legacy mode: the upstream has no idempotency keys. The key goes in `X-Reading-Id` as a
+    /// label only, the write is unkeyed (an `unknown` is never resent) and `GET <path>/<key>`
+    /// probes whether it landed (200 yes, 404 no).
     pub legacy: bool,
     /// Time for one attempt, response body included.
     pub attempt_timeout: Duration,
@@ -45,39 +112,60 @@ pub struct Upstream {
     pub probe_grace: Option<Duration>,
 }
 
+/// The header a legacy upstream labels a reading with.
+pub const READING_ID: HeaderName = HeaderName::from_static("x-reading-id");
+
 impl Upstream {
+    /// An upstream at `base` with the defaults: `POST /readings`, `Idempotency-Key`, no extra
+    /// headers, no body check, 5 s per attempt.
+    pub fn new(base: &str) -> Self {
+        Upstream {
+            base: base.trim_end_matches('/').to_owned(),
+            path: "/readings".to_owned(),
+            key_header: HeaderName::from_static("idempotency-key"),
+            headers: Vec::new(),
+            body_check: BodyCheck::None,
+            legacy: false,
+            attempt_timeout: Duration::from_secs(5),
+            probe_grace: None,
+        }
+    }
+
     /// The probe's wait before its first read.
     pub fn probe_grace(&self) -> Duration {
         self.probe_grace.unwrap_or(self.attempt_timeout)
     }
 
-    /// Sends `reading` once; `Ok(id)` is the cloud's effect id. `remaining` is the call's time
-    /// left before its deadline, in milliseconds: the attempt's timeout is capped to it.
+    /// Sends one reading once. `remaining` is the call's time left before its deadline, in
+    /// milliseconds: the attempt's timeout is capped to it.
     pub async fn send(
         &self,
         client: &HttpClient,
         policy: &Policy,
-        reading: &Reading,
+        reading: &Forward,
         remaining: Option<u64>,
-    ) -> Result<u64, Outcome> {
-        let body = serde_json::json!({"sensor": reading.sensor, "boot": reading.boot, "seq": reading.seq, "value": reading.value});
-        let mut b = Request::builder().method(Method::POST).header("content-type", "application/json");
+    ) -> Result<Delivered, Outcome> {
+        let mut b = Request::builder().method(Method::POST).uri(format!("{}{}", self.base, self.path));
+        if let Some(ct) = &reading.content_type {
+            b = b.header(CONTENT_TYPE, ct.clone());
+        }
         b = if self.legacy {
-            b.uri(format!("{}/legacy/readings", self.base)).header("x-reading-id", reading.reading_id())
+            b.header(READING_ID, reading.key.clone())
         } else {
-            b.uri(format!("{}/readings", self.base))
-                .header("idempotency-key", reading.key().to_hex().as_str())
+            b.header(self.key_header.clone(), reading.key.clone())
         };
-        let req = b.body(Full::new(Bytes::from(body.to_string()))).map_err(|_| Outcome::BadBody)?;
+        for h in &self.headers {
+            b = b.header(h.name.clone(), h.value.clone());
+        }
+        let req = b.body(Full::new(reading.body.clone())).map_err(|_| Outcome::BadBody)?;
         let attempt = async {
             let resp = client.request(req).await.map_err(|e| error_outcome(&e))?;
-            let o = outcome(policy, resp.status(), resp.headers(), WallClock.unix_secs());
-            let json = resp
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-            // Read the body under a size limit; a body that breaks is a broken stream.
-            let bytes = match Limited::new(resp.into_body(), MAX_RESPONSE).collect().await {
+            let status = resp.status();
+            let o = outcome(policy, status, resp.headers(), WallClock.unix_secs());
+            let content_type = resp.headers().get(CONTENT_TYPE).cloned();
+            // Read the body under a size limit; a 2xx whose body breaks may have landed: a
+            // reset, which a keyed write may resend and an unkeyed one never does.
+            let body = match Limited::new(resp.into_body(), MAX_RESPONSE).collect().await {
                 Ok(c) => c.to_bytes(),
                 Err(_) if o == Outcome::Ok => return Err(Outcome::Reset),
                 Err(_) => Bytes::new(),
@@ -85,11 +173,8 @@ impl Upstream {
             if o != Outcome::Ok {
                 return Err(o);
             }
-            if !json {
-                return Err(Outcome::BadBody);
-            }
-            let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| Outcome::BadBody)?;
-            v.get("id").and_then(serde_json::Value::as_u64).ok_or(Outcome::BadBody)
+            let body_ok = self.body_check.passes(content_type.as_ref(), &body);
+            Ok(Delivered { status, content_type, body, body_ok })
         };
         let limit =
             remaining.map_or(self.attempt_timeout, |ms| self.attempt_timeout.min(Duration::from_millis(ms)));
@@ -100,9 +185,36 @@ impl Upstream {
     }
 }
 
-/// Asks `GET /legacy/readings/<id>` whether a legacy write landed: 200 yes, 404 no. The probe
-/// is a read, so it is safe to repeat: it runs under its own small wary policy, and only when
-/// that gives up is the answer unknown (surfaced to a person, never a blind resend).
+/// One reading as the gateway forwards it: the device's key and body, as they came.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    /// The device's `Idempotency-Key`, sent upstream unchanged, so the upstream deduplicates a
+    /// device's resend whichever gateway replica (or none) it went through.
+    pub key: HeaderValue,
+    /// The key the core and the ledger use: the header's 32 hex digits, or a digest of it.
+    pub wary_key: Key,
+    /// The request body, unchanged.
+    pub body: Bytes,
+    /// The request's `Content-Type`, if it had one.
+    pub content_type: Option<HeaderValue>,
+}
+
+/// A landed reading: the upstream's 2xx answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    /// The upstream's status (a 2xx).
+    pub status: StatusCode,
+    /// Its `Content-Type`, if any.
+    pub content_type: Option<HeaderValue>,
+    /// Its body (up to [`MAX_RESPONSE`] bytes).
+    pub body: Bytes,
+    /// False if the body failed the configured [`BodyCheck`]: landed all the same.
+    pub body_ok: bool,
+}
+
+/// Asks `GET <path>/<key>` whether a legacy write landed: 200 yes, 404 no. The probe is a
+/// read, so it is safe to repeat: it runs under its own small wary policy, and only when that
+/// gives up is the answer unknown (surfaced to a person, never a blind resend).
 ///
 /// It first waits [`Upstream::probe_grace()`]: the write it checks may have timed out on the
 /// client while still being applied on the server, and a 404 read before that lands would
@@ -113,8 +225,8 @@ pub struct LegacyProbe<'a> {
     pub client: &'a HttpClient,
     /// The upstream.
     pub upstream: &'a Upstream,
-    /// The reading.
-    pub reading: Reading,
+    /// The reading id (the device's key).
+    pub reading_id: &'a str,
     /// When the call must be over (its deadline), if it has one.
     pub deadline: Option<tokio::time::Instant>,
 }
@@ -135,20 +247,20 @@ fn probe_policy(deadline_ms: Option<u64>) -> Option<Policy> {
 impl LegacyProbe<'_> {
     /// One read: `Ok` with a definite answer, `Err` with the outcome that left it open.
     /// `remaining` (ms) caps its timeout.
-    async fn check_once(&self, policy: &Policy, remaining: Option<u64>) -> Result<Landed<u64>, Outcome> {
-        let uri = format!("{}/legacy/readings/{}", self.upstream.base, self.reading.reading_id());
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(uri)
-            .body(Full::new(Bytes::new()))
-            .map_err(|_| Outcome::BadBody)?;
+    async fn check_once(&self, policy: &Policy, remaining: Option<u64>) -> Result<Landed<()>, Outcome> {
+        let uri = format!("{}{}/{}", self.upstream.base, self.upstream.path, self.reading_id);
+        let mut b = Request::builder().method(Method::GET).uri(uri);
+        for h in &self.upstream.headers {
+            b = b.header(h.name.clone(), h.value.clone());
+        }
+        let req = b.body(Full::new(Bytes::new())).map_err(|_| Outcome::BadBody)?;
         let check = async {
             let resp = self.client.request(req).await.map_err(|e| error_outcome(&e))?;
             let status = resp.status();
             let o = outcome(policy, status, resp.headers(), WallClock.unix_secs());
             Limited::new(resp.into_body(), MAX_RESPONSE).collect().await.map_err(|_| Outcome::Reset)?;
             match status {
-                StatusCode::OK => Ok(Landed::Yes(0)),
+                StatusCode::OK => Ok(Landed::Yes(())),
                 StatusCode::NOT_FOUND => Ok(Landed::No),
                 _ if o == Outcome::Ok => Err(Outcome::BadBody),
                 _ => Err(o),
@@ -164,8 +276,8 @@ impl LegacyProbe<'_> {
     }
 }
 
-impl Probe<u64> for LegacyProbe<'_> {
-    async fn landed(&mut self, key: Key) -> Landed<u64> {
+impl Probe<Delivered> for LegacyProbe<'_> {
+    async fn landed(&mut self, key: Key) -> Landed<Delivered> {
         let grace = self.upstream.probe_grace();
         // Time left for reads after the grace, if the call has a deadline.
         let left = self
@@ -181,8 +293,46 @@ impl Probe<u64> for LegacyProbe<'_> {
         let mut runner = Runner::new(&policy, TokioDelay, &clock, process_rng());
         let this = &*self;
         match runner.call(Operation::Read, key, |a| this.check_once(&policy, a.remaining)).await {
-            Ok(answer) => answer,
-            Err(_) => Landed::Unknown,
+            // The write's own answer was lost; the read says it landed. No upstream body to
+            // hand on: the device gets a plain 200.
+            Ok(Landed::Yes(())) => Landed::Yes(Delivered {
+                status: StatusCode::OK,
+                content_type: None,
+                body: Bytes::new(),
+                body_ok: true,
+            }),
+            Ok(Landed::No) => Landed::No,
+            Ok(Landed::Unknown) | Err(_) => Landed::Unknown,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_checks_are_opt_in_and_typed() {
+        let json = HeaderValue::from_static("Application/JSON; charset=utf-8");
+        assert!(BodyCheck::None.passes(None, b"not json at all"));
+        let ct = BodyCheck::ContentType("application/json".into());
+        assert!(ct.passes(Some(&json), b""));
+        assert!(!ct.passes(Some(&HeaderValue::from_static("text/plain")), b"{}"));
+        assert!(!ct.passes(None, b"{}"));
+        let field = BodyCheck::JsonField("id".into());
+        assert!(field.passes(None, br#"{"id": 7}"#));
+        assert!(!field.passes(None, br#"{"ID": 7}"#));
+        assert!(!field.passes(None, b"created"));
+    }
+
+    #[test]
+    fn a_static_header_never_prints_its_value() {
+        let h = StaticHeader::new(
+            HeaderName::from_static("authorization"),
+            HeaderValue::from_static("Bearer s3cret"),
+        );
+        let shown = format!("{h:?}");
+        assert!(shown.contains("authorization") && !shown.contains("s3cret"), "{shown}");
+        assert!(h.value.is_sensitive());
     }
 }

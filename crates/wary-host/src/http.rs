@@ -13,6 +13,9 @@ use http::header::{DATE, RETRY_AFTER};
 use http::{HeaderMap, StatusCode};
 use wary::{Outcome, Policy};
 
+use crate::ratelimit::Signals;
+use crate::time::WallClock;
+
 /// The Retry-After of a response in whole seconds, or `None` if absent, refused by the
 /// policy's rules (dates under `strict`, duplicates) or unparseable.
 pub fn retry_after(policy: &Policy, headers: &HeaderMap, now_unix: Option<u64>) -> Option<u64> {
@@ -29,13 +32,43 @@ pub fn outcome(policy: &Policy, status: StatusCode, headers: &HeaderMap, now_uni
     Outcome::Status { code: status.as_u16(), retry_after: retry_after(policy, headers, now_unix) }
 }
 
+/// The outcome of a response with the rate-limit [`Signals`] a policy opted into: the
+/// Retry-After it carries is the longest of Retry-After and every signal's ask, so the wait is
+/// never sooner than any header asked.
+pub fn outcome_with(
+    policy: &Policy,
+    signals: &Signals,
+    status: StatusCode,
+    headers: &HeaderMap,
+    now_unix: Option<u64>,
+) -> Outcome {
+    match outcome(policy, status, headers, now_unix) {
+        Outcome::Status { code, retry_after } => {
+            let ask = signals.ask(code, headers, now_unix);
+            Outcome::Status { code, retry_after: retry_after.max(ask) }
+        }
+        other => other,
+    }
+}
+
+/// The outcome of a response's status and headers in one call, with the wall clock read here
+/// (for an HTTP-date Retry-After on a response without a `Date` header).
+pub fn outcome_now(policy: &Policy, status: StatusCode, headers: &HeaderMap) -> Outcome {
+    outcome(policy, status, headers, WallClock.unix_secs())
+}
+
+/// The outcome of an [`http::Response`] in one call: [`outcome_now`] on its status and headers.
+pub fn response_outcome<B>(policy: &Policy, response: &http::Response<B>) -> Outcome {
+    outcome_now(policy, response.status(), response.headers())
+}
+
 /// The outcome of a client error, from its source chain: hyper-util's connect errors, hyper's
 /// errors, io errors and timeouts (tokio's and tower's). An error it cannot place is a
 /// [`Outcome::Reset`]: the request may have been sent, so an unkeyed write is never resent.
 ///
 /// A TLS handshake or certificate failure happens inside the connector, so it arrives as a
 /// connect error; it is [`Outcome::Tls`] (failed at once, never retried), not a refusal.
-/// It is recognised by type and kind, never by the error's text (see [`is_tls_io`]). A TLS
+/// It is recognised by type and kind (`InvalidData` inside a connect error), never by the error's text. A TLS
 /// library whose errors are not `io::Error`s (native-tls) is not recognised: its connect
 /// errors stay [`Outcome::Refused`].
 pub fn error_outcome(err: &(dyn Error + 'static)) -> Outcome {
@@ -149,6 +182,30 @@ mod tests {
         assert_eq!(retry_after(&p, &h, None), Some(3600));
         let strict = Policy::builder(Preset::Strict).build().unwrap();
         assert_eq!(retry_after(&strict, &h, None), None);
+    }
+
+    #[test]
+    fn signals_raise_retry_after_to_the_longest_ask() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let h = headers(&[("retry-after", b"2"), ("retry-after-ms", b"9500")]);
+        let on = Signals { retry_after_ms: true, ..Signals::NONE };
+        let o = outcome_with(&p, &on, StatusCode::TOO_MANY_REQUESTS, &h, None);
+        assert_eq!(o, Outcome::status_after(429, 10));
+        // Off: Retry-After alone. A longer Retry-After is never lowered by a shorter signal.
+        assert_eq!(
+            outcome_with(&p, &Signals::NONE, StatusCode::TOO_MANY_REQUESTS, &h, None).retry_after(),
+            Some(2)
+        );
+        let h = headers(&[("retry-after", b"60"), ("retry-after-ms", b"100")]);
+        assert_eq!(outcome_with(&p, &on, StatusCode::SERVICE_UNAVAILABLE, &h, None).retry_after(), Some(60));
+        // A signal alone, with no Retry-After at all.
+        let h = headers(&[("ratelimit", b"\"q\";r=0;t=5")]);
+        let rl = Signals { ratelimit: true, ..Signals::NONE };
+        assert_eq!(outcome_with(&p, &rl, StatusCode::TOO_MANY_REQUESTS, &h, None).retry_after(), Some(5));
+        // A success stays a success whatever it carries.
+        assert_eq!(outcome_with(&p, &Signals::ALL, StatusCode::OK, &h, None), Outcome::Ok);
+        let resp = http::Response::builder().status(429).header("retry-after", "3").body(()).unwrap();
+        assert_eq!(response_outcome(&p, &resp), Outcome::status_after(429, 3));
     }
 
     #[test]

@@ -226,6 +226,11 @@ impl<W: Write> JsonLedger<W> {
         self.errors
     }
 
+    /// The writer, to read what was written so far.
+    pub fn get_ref(&self) -> &W {
+        &self.out
+    }
+
     /// The writer back.
     pub fn into_inner(self) -> W {
         self.out

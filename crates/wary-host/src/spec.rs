@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use wary::retry_after::{Duplicates, Rules};
 use wary::{Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, Table};
 
+use crate::ratelimit::Signals;
+
 /// Every setting of a policy. Unset fields keep the preset's value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -55,6 +57,11 @@ pub struct PolicySpec {
     /// the policy's fingerprint: it is shared state, not a per-call setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetSpec>,
+    /// Rate-limit headers read beside Retry-After (`[rate_limit] retry_after_ms = true`), all
+    /// off when absent. A host setting, outside the core policy and its fingerprint: the
+    /// adapters read the headers and hand the core the longest ask as the Retry-After.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<Signals>,
 }
 
 /// A fleet retry budget's settings (`wary::FleetBudget::new`): gRPC A6's `maxTokens` and
@@ -110,6 +117,11 @@ fn parse_rule(s: &str) -> Result<Rule, SpecError> {
 }
 
 impl PolicySpec {
+    /// The rate-limit signals this spec opts into (none when unset).
+    pub fn signals(&self) -> Signals {
+        self.rate_limit.unwrap_or_default()
+    }
+
     /// Builds and checks the policy.
     pub fn build(&self) -> Result<Policy, SpecError> {
         let preset = match self.preset.as_deref() {
@@ -192,6 +204,7 @@ impl PolicySpec {
             reject_duplicate_retry_after: Some(p.retry_after_rules().duplicates == Duplicates::Reject),
             statuses: statuses.iter().map(|(c, r)| (*c, rule_name(*r).to_owned())).collect(),
             fleet: None,
+            rate_limit: None,
         }
     }
 }
@@ -230,5 +243,9 @@ mod tests {
         let t: PolicySpec = toml::from_str("base = 50\n[fleet]\ntokens = 10\nratio_milli = 100\n").unwrap();
         assert_eq!(t.fleet, Some(FleetSpec { tokens: 10, ratio_milli: 100 }));
         assert!(serde_json::from_str::<PolicySpec>(r#"{"bsae": 1}"#).is_err());
+        let t: PolicySpec = toml::from_str("[rate_limit]\nretry_after_ms = true\n").unwrap();
+        assert_eq!(t.signals(), Signals { retry_after_ms: true, ..Signals::NONE });
+        assert_eq!(PolicySpec::default().signals(), Signals::NONE);
+        assert!(toml::from_str::<PolicySpec>("[rate_limit]\nretry_after_sec = true\n").is_err());
     }
 }

@@ -82,6 +82,33 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// A monotonic clock in a policy's own ticks (`tick_hz` ticks per second), from the same
+/// `tokio::time::Instant` as [`MonotonicClock`]: the clock the one-line entry points give the
+/// runner, right for any tick rate.
+#[derive(Debug, Clone, Copy)]
+pub struct TickClock {
+    clock: MonotonicClock,
+    hz: u32,
+}
+
+impl TickClock {
+    /// A clock reading 0 now, counting `hz` ticks per second.
+    pub fn new(hz: u32) -> Self {
+        TickClock { clock: MonotonicClock::new(), hz }
+    }
+
+    /// The clock for `policy`'s tick rate.
+    pub fn for_policy(policy: &wary::Policy) -> Self {
+        Self::new(policy.tick_hz())
+    }
+}
+
+impl Clock for TickClock {
+    fn now(&self) -> u64 {
+        self.clock.ticks(self.hz)
+    }
+}
+
 /// The wall clock in Unix seconds, for HTTP-date Retry-After values.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WallClock;
@@ -107,6 +134,9 @@ mod tests {
         let t = clock.now();
         assert!((50..2_000).contains(&t), "{t}");
         assert!(clock.ticks(1) < 3);
+        let tenths = TickClock::new(10);
+        d.delay_ms(250).await;
+        assert!((2..20).contains(&tenths.now()), "{}", tenths.now());
     }
 
     #[test]

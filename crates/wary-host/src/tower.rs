@@ -1,151 +1,97 @@
 //! A `tower::retry::Policy` that runs a wary policy, so any tower or hyper client service can
-//! retry with it: `tower::retry::Retry::new(WaryPolicy::new(policy)?, client)`.
+//! retry with it: `tower::retry::Retry::new(WaryPolicy::new(policy)?, client)`, or
+//! [`WaryRetry::new`] to get the verdict on the error path too.
 //!
-//! Per request the adapter keeps a [`CallState`]; each response or error is decided by the
-//! core's [`Policy::decide_with_fleet`] with the operation the policy derives from the request
+//! Per request the adapter keeps a [`Call`]; each response or error is decided by the core's
+//! [`Policy::decide_with_fleet`] with the operation the policy derives from the request
 //! ([`Policy::operation`]: its method, and whether it carries an `Idempotency-Key`; under the
 //! `strict` preset only GET and HEAD are reads), so an unkeyed POST is never resent after an
-//! ambiguous failure. Waits are tokio sleeps;
-//! a shared [`FleetBudget`] and a ledger [`Sink`] are optional. A final response carries its
-//! [`Verdict`] in its extensions (an `unknown` 500 is told apart from a `failed` one).
+//! ambiguous failure. Waits are tokio sleeps; a shared [`FleetBudget`](wary::FleetBudget) (an `Arc` or a
+//! `&'static`, so one static budget serves the runner and the adapter), rate-limit
+//! [`Signals`] and a ledger [`Sink`](wary::ledger::Sink) are optional.
 //!
-//! The policy must count milliseconds (`tick_hz` 1000), like the gateway's: [`WaryPolicy::new`]
-//! refuses any other rate with [`TickRateError`].
+//! **The verdict.** A final response carries its [`Verdict`] in its extensions (an `unknown`
+//! 500 is told apart from a `failed` one). A call that ends in a client error (refused, reset,
+//! timed out) has no response to carry it: wrap the client in [`WaryRetry`], whose error is a
+//! [`CallError`] holding the verdict (`gave_up (deadline)`), the last outcome's kind and the
+//! client's own error as its source. A bare `Retry<WaryPolicy, _>` returns the client's error
+//! unchanged.
 //!
-//! Requests are cloned for resending, so the body type must be `Clone` (`Full<Bytes>`,
-//! `String`). Cancellation is dropping the response future.
+//! **Deadlines and a per-attempt `timeout` layer.** The policy's deadline bounds the *call*:
+//! after each attempt, a retry is refused when its wait plus the policy's `min_attempt` would
+//! end past the deadline (`gave_up (deadline)`). The adapter does not interrupt an attempt in
+//! flight: bound each attempt with a `tower::timeout::TimeoutLayer` *inside* the retry
+//! (`Retry<WaryPolicy, Timeout<Client>>`), whose elapsed error counts as a response timeout
+//! (retried for reads and keyed writes, `unknown` for an unkeyed write). A call then takes at
+//! most the deadline plus one attempt timeout; choose an attempt timeout no longer than the
+//! deadline, and a `min_attempt` near the attempt time you expect. A timeout layer *outside*
+//! the retry bounds the whole call instead, and cancels it (dropping the future) without a
+//! verdict.
+//!
+//! The policy must count milliseconds (`tick_hz` 1000): [`WaryPolicy::new`] refuses any other
+//! rate with [`TickRateError`].
+//!
+//! Requests are cloned for resending (their extensions too), so the body type must be `Clone`
+//! (`Full<Bytes>`, `String`). Cancellation is dropping the response future.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
 use rand::rngs::StdRng;
+use tower::Service;
 use tower::retry::Policy as TowerPolicy;
-use wary::ledger::{Record, Sink};
-use wary::{CallState, Decision, Draw, FleetBudget, Key, Operation, Outcome, Policy, Verdict};
+use tower::retry::Retry;
+use wary::{Key, Operation, Outcome, Policy, Verdict};
 
-use crate::http::{ErrorOutcome, outcome};
-use crate::time::{MonotonicClock, WallClock};
+use crate::call::{Adapter, Call, Fleet, Step};
+pub use crate::call::{SharedSink, TickRateError};
+use crate::http::ErrorOutcome;
+use crate::ratelimit::Signals;
 
 /// The header that makes a write a keyed write.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-/// A ledger shared by every request of a service.
-pub type SharedSink = Arc<Mutex<dyn Sink + Send>>;
-
 /// A wary policy as a tower retry policy. Clone it freely: clones share the fleet budget, the
 /// ledger and the draws; each request gets its own call state.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct WaryPolicy {
-    policy: Policy,
-    fleet: Option<Arc<FleetBudget>>,
-    ledger: Option<SharedSink>,
-    rng: Arc<Mutex<StdRng>>,
-    clock: MonotonicClock,
+    adapter: Adapter,
     // Per request: the service-level value stays fresh because only clones see `retry`.
-    state: CallState,
-    started: u64,
-    attempt_started: u64,
+    call: Call,
 }
-
-impl std::fmt::Debug for WaryPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WaryPolicy").field("policy", &self.policy).field("state", &self.state).finish()
-    }
-}
-
-/// The policy does not count milliseconds: the adapter's clock and sleeps do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the tower adapter's policy must count milliseconds (tick_hz 1000), not {0} ticks per second")]
-pub struct TickRateError(pub u32);
 
 impl WaryPolicy {
     /// The adapter for `policy`, with draws from the OS-seeded process generator. A policy
     /// whose `tick_hz` is not 1000 is refused.
     pub fn new(policy: Policy) -> Result<Self, TickRateError> {
-        Self::with_rng(policy, crate::draw::process_rng())
+        Ok(WaryPolicy { adapter: Adapter::new(policy)?, call: Call::default() })
     }
 
     /// With an explicit generator (tests). A policy whose `tick_hz` is not 1000 is refused.
     pub fn with_rng(policy: Policy, rng: StdRng) -> Result<Self, TickRateError> {
-        if policy.tick_hz() != 1000 {
-            return Err(TickRateError(policy.tick_hz()));
-        }
-        Ok(WaryPolicy {
-            policy,
-            fleet: None,
-            ledger: None,
-            rng: Arc::new(Mutex::new(rng)),
-            clock: MonotonicClock::new(),
-            state: CallState::new(),
-            started: 0,
-            attempt_started: 0,
-        })
+        Ok(WaryPolicy { adapter: Adapter::with_rng(policy, rng)?, call: Call::default() })
     }
 
-    /// Shares a fleet retry budget.
-    pub fn fleet(mut self, fleet: Arc<FleetBudget>) -> Self {
-        self.fleet = Some(fleet);
+    /// Shares a fleet retry budget: an `Arc<FleetBudget>` or a `&'static FleetBudget`.
+    pub fn fleet(mut self, fleet: impl Into<Fleet>) -> Self {
+        self.adapter = self.adapter.fleet(fleet);
         self
     }
 
     /// Writes one ledger record per attempt.
     pub fn ledger(mut self, ledger: SharedSink) -> Self {
-        self.ledger = Some(ledger);
+        self.adapter = self.adapter.ledger(ledger);
         self
     }
 
-    fn now(&self) -> u64 {
-        // Milliseconds: the policy's tick rate was checked in `with_rng`.
-        self.clock.millis()
-    }
-
-    fn draw(&self) -> Draw {
-        match self.rng.lock() {
-            Ok(mut r) => Draw::from_rng(&mut *r),
-            Err(poisoned) => Draw::from_rng(&mut *poisoned.into_inner()),
-        }
-    }
-
-    fn record(&self, record: &Record) {
-        if let Some(l) = &self.ledger {
-            let mut g = l.lock().unwrap_or_else(|e| e.into_inner());
-            g.record(record);
-        }
-    }
-
-    /// Decides after one attempt with the core's own decision; `Some(wait)` to retry.
-    fn after(&mut self, op: Operation, key: Key, outcome: Outcome) -> (Option<u64>, Verdict) {
-        let t1 = self.now();
-        let draw = self.draw();
-        let elapsed = t1.saturating_sub(self.started);
-        let number = self.state.attempts().saturating_add(1);
-        let (class, decision) = self.policy.decide_with_fleet(
-            &mut self.state,
-            op,
-            &outcome,
-            draw,
-            Some(elapsed),
-            self.fleet.as_deref(),
-        );
-        let (wait, verdict) = match decision {
-            Decision::Retry { wait } => (Some(wait), None),
-            Decision::Done(v) => (None, Some(v)),
-        };
-        self.record(&Record {
-            key,
-            attempt: number,
-            op,
-            outcome,
-            class,
-            draw: wait.map(|_| draw),
-            wait: wait.unwrap_or(0),
-            attempt_ticks: t1.saturating_sub(self.attempt_started),
-            total_ticks: elapsed,
-            verdict,
-            policy: self.policy.fingerprint(),
-        });
-        (wait, verdict.unwrap_or(Verdict::Ok))
+    /// Reads these rate-limit headers beside Retry-After ([`crate::ratelimit`]).
+    pub fn signals(mut self, signals: Signals) -> Self {
+        self.adapter = self.adapter.signals(signals);
+        self
     }
 }
 
@@ -154,16 +100,13 @@ impl WaryPolicy {
 /// from method and path, never from the body.
 pub fn request_op<B>(policy: &Policy, req: &Request<B>) -> (Operation, Key) {
     let header = req.headers().get(IDEMPOTENCY_KEY);
-    let op = policy.operation(req.method().as_str(), header.is_some());
-    let key = match header {
-        Some(v) => v.to_str().ok().and_then(Key::from_hex).unwrap_or_else(|| Key::from_payload(v.as_bytes())),
-        None => {
-            let label = format!("{} {}", req.method(), req.uri().path());
-            Key::from_payload(label.as_bytes())
-        }
-    };
-    (op, key)
+    crate::call::operation_and_key(policy, req.method().as_str(), req.uri().path(), header)
 }
+
+/// Where [`WaryRetry`] receives a call's verdict from the policy: a request extension, copied
+/// onto every attempt's request.
+#[derive(Debug, Clone, Default)]
+struct VerdictSlot(Arc<Mutex<Option<(Verdict, Outcome)>>>);
 
 impl<B, R, E> TowerPolicy<Request<B>, Response<R>, E> for WaryPolicy
 where
@@ -173,17 +116,23 @@ where
     type Future = tokio::time::Sleep;
 
     fn retry(&mut self, req: &mut Request<B>, result: &mut Result<Response<R>, E>) -> Option<Self::Future> {
-        let (op, key) = request_op(&self.policy, req);
+        let (op, key) = request_op(self.adapter.policy(), req);
         let o = match result {
-            Ok(resp) => outcome(&self.policy, resp.status(), resp.headers(), WallClock.unix_secs()),
+            Ok(resp) => self.adapter.outcome(resp.status(), resp.headers()),
             Err(e) => e.outcome(),
         };
-        let (wait, verdict) = self.after(op, key, o);
-        match wait {
-            Some(ms) => Some(tokio::time::sleep(Duration::from_millis(ms))),
-            None => {
-                if let Ok(resp) = result {
-                    resp.extensions_mut().insert(verdict);
+        match self.call.after(&self.adapter, op, key, o) {
+            Step::Retry { wait_ms } => Some(tokio::time::sleep(Duration::from_millis(wait_ms))),
+            Step::Done(verdict) => {
+                match result {
+                    Ok(resp) => {
+                        resp.extensions_mut().insert(verdict);
+                    }
+                    Err(_) => {
+                        if let Some(slot) = req.extensions().get::<VerdictSlot>() {
+                            *slot.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((verdict, o));
+                        }
+                    }
                 }
                 None
             }
@@ -191,18 +140,110 @@ where
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
-        let now = self.now();
-        if self.state.attempts() == 0 {
-            // The service-level policy (never retried) or a fresh call: the call starts now.
-            self.started = now;
-        }
-        self.attempt_started = now;
+        self.call.start_attempt(&self.adapter);
         let mut out = Request::new(req.body().clone());
         *out.method_mut() = req.method().clone();
         *out.uri_mut() = req.uri().clone();
         *out.version_mut() = req.version();
         *out.headers_mut() = req.headers().clone();
+        *out.extensions_mut() = req.extensions().clone();
         Some(out)
+    }
+}
+
+/// A client error with the call's verdict: what a [`WaryRetry`] call that ended without a
+/// response returns. It shows the verdict and the last outcome's kind (`gave_up (deadline)
+/// after a response_timeout`), never the client error's text; that error is its
+/// [`source`](std::error::Error::source).
+#[derive(Debug)]
+pub struct CallError<E> {
+    /// How the call ended; `None` only if the retry policy never decided (a request whose body
+    /// could not be cloned, or an error the service returned before the retry layer).
+    pub verdict: Option<Verdict>,
+    /// The last attempt's outcome, when decided.
+    pub last: Option<Outcome>,
+    /// The client's own error.
+    pub error: E,
+}
+
+impl<E> std::fmt::Display for CallError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.verdict, self.last) {
+            (Some(v), Some(o)) => write!(f, "{} after a {}", crate::retry::verdict_text(&v), o.kind_name()),
+            _ => f.write_str("the call ended in a client error before wary decided"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for CallError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// `tower::retry::Retry` with a [`WaryPolicy`], whose error carries the call's verdict
+/// ([`CallError`]). Responses carry it in their extensions, as with the bare `Retry`.
+#[derive(Clone, Debug)]
+pub struct WaryRetry<S> {
+    inner: Retry<WaryPolicy, S>,
+}
+
+impl<S> WaryRetry<S> {
+    /// `service` retried under `policy`.
+    pub fn new(policy: WaryPolicy, service: S) -> Self {
+        WaryRetry { inner: Retry::new(policy, service) }
+    }
+}
+
+/// The future of a [`WaryRetry`] call.
+pub struct CallFuture<F> {
+    inner: Pin<Box<F>>,
+    slot: VerdictSlot,
+}
+
+impl<F> std::fmt::Debug for CallFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, R, E> Future for CallFuture<F>
+where
+    F: Future<Output = Result<R, E>>,
+{
+    type Output = Result<R, CallError<E>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.inner.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(r)) => Poll::Ready(Ok(r)),
+            Poll::Ready(Err(error)) => {
+                let decided = *self.slot.0.lock().unwrap_or_else(|e| e.into_inner());
+                let (verdict, last) = decided.map_or((None, None), |(v, o)| (Some(v), Some(o)));
+                Poll::Ready(Err(CallError { verdict, last, error }))
+            }
+        }
+    }
+}
+
+impl<S, B, R> Service<Request<B>> for WaryRetry<S>
+where
+    B: Clone,
+    S: Service<Request<B>, Response = Response<R>> + Clone,
+    S::Error: ErrorOutcome,
+{
+    type Response = Response<R>;
+    type Error = CallError<S::Error>;
+    type Future = CallFuture<<Retry<WaryPolicy, S> as Service<Request<B>>>::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(|error| CallError { verdict: None, last: None, error })
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let slot = VerdictSlot::default();
+        req.extensions_mut().insert(slot.clone());
+        CallFuture { inner: Box::pin(self.inner.call(req)), slot }
     }
 }
 
@@ -211,7 +252,7 @@ mod tests {
     use std::io;
 
     use http::{Method, StatusCode};
-    use wary::{Class, GiveUp, Preset};
+    use wary::{CallState, Class, Decision, Draw, FleetBudget, GiveUp, Preset};
 
     use super::*;
 

@@ -105,3 +105,39 @@ async fn retry_after_is_honoured_in_both_forms() {
         cloud.shutdown().await;
     }
 }
+
+/// A port nothing listens on: every connect is refused.
+fn closed_port_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    format!("http://127.0.0.1:{port}/readings")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_error_carries_the_verdict_and_a_static_fleet_is_accepted() {
+    use wary::GiveUp;
+    use wary_host::tower::WaryRetry;
+    static FLEET: wary::FleetBudget = match wary::FleetBudget::new(100, 100) {
+        Ok(f) => f,
+        Err(_) => panic!("a valid fleet budget"),
+    };
+    let policy =
+        Policy::builder(Preset::Default).base(10).cap(40).budget(60_000).deadline(300).build().unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
+    let p = WaryPolicy::with_rng(policy, seeded(9)).unwrap().fleet(&FLEET).ledger(ledger.clone());
+    let err = WaryRetry::new(p, client)
+        .oneshot(post(&closed_port_url(), Some("k-refused"), None))
+        .await
+        .unwrap_err();
+    // Refused connections are retried for any operation until the deadline ends the call.
+    assert_eq!(err.verdict, Some(Verdict::GaveUp(GiveUp::Deadline)), "{err}");
+    assert_eq!(err.last, Some(wary::Outcome::Refused));
+    assert_eq!(err.to_string(), "gave_up (deadline) after a refused");
+    assert!(err.error.is_connect());
+    let records = ledger.lock().unwrap().records().count() as u32;
+    assert!(records >= 2, "{records} attempts");
+    // The static fleet was charged one token per failure (100 000 thousandths to start).
+    assert_eq!(FLEET.tokens_milli(), 100_000 - 1_000 * records);
+}

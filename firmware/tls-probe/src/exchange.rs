@@ -63,28 +63,8 @@ pub struct Timing {
 }
 
 /// The TCP socket's buffers and the head buffer (encoded request head, then the reply's
-/// status line and header block), 1 KiB each: what the uplink's network test uses.
-pub struct SocketBuffers {
-    /// The socket's receive buffer.
-    pub rx: [u8; 1024],
-    /// The socket's send buffer.
-    pub tx: [u8; 1024],
-    /// The request head, then the reply's header block.
-    pub head: [u8; 1024],
-}
-
-impl SocketBuffers {
-    /// Zeroed; `const`, so they can live in a static.
-    pub const fn new() -> Self {
-        Self { rx: [0; 1024], tx: [0; 1024], head: [0; 1024] }
-    }
-}
-
-impl Default for SocketBuffers {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// status line and header block), 1 KiB each: the uplink's own, as its network test uses them.
+pub type SocketBuffers = wary_uplink::http::Buffers<1024, 1024, 1024>;
 
 /// How a connection's read error reads once the whole request was sent, given how many
 /// reply bytes had arrived.
@@ -109,17 +89,18 @@ pub async fn post_plain(
 ) -> (Result<Reply, ProbeError>, Timing) {
     let deadline = Instant::now().checked_add(limit).unwrap_or(Instant::MAX);
     let mut timing = Timing::default();
-    let head_len = match ready(stack, post, &mut buffers.head).await {
+    let (rx, tx, head) = buffers.parts();
+    let head_len = match ready(stack, post, head).await {
         Ok(len) => len,
         Err(err) => return (Err(err), timing),
     };
-    let mut socket = TcpSocket::new(stack, &mut buffers.rx, &mut buffers.tx);
+    let mut socket = TcpSocket::new(stack, rx, tx);
     let started = Instant::now();
     let result = match connect(&mut socket, server, deadline).await {
         Ok(()) => {
             timing.connect_us = started.elapsed().as_micros();
             let sent_at = Instant::now();
-            let reply = request(&mut socket, head_len, post.body, &mut buffers.head, deadline).await;
+            let reply = request(&mut socket, head_len, post.body, head, deadline).await;
             timing.request_us = sent_at.elapsed().as_micros();
             reply
         }

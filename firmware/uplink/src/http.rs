@@ -100,6 +100,11 @@ impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Buffers<
     pub const fn new() -> Self {
         Self { socket_rx: [0; SOCKET_RX], socket_tx: [0; SOCKET_TX], head: [0; HEAD] }
     }
+
+    /// The socket's receive and send buffers and the head buffer, apart.
+    pub fn parts(&mut self) -> (&mut [u8], &mut [u8], &mut [u8]) {
+        (&mut self.socket_rx, &mut self.socket_tx, &mut self.head)
+    }
 }
 
 /// The server's answer: a status line and header block were read.
@@ -146,6 +151,8 @@ pub enum Phase {
     Setup,
     /// Opening the TCP connection.
     Connect,
+    /// The TLS handshake (HTTPS only): nothing of the request has been sent yet.
+    Handshake,
     /// Handing the request to TCP; not all of it was when the failure came.
     Send,
     /// The whole request was handed to TCP; waiting for or reading the reply.
@@ -172,6 +179,17 @@ pub enum HttpError {
     /// Never sent: no connection within the time limit.
     #[error("connect timed out")]
     ConnectTimeout,
+    /// Never sent: the TLS handshake did not finish within the time limit.
+    #[error("TLS handshake timed out")]
+    HandshakeTimeout,
+    /// Never sent: the connection broke during the TLS handshake (no alert from the server).
+    #[error("the connection broke during the TLS handshake")]
+    HandshakeBroken,
+    /// Never sent: the TLS handshake was refused: the server's certificate is not vouched for
+    /// by the pinned CA or not for this name, or its handshake is not valid TLS 1.3. The same
+    /// every time: fails the call at once.
+    #[error("TLS handshake refused: the server was not authenticated")]
+    Tls,
     /// Never landed: the connection broke or stalled before the whole request was handed to
     /// it, so the server holds at most a prefix, which it cannot act on.
     #[error("the connection failed before the whole request was sent")]
@@ -204,6 +222,7 @@ impl HttpError {
         match self {
             Self::NoNetwork | Self::BadRequest => Phase::Setup,
             Self::NoRoute | Self::Refused | Self::ConnectTimeout => Phase::Connect,
+            Self::HandshakeTimeout | Self::HandshakeBroken | Self::Tls => Phase::Handshake,
             Self::SendFailed => Phase::Send,
             Self::Reset
             | Self::Closed
@@ -247,25 +266,18 @@ pub async fn post<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: us
     if !stack.is_link_up() || stack.config_v4().is_none() {
         return Err(HttpError::NoNetwork);
     }
-    let head_len = encode_head(request, server, &mut buffers.head).await?;
+    let mut host = heapless::String::<HOST_LEN>::new();
+    write!(host, "{server}").map_err(|_| HttpError::BadRequest)?;
+    let head_len = encode_head(request, &host, &mut buffers.head).await?;
     defmt::debug!("http: POST, head {=usize} B, body {=usize} B", head_len, request.body.len());
 
-    let mut socket = TcpSocket::new(stack, &mut buffers.socket_rx, &mut buffers.socket_tx);
-    // The request goes out in two writes (head, body); Nagle would hold the second for an ACK.
-    socket.set_nagle_enabled(false);
-    // smoltcp's own inactivity timeout is left off: when it fires the socket reads as reset,
-    // which would misname a stalled reply. The deadline below bounds every wait instead.
-    let result = exchange(&mut socket, server, head_len, request.body, &mut buffers.head, deadline).await;
-
-    // A clean FIN after an answer, an RST otherwise (a half-read reply must not linger);
-    // both only as long as the limit allows.
-    match result {
-        Ok(_) => socket.close(),
-        Err(_) => socket.abort(),
-    }
-    let grace = deadline.saturating_duration_since(Instant::now()).min(CLOSE_GRACE);
-    let _ = embassy_time::with_timeout(grace, socket.flush()).await;
-
+    let (socket_rx, socket_tx, head) = buffers.parts();
+    let mut socket = TcpSocket::new(stack, socket_rx, socket_tx);
+    let result = match connect(&mut socket, server, deadline).await {
+        Ok(()) => send_and_read(&mut Handed(&mut socket), head_len, request.body, head, deadline).await,
+        Err(err) => Err(err),
+    };
+    finish(&mut socket, result.is_ok(), deadline).await;
     match &result {
         Ok(reply) => defmt::debug!("http: {}", reply),
         Err(err) => defmt::debug!("http: {} in phase {}", err, err.phase()),
@@ -273,21 +285,33 @@ pub async fn post<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: us
     result
 }
 
-/// Writes the request head into `buf`; the body is sent from the caller's slice.
-async fn encode_head(request: &Post<'_>, server: SocketAddrV4, buf: &mut [u8]) -> Result<usize, HttpError> {
+/// Closes the socket: a clean FIN after an answer, an RST otherwise (a half-read reply must
+/// not linger), waiting for it to leave only as long as the limit allows.
+pub(crate) async fn finish(socket: &mut TcpSocket<'_>, answered: bool, deadline: Instant) {
+    if answered {
+        socket.close();
+    } else {
+        socket.abort();
+    }
+    let grace = deadline.saturating_duration_since(Instant::now()).min(CLOSE_GRACE);
+    let _ = embassy_time::with_timeout(grace, socket.flush()).await;
+}
+
+/// Writes the request head, with `host` as its `Host`, into `buf`; the body is sent from the
+/// caller's slice.
+pub(crate) async fn encode_head(request: &Post<'_>, host: &str, buf: &mut [u8]) -> Result<usize, HttpError> {
     // reqwless writes header text as given: a CR or LF here would let a path or key inject
     // headers, and a space would break the request line.
     if !request.path.starts_with('/')
         || !visible_ascii(request.path)
         || !visible_ascii(request.idempotency_key)
+        || !visible_ascii(host)
     {
         return Err(HttpError::BadRequest);
     }
-    let mut host = heapless::String::<HOST_LEN>::new();
-    write!(host, "{server}").map_err(|_| HttpError::BadRequest)?;
     let headers = [("Idempotency-Key", request.idempotency_key), ("Connection", "close")];
     let head = Request::post(request.path)
-        .host(&host)
+        .host(host)
         .content_type(ContentType::ApplicationJson)
         .headers(&headers)
         .body(request.body)
@@ -302,30 +326,43 @@ fn visible_ascii(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// Connect, send, read: each phase's failures get their own names.
-async fn exchange(
+/// Opens the TCP connection; its failures name the connect phase.
+pub(crate) async fn connect(
     socket: &mut TcpSocket<'_>,
     server: SocketAddrV4,
+    deadline: Instant,
+) -> Result<(), HttpError> {
+    // The request goes out in two writes (head, body); Nagle would hold the second for an ACK.
+    socket.set_nagle_enabled(false);
+    // smoltcp's own inactivity timeout is left off: when it fires the socket reads as reset,
+    // which would misname a stalled reply. The deadline bounds every wait instead.
+    let endpoint = (IpAddress::Ipv4(*server.ip()), server.port());
+    match with_deadline(deadline, socket.connect(endpoint)).await {
+        Err(_) | Ok(Err(ConnectError::TimedOut)) => Err(HttpError::ConnectTimeout),
+        // A reset in answer to our SYN is the server's refusal.
+        Ok(Err(ConnectError::ConnectionReset)) => Err(HttpError::Refused),
+        // A fresh socket is never in an invalid state; should it be, nothing was sent either.
+        Ok(Err(ConnectError::NoRoute | ConnectError::InvalidState)) => Err(HttpError::NoRoute),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// Sends the encoded head and the body over an open connection (plain TCP through
+/// [`Handed`], or TLS over it) and reads the reply. `flush` means "handed to TCP": over TLS it
+/// seals the last record and writes it to the socket, and [`Handed`] returns at once, so a
+/// failure after it is in the reply phase, where the request may have landed.
+pub(crate) async fn send_and_read<C: Read + Write>(
+    conn: &mut C,
     head_len: usize,
     body: &[u8],
     head: &mut [u8],
     deadline: Instant,
 ) -> Result<Response, HttpError> {
-    let endpoint = (IpAddress::Ipv4(*server.ip()), server.port());
-    match with_deadline(deadline, socket.connect(endpoint)).await {
-        Err(_) => return Err(HttpError::ConnectTimeout),
-        // A reset in answer to our SYN is the server's refusal.
-        Ok(Err(ConnectError::ConnectionReset)) => return Err(HttpError::Refused),
-        Ok(Err(ConnectError::TimedOut)) => return Err(HttpError::ConnectTimeout),
-        // A fresh socket is never in an invalid state; should it be, nothing was sent either.
-        Ok(Err(ConnectError::NoRoute | ConnectError::InvalidState)) => return Err(HttpError::NoRoute),
-        Ok(Ok(())) => {}
-    }
-
     let request_head = head.get(..head_len).ok_or(HttpError::BadRequest)?;
     let sent = with_deadline(deadline, async {
-        socket.write_all(request_head).await?;
-        socket.write_all(body).await
+        conn.write_all(request_head).await?;
+        conn.write_all(body).await?;
+        conn.flush().await
     })
     .await;
     if !matches!(sent, Ok(Ok(()))) {
@@ -333,10 +370,10 @@ async fn exchange(
     }
 
     // From here on the server may hold the whole request.
-    let mut conn = Counted { socket, bytes: 0 };
-    let reply = match with_deadline(deadline, RawResponse::read(&mut conn, Method::POST, head)).await {
+    let mut counted = Counted { conn, bytes: 0 };
+    let reply = match with_deadline(deadline, RawResponse::read(&mut counted, Method::POST, head)).await {
         Err(_) => return Err(HttpError::ResponseTimeout),
-        Ok(Err(err)) => return Err(reply_failure(&err, conn.bytes)),
+        Ok(Err(err)) => return Err(reply_failure(&err, counted.bytes)),
         Ok(Ok(reply)) => reply,
     };
     let status = reply.status.0;
@@ -419,20 +456,45 @@ async fn drain<R: Read>(mut body: BodyReader<R>, deadline: Instant) -> bool {
     false
 }
 
-/// The socket, counting the reply bytes read, so a reply cut short can be told from none.
-struct Counted<'s, 'a> {
-    socket: &'s mut TcpSocket<'a>,
+/// The connection, counting the reply bytes read, so a reply cut short can be told from none.
+struct Counted<'c, C> {
+    conn: &'c mut C,
     bytes: usize,
 }
 
-impl ErrorType for Counted<'_, '_> {
+impl<C: ErrorType> ErrorType for Counted<'_, C> {
+    type Error = C::Error;
+}
+
+impl<C: Read> Read for Counted<'_, C> {
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
+        let n = self.conn.read(buf).await?;
+        self.bytes = self.bytes.saturating_add(n);
+        Ok(n)
+    }
+}
+
+/// A TCP socket whose `flush` returns at once: written bytes count as sent once TCP holds them.
+/// embassy-net's own `flush` waits for the peer's ACK, and a failure while waiting would read
+/// as "never sent" for a request the server may already have acted on.
+pub(crate) struct Handed<'s, 'a>(pub(crate) &'s mut TcpSocket<'a>);
+
+impl ErrorType for Handed<'_, '_> {
     type Error = embassy_net::tcp::Error;
 }
 
-impl Read for Counted<'_, '_> {
+impl Read for Handed<'_, '_> {
     async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
-        let n = self.socket.read(buf).await?;
-        self.bytes = self.bytes.saturating_add(n);
-        Ok(n)
+        self.0.read(buf).await
+    }
+}
+
+impl Write for Handed<'_, '_> {
+    async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+        self.0.write(buf).await
+    }
+
+    async fn flush(&mut self) -> Result<(), Self::Error> {
+        Ok(())
     }
 }

@@ -1,85 +1,348 @@
-//! The uplink application under QEMU: a sensor task fills a fixed-capacity outbox, the uplink
-//! sends each reading as a keyed write through the wary runner over the modem on UART0 (the
-//! `wary-modem` emulator on QEMU's chardev socket), then prints a summary and exits 0 only if
-//! every reading landed.
+//! The uplink application under QEMU: a sensor task pushes readings into the durable outbox on
+//! (emulated) NOR flash, and the uplink sends each one as a keyed HTTP/1.1 `POST` through the
+//! wary runner, over embassy-net on the LAN9118 (`-nic user,model=lan9118`), straight to the
+//! test cloud on the host (10.0.2.2 from the guest). It prints a summary and exits 0 once
+//! nothing is pending and the sensor is done.
 //!
-//! The jitter seed comes from the host, per run: `AT+SEED?` to the modem emulator. QEMU has no
-//! non-volatile memory and no RNG, so the boot field of the keys is a per-boot nonce derived
-//! from that seed ([`boot_nonce`]): a new run (a "reboot") gets new keys, as on real hardware.
+//! The semihosting command line (QEMU `-append`) says where the cloud listens and how to run:
+//! `port=<p> seed=<n> [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
+//! [reset_in_backoff=<boot>]`. The last three plan resets (`SYSRESETREQ`) in the given boot, to
+//! show that a reset loses no reading and applies none twice; QEMU restarts the program and the
+//! emulated flash survives:
+//!
+//! - `cut_write`: the `n`-th flash write after the outbox opened stops part-way (half its words
+//!   written, then one word only partly programmed), as when power fails during a write;
+//! - `reset_in_reply`: the first exchange still waiting for its reply after
+//!   [`REPLY_RESET_AFTER`] (the cloud holds replies after applying the write) resets the device:
+//!   the write landed, its reply never arrives;
+//! - `reset_in_backoff`: the first retry wait of at least [`BACKOFF_RESET_MIN`] resets the
+//!   device half-way through.
+//!
+//! Each planned reset logs a `RESET <kind>` line first. Without a plan, nothing resets.
+//! The boot number comes from the boot counter on flash; the jitter seed is the host's `seed`
+//! mixed with it, so each boot draws differently.
 
 #![no_std]
 #![no_main]
 
-use embassy_executor::Spawner;
-use embassy_time::Duration;
-use mps2_an386::{exit, exit_code};
-use wary::ledger::Ledger;
-use wary_uplink::{Config, FLEET, Modem, Outbox, POLICY, SplitMix64, sense, uplink};
+use core::net::{Ipv4Addr, SocketAddrV4};
+use core::sync::atomic::{AtomicU32, Ordering};
 
-/// Readings the sensor makes; the run ends when all have settled.
-const READINGS: u32 = 20;
-/// Small on purpose, so a burst of readings meets the full-outbox policy.
-const OUTBOX: usize = 4;
+use embassy_executor::Spawner;
+use embassy_futures::select::{Either, select};
+use embassy_net::{Config as NetConfig, Stack, StackResources};
+use embassy_time::{Delay, Duration, Instant, Timer, with_timeout};
+use embedded_hal_async::delay::DelayNs;
+use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
+use mps2_an386::flash::{self, PsramFlash, WORD_SIZE};
+use mps2_an386::{eth, exit, exit_code};
+use rand_core::RngCore;
+use static_cell::{ConstStaticCell, StaticCell};
+use wary::Outcome;
+use wary::ledger::Ledger;
+use wary_outbox::{Config as OutboxConfig, Outbox};
+use wary_uplink::http::Buffers;
+use wary_uplink::transport::Counts;
+use wary_uplink::{Config, FLEET, HttpTransport, PATH, POLICY, SplitMix64, Store, Transport, sense, uplink};
+
 /// This device's id in every key.
 const DEVICE: u32 = 0x0a38_6001;
-/// Seed used only if the modem does not answer `AT+SEED?` (logged as a warning).
-const FALLBACK_SEED: u64 = 0x5eed_0a38_6001;
+/// The host as seen from QEMU's user-mode network.
+const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+/// Readings the sensor makes in each boot, unless `readings=` says otherwise.
+const READINGS_PER_BOOT: u32 = 6;
+/// The boot counter in the first two pages of the emulated flash, the queue in the next eight.
+const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
+/// Generous: guest time runs slow on a busy host.
+const DHCP_LIMIT: Duration = Duration::from_secs(30);
+/// How long an exchange waits for its reply before a planned `reset_in_reply` fires. Replies
+/// from the host take milliseconds; only a reply the cloud holds takes this long.
+const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
+/// The shortest retry wait a planned `reset_in_backoff` cuts: below the policy's shortest
+/// first wait (half its 100 ms base), so the boot's first retry is cut, whatever the draws.
+const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
-/// The boot field of the keys: the host's per-run seed through SplitMix64's finalizer (a
-/// bijection, so distinct seeds rarely share their high 32 bits), kept apart from the jitter
-/// stream; unique per run with high probability.
-fn boot_nonce(seed: u64) -> u32 {
-    let mut z = seed ^ 0xb007_b007_b007_b007;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    ((z ^ (z >> 31)) >> 32) as u32
-}
+type Flash = CutFlash<PsramFlash>;
+type NetBuffers = Buffers<1024, 1024, 1024>;
 
-static OUTBOX_CELL: Outbox<OUTBOX> = Outbox::new();
+static ETH_STATE: ConstStaticCell<eth::State<4, 4>> = ConstStaticCell::new(eth::State::new());
+static RESOURCES: ConstStaticCell<StackResources<3>> = ConstStaticCell::new(StackResources::new());
+static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
+static STORE: StaticCell<Store<Flash>> = StaticCell::new();
 
 #[embassy_executor::task]
-async fn sensor(outbox: &'static Outbox<OUTBOX>) {
-    sense(outbox, READINGS, Duration::from_millis(40)).await;
+async fn eth_task(runner: eth::Runner<'static>) -> ! {
+    runner.run().await
+}
+
+#[embassy_executor::task]
+async fn net_task(mut runner: embassy_net::Runner<'static, eth::Device<'static>>) -> ! {
+    runner.run().await
+}
+
+#[embassy_executor::task]
+async fn sensor(store: &'static Store<Flash>, boot: u32, count: u32) {
+    let mut n = 0u32;
+    // A plausible room temperature that changes a little with every reading.
+    let sample = move || {
+        n = n.wrapping_add(1);
+        let wobble = (boot.wrapping_mul(131).wrapping_add(n.wrapping_mul(37)) % 500) as i32;
+        21_000 + wobble
+    };
+    sense(store, count, Duration::from_millis(60), sample).await;
+}
+
+/// What the host asked for.
+struct Args {
+    port: u16,
+    seed: u64,
+    readings: u32,
+    cut_write: Option<(u32, u32)>,
+    reset_in_reply: Option<u32>,
+    reset_in_backoff: Option<u32>,
+}
+
+fn args() -> Option<Args> {
+    let all = semihosting::experimental::env::args::<512>().ok()?;
+    let mut a = Args {
+        port: 0,
+        seed: 0,
+        readings: READINGS_PER_BOOT,
+        cut_write: None,
+        reset_in_reply: None,
+        reset_in_backoff: None,
+    };
+    let (mut port, mut seed) = (None, None);
+    for arg in &all {
+        let Ok(arg) = arg else { continue };
+        let Some((name, value)) = arg.split_once('=') else { continue };
+        match name {
+            "port" => port = value.parse().ok(),
+            "seed" => seed = value.parse().ok(),
+            "readings" => a.readings = value.parse().ok()?,
+            "cut_write" => {
+                let (boot, n) = value.split_once(':')?;
+                a.cut_write = Some((boot.parse().ok()?, n.parse().ok()?));
+            }
+            "reset_in_reply" => a.reset_in_reply = Some(value.parse().ok()?),
+            "reset_in_backoff" => a.reset_in_backoff = Some(value.parse().ok()?),
+            _ => {}
+        }
+    }
+    a.port = port?;
+    a.seed = seed?;
+    Some(a)
 }
 
 #[embassy_executor::main]
 async fn main(spawner: Spawner) {
     let board = mps2_an386::init();
-    let (tx, rx) = board.uart0.split();
-    // Generous: guest time runs slow on a busy host, and the modem's own HTTP timeout is 1.5 s.
-    let mut modem = Modem::new(rx, tx, Duration::from_millis(3_000));
+    let Some(args) = args() else {
+        defmt::error!("no port= and seed= on the semihosting command line (QEMU -append)");
+        exit(exit_code::FAIL)
+    };
+    let Some(psram) = flash::take() else { exit(exit_code::FAIL) };
 
-    let seed = match modem.seed().await {
-        Some(seed) => {
-            defmt::info!("jitter seed {=u64} from the host (AT+SEED?)", seed);
-            seed
-        }
-        None => {
-            defmt::warn!("no seed from the modem: using the fallback seed");
-            FALLBACK_SEED
+    // The outbox first: its boot counter goes up before anything is sent.
+    let (outbox, report) = match Outbox::open(CutFlash { inner: psram }, OUTBOX).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            defmt::error!("the outbox does not open: {}", e.error);
+            exit(exit_code::FAIL)
         }
     };
+    let boot = report.boot;
+    defmt::info!(
+        "BOOT {=u32}: {=u32} pending, boot range reset {}, queue range reset {}, {=u32} foreign discarded",
+        boot,
+        report.pending,
+        report.boot_range_reset,
+        report.queue_range_reset,
+        report.foreign_discarded
+    );
+    if let Some((b, n)) = args.cut_write
+        && b == boot
+    {
+        CUT_AT.store(n, Ordering::Relaxed);
+    }
+    let store = STORE.init(Store::new(outbox));
 
-    match sensor(&OUTBOX_CELL) {
-        Ok(token) => spawner.spawn(token),
-        Err(_) => {
-            defmt::error!("could not spawn the sensor task");
+    let (device, eth_runner) = match eth::new(board.eth, ETH_STATE.take()) {
+        Ok(parts) => parts,
+        Err(err) => {
+            defmt::error!("LAN9118 bring-up failed: {}", err);
+            exit(exit_code::FAIL)
+        }
+    };
+    let seed = SplitMix64::new(args.seed ^ u64::from(boot).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64();
+    let (stack, net_runner) =
+        embassy_net::new(device, NetConfig::dhcpv4(Default::default()), RESOURCES.take(), seed);
+    for spawned in [
+        eth_task(eth_runner).map(|t| spawner.spawn(t)),
+        net_task(net_runner).map(|t| spawner.spawn(t)),
+        sensor(store, boot, args.readings).map(|t| spawner.spawn(t)),
+    ] {
+        if spawned.is_err() {
+            defmt::error!("could not spawn a task");
             exit(exit_code::FAIL)
         }
     }
+    wait_for_lease(stack).await;
 
-    let boot = boot_nonce(seed);
-    defmt::info!("device {=u32:08x}, boot nonce {=u32:08x}", DEVICE, boot);
-    let config = Config::new(DEVICE, boot, READINGS);
+    let server = SocketAddrV4::new(HOST, args.port);
+    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take());
+    let mut transport = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
+    let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
+    let config = Config::new(DEVICE);
     let s =
-        uplink(&config, &POLICY, &FLEET, SplitMix64::new(seed), &mut modem, &OUTBOX_CELL, &mut ledger).await;
-
-    s.log(READINGS, OUTBOX_CELL.refused(), modem.noise(), modem.lost_answers());
-    if s.all_landed(READINGS) {
+        uplink(&config, &POLICY, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
+            .await;
+    let counts: Counts = transport.inner.counts();
+    s.log(&store.counters().await, &counts);
+    if s.all_landed() {
         exit(exit_code::PASS)
     } else {
-        defmt::error!("{=u32} of {=u32} readings did not land", READINGS - s.landed, READINGS);
+        defmt::error!("{=u32} readings left, {=u32} failed", s.left, s.failed);
         exit(exit_code::FAIL)
     }
 }
+
+async fn wait_for_lease(stack: Stack<'_>) {
+    let started = Instant::now();
+    if with_timeout(DHCP_LIMIT, stack.wait_config_up()).await.is_err() {
+        defmt::error!("no DHCP lease within {=u64} s", DHCP_LIMIT.as_secs());
+        exit(exit_code::FAIL)
+    }
+    defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
+}
+
+/// A planned reset while a reply is outstanding; otherwise the inner transport as it is.
+struct ResetInReply<T> {
+    inner: T,
+    armed: bool,
+}
+
+impl<T: Transport> Transport for ResetInReply<T> {
+    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
+        if !self.armed {
+            return self.inner.post(key, body, limit).await;
+        }
+        match select(self.inner.post(key, body, limit), Timer::after(REPLY_RESET_AFTER)).await {
+            Either::First(outcome) => outcome,
+            Either::Second(()) => {
+                defmt::info!(
+                    "RESET reply: no reply after {=u64} ms, key={=str}",
+                    REPLY_RESET_AFTER.as_millis(),
+                    key
+                );
+                flash::reset()
+            }
+        }
+    }
+}
+
+/// A planned reset half-way through a retry wait; otherwise the inner delay as it is.
+struct ResetInBackoff<D> {
+    inner: D,
+    armed: bool,
+}
+
+impl<D: DelayNs> DelayNs for ResetInBackoff<D> {
+    async fn delay_ns(&mut self, ns: u32) {
+        let ms = u64::from(ns) / 1_000_000;
+        if self.armed && ms >= BACKOFF_RESET_MIN.as_millis() {
+            self.inner.delay_ns(ns / 2).await;
+            defmt::info!("RESET backoff: {=u64} ms into a {=u64} ms wait", ms / 2, ms);
+            flash::reset()
+        }
+        self.inner.delay_ns(ns).await;
+    }
+
+    async fn delay_us(&mut self, us: u32) {
+        let ms = u64::from(us) / 1_000;
+        if self.armed && ms >= BACKOFF_RESET_MIN.as_millis() {
+            self.inner.delay_us(us / 2).await;
+            defmt::info!("RESET backoff: {=u64} ms into a {=u64} ms wait", ms / 2, ms);
+            flash::reset()
+        }
+        self.inner.delay_us(us).await;
+    }
+
+    async fn delay_ms(&mut self, ms: u32) {
+        if self.armed && u64::from(ms) >= BACKOFF_RESET_MIN.as_millis() {
+            self.inner.delay_ms(ms / 2).await;
+            defmt::info!("RESET backoff: {=u32} ms into a {=u32} ms wait", ms / 2, ms);
+            flash::reset()
+        }
+        self.inner.delay_ms(ms).await;
+    }
+}
+
+/// The emulated flash, with a planned power cut part-way through one write: the
+/// [`CUT_AT`]-th write after it was armed (0: none).
+struct CutFlash<F> {
+    inner: F,
+}
+
+/// Which write after arming is cut; armed after the outbox opened, in the planned boot only.
+static CUT_AT: AtomicU32 = AtomicU32::new(0);
+/// Writes since [`CUT_AT`] was armed.
+static WRITES: AtomicU32 = AtomicU32::new(0);
+
+impl<F: ErrorType> ErrorType for CutFlash<F> {
+    type Error = F::Error;
+}
+
+impl<F: ReadNorFlash> ReadNorFlash for CutFlash<F> {
+    const READ_SIZE: usize = F::READ_SIZE;
+
+    async fn read(&mut self, offset: u32, bytes: &mut [u8]) -> Result<(), Self::Error> {
+        self.inner.read(offset, bytes).await
+    }
+
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+}
+
+impl<F: NorFlash> NorFlash for CutFlash<F> {
+    const WRITE_SIZE: usize = F::WRITE_SIZE;
+    const ERASE_SIZE: usize = F::ERASE_SIZE;
+
+    async fn erase(&mut self, from: u32, to: u32) -> Result<(), Self::Error> {
+        self.inner.erase(from, to).await
+    }
+
+    async fn write(&mut self, offset: u32, bytes: &[u8]) -> Result<(), Self::Error> {
+        let cut_at = CUT_AT.load(Ordering::Relaxed);
+        if cut_at == 0 {
+            return self.inner.write(offset, bytes).await;
+        }
+        let writes = WRITES.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        if writes != cut_at {
+            return self.inner.write(offset, bytes).await;
+        }
+        // Half the words written whole, the next one only partly programmed (its first half
+        // of bytes cleared as asked, the rest still erased), then the power goes.
+        let words = bytes.len() / WORD_SIZE;
+        let whole = (words / 2) * WORD_SIZE;
+        if whole > 0 {
+            let _ = self.inner.write(offset, &bytes[..whole]).await;
+        }
+        if let Some(word) = bytes.get(whole..whole + WORD_SIZE) {
+            let mut partial = [0xFFu8; WORD_SIZE];
+            partial[..WORD_SIZE / 2].copy_from_slice(&word[..WORD_SIZE / 2]);
+            let _ = self.inner.write(offset + whole as u32, &partial).await;
+        }
+        defmt::info!(
+            "RESET flash-write: write {=u32} cut after {=usize} of {=usize} bytes",
+            writes,
+            whole + WORD_SIZE / 2,
+            bytes.len()
+        );
+        flash::reset()
+    }
+}
+
+impl<F: MultiwriteNorFlash> MultiwriteNorFlash for CutFlash<F> {}

@@ -25,11 +25,15 @@ use mps2_an386::{exit, exit_code};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use static_cell::ConstStaticCell;
+use wary::Outcome;
+use wary::retry_after::Rules;
 use wary_qemu::Tally;
 use wary_tls_probe::args::CommandLine;
 use wary_tls_probe::exchange::{Post, SocketBuffers, Timing};
 use wary_tls_probe::tls::{self, MAX_RECORD, Pinned, Records};
 use wary_tls_probe::{Phase, ProbeError, net, stack};
+use wary_uplink::Transport;
+use wary_uplink::tls::TlsTransport;
 
 /// The CA every server chain must lead to, compiled in by build.rs.
 static PINNED_CA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pinned-ca.der"));
@@ -210,6 +214,30 @@ async fn main(spawner: Spawner) {
         check(&mut tally, case, &result);
     }
 
+    // The uplink's own HTTPS transport, through the same buffers: a keyed write lands against
+    // the good server, and a server the pinned CA does not vouch for is a TLS failure, which
+    // the policy fails at once (never resent).
+    for (name, server, expected) in
+        [("uplink-good", "good", Outcome::Ok), ("uplink-rogue-ca", "rogue", Outcome::Tls)]
+    {
+        let Some(port) = line.port(server) else { exit(exit_code::FAIL) };
+        let mut transport = TlsTransport::new(
+            stack,
+            SocketAddrV4::new(HOST, port),
+            "/readings",
+            Rules::LENIENT,
+            pinned,
+            &mut *buffers,
+            &mut read_record[..],
+            &mut write_record[..],
+            ChaCha20Rng::from_seed(seed_from(&mut rng)),
+        );
+        let key = key(CASES.len());
+        let got = transport.post(&key, body(CASES.len()).as_bytes(), LIMIT).await;
+        defmt::info!("{=str}: {}", name, got);
+        tally.check(name, got == expected);
+    }
+
     defmt::info!(
         "MEASURE memory stack_peak={=usize} stack_before_tls={=usize} read_record={=usize} small_read_record={=usize} write_record={=usize} cert_chain={=usize}",
         stack::high_water(),
@@ -220,6 +248,13 @@ async fn main(spawner: Spawner) {
         tls::CERT_CHAIN
     );
     tally.finish()
+}
+
+/// A fresh 256-bit seed from the run's generator, for a transport that owns its own.
+fn seed_from(rng: &mut ChaCha20Rng) -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    rng.fill_bytes(&mut seed);
+    seed
 }
 
 fn measure(name: &str, timing: &Timing) {

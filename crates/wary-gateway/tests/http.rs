@@ -1,0 +1,372 @@
+//! The gateway over HTTP: devices' requests in, the test cloud or an upstream of the test's own
+//! out, and what each verdict looks like to the device. The binary is run once, for its
+//! command line and for what it keeps out of its output.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+
+use std::convert::Infallible;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use wary::Key;
+use wary_cloud::{Cloud, Faults};
+use wary_gateway::{BodyCheck, Config, Gateway, StaticHeader};
+use wary_host::spec::PolicySpec;
+
+const BIN: &str = env!("CARGO_BIN_EXE_wary-gateway");
+const TEST_LIMIT: Duration = Duration::from_secs(15);
+
+async fn within(body: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(TEST_LIMIT, body).await.expect("test took too long");
+}
+
+fn config(base: &str) -> Config {
+    let mut c = Config::new(base);
+    c.policy = PolicySpec {
+        base: Some(10),
+        cap: Some(100),
+        budget: Some(1_000),
+        deadline: Some(3_000),
+        min_attempt: Some(50),
+        ..PolicySpec::default()
+    };
+    c.upstream.attempt_timeout = Duration::from_millis(500);
+    c.fleet_max_tokens = 1000;
+    c.fleet_ratio_milli = 1000;
+    c.workers = 4;
+    c.queue = 16;
+    c.seed = Some(7);
+    c
+}
+
+/// Starts a gateway serving HTTP on a free loopback port.
+async fn gateway(config: Config) -> (Arc<Gateway>, SocketAddr) {
+    let gw = Arc::new(Gateway::start(config, Box::new(std::io::sink())).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(wary_gateway::ingress::serve(gw.clone(), listener));
+    (gw, addr)
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+async fn send(req: Request<Full<Bytes>>) -> Reply {
+    let resp = client().request(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Reply { status, headers, body }
+}
+
+/// `POST /readings` as a device sends it.
+async fn post(addr: SocketAddr, key: &str, body: &str) -> Reply {
+    let req = Request::post(format!("http://{addr}/readings"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    send(req).await
+}
+
+fn key(n: u64) -> String {
+    Key::from_parts(1, 1, n).to_hex().as_str().to_owned()
+}
+
+fn header<'a>(r: &'a Reply, name: &str) -> Option<&'a str> {
+    r.headers.get(name).map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn a_landed_reading_gets_the_upstreams_status_and_a_resend_is_deduplicated() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let (_gw, addr) = gateway(config(&cloud.url(""))).await;
+        let r = post(addr, &key(1), r#"{"seq":1,"mC":21000}"#).await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        assert_eq!(header(&r, "wary-verdict"), Some("ok"));
+        let first: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        // The same key again (a device that lost the answer): the cloud's stored answer, no effect.
+        let again = post(addr, &key(1), r#"{"seq":1,"mC":21000}"#).await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&again.body).unwrap(), first);
+        assert_eq!(cloud.key_stats(&key(1)).unwrap().effects, 1);
+        assert_eq!(cloud.stats().requests, 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn malformed_requests_get_a_reason_and_never_reach_the_upstream() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let mut c = config(&cloud.url(""));
+        c.max_body = 64;
+        let (gw, addr) = gateway(c).await;
+        let no_key =
+            Request::post(format!("http://{addr}/readings")).body(Full::new(Bytes::from("{}"))).unwrap();
+        let r = send(no_key).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(String::from_utf8_lossy(&r.body).contains("missing Idempotency-Key"));
+        let r = post(addr, "has space", "{}").await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(String::from_utf8_lossy(&r.body).contains("Idempotency-Key"));
+        let r = post(addr, &key(2), "seq=1").await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(String::from_utf8_lossy(&r.body).contains("not JSON"));
+        let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(100));
+        assert_eq!(post(addr, &key(3), &big).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+        let get = Request::get(format!("http://{addr}/readings")).body(Full::new(Bytes::new())).unwrap();
+        let r = send(get).await;
+        assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(header(&r, "allow"), Some("POST"));
+        let other = Request::post(format!("http://{addr}/elsewhere")).body(Full::new(Bytes::new())).unwrap();
+        assert_eq!(send(other).await.status, StatusCode::NOT_FOUND);
+        let health = Request::get(format!("http://{addr}/healthz")).body(Full::new(Bytes::new())).unwrap();
+        assert_eq!(send(health).await.status, StatusCode::OK);
+        assert_eq!(cloud.stats().requests, 0, "nothing malformed went upstream");
+        assert_eq!(gw.metrics().refused.get("bad_request"), Some(&6));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn giving_up_is_a_503_with_retry_after_and_the_device_resend_lands_once() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", "503=1.0".parse::<Faults>().unwrap()).await.unwrap();
+        let (gw, addr) = gateway(config(&cloud.url(""))).await;
+        let r = post(addr, &key(5), "{}").await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&r, "wary-verdict"), Some("gave_up"));
+        assert_eq!(header(&r, "wary-reason"), Some("budget"));
+        // The policy's cap is 100 ms: the earliest worthwhile resend rounds up to 1 s.
+        assert_eq!(header(&r, "retry-after"), Some("1"));
+        let attempts = cloud.stats().requests;
+        assert!(attempts > 1, "the gateway retried 503s itself ({attempts} requests)");
+        cloud.set_faults(Faults::none()).unwrap();
+        let r = post(addr, &key(5), "{}").await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        assert_eq!(cloud.key_stats(&key(5)).unwrap().effects, 1);
+        assert_eq!(gw.metrics().verdicts.get("gave_up"), Some(&1));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_4xx_upstream_is_failed_424_never_resent() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let mut c = config(&cloud.url(""));
+        // The cloud answers 400 to a keyed write without its key header.
+        c.upstream.key_header = http::HeaderName::from_static("x-other-key");
+        let (_gw, addr) = gateway(c).await;
+        let r = post(addr, &key(6), "{}").await;
+        assert_eq!(r.status, StatusCode::FAILED_DEPENDENCY);
+        assert_eq!(header(&r, "wary-verdict"), Some("failed"));
+        assert_eq!(header(&r, "wary-upstream-status"), Some("400"));
+        assert_eq!(cloud.stats().requests, 1, "a failed call is not retried");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_legacy_unknown_is_409_and_a_resend_of_it_is_never_forwarded() {
+    within(async {
+        // Every write's answer is lost after the effect, and every probe read too: unknown.
+        let cloud =
+            Cloud::start("127.0.0.1:0", "drop_after_effect=1.0".parse::<Faults>().unwrap()).await.unwrap();
+        let mut c = config(&cloud.url(""));
+        c.upstream.legacy = true;
+        c.upstream.path = "/legacy/readings".into();
+        c.upstream.probe_grace = Some(Duration::from_millis(10));
+        let (gw, addr) = gateway(c).await;
+        let r = post(addr, &key(7), "{}").await;
+        let verdict = header(&r, "wary-verdict").unwrap().to_owned();
+        assert_eq!((r.status, verdict.as_str()), (StatusCode::CONFLICT, "unknown"));
+        let effects = cloud.reading_effects(&key(7));
+        let requests = cloud.stats().requests;
+        let again = post(addr, &key(7), "{}").await;
+        assert_eq!(again.status, StatusCode::CONFLICT);
+        assert_eq!(cloud.stats().requests, requests, "the resend of a surfaced key went nowhere");
+        assert_eq!((effects, cloud.reading_effects(&key(7))), (1, 1), "sent once, landed once");
+        assert_eq!(gw.metrics().surfaced_total, 1);
+    })
+    .await;
+}
+
+/// An upstream wary did not write: `204 No Content` or `200 text/plain`, and it wants a token.
+async fn foreign_upstream(
+    status: StatusCode,
+    body: &'static str,
+) -> (SocketAddr, Arc<Mutex<Vec<(String, Option<String>, Option<String>)>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (sock, _) = listener.accept().await.unwrap();
+            let log = log.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let log = log.clone();
+                    async move {
+                        let h = |n: &str| req.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+                        log.lock().unwrap().push((
+                            req.uri().path().to_owned(),
+                            h("x-request-key"),
+                            h("authorization"),
+                        ));
+                        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+                        *r.status_mut() = status;
+                        r.headers_mut().insert("content-type", "text/plain".parse().unwrap());
+                        Ok::<_, Infallible>(r)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(sock), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn any_upstream_a_2xx_is_landed_whatever_its_body() {
+    within(async {
+        let (up, seen) = foreign_upstream(StatusCode::OK, "created").await;
+        let mut c = config(&format!("http://{up}"));
+        c.upstream.path = "/v2/ingest".into();
+        c.upstream.key_header = http::HeaderName::from_static("x-request-key");
+        c.upstream.headers = vec![StaticHeader::new(
+            http::HeaderName::from_static("authorization"),
+            "Bearer t0ken".parse().unwrap(),
+        )];
+        let (_gw, addr) = gateway(c.clone()).await;
+        let r = post(addr, &key(8), "{}").await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(&r.body[..], b"created");
+        assert_eq!(header(&r, "wary-body-check"), None);
+        assert_eq!(
+            seen.lock().unwrap().as_slice(),
+            [("/v2/ingest".to_owned(), Some(key(8)), Some("Bearer t0ken".to_owned()))]
+        );
+
+        // Opt in to a JSON body check: the same 2xx is landed with a bad body, and not resent.
+        c.upstream.body_check = BodyCheck::JsonField("id".into());
+        let (gw, addr) = gateway(c).await;
+        let r = post(addr, &key(9), "{}").await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(header(&r, "wary-verdict"), Some("ok"));
+        assert_eq!(header(&r, "wary-body-check"), Some("failed"));
+        assert_eq!(seen.lock().unwrap().len(), 2, "a landed bad body is never resent");
+        assert_eq!(gw.metrics().landed_bad_body, 1);
+
+        let (up, _) = foreign_upstream(StatusCode::NO_CONTENT, "").await;
+        let (_gw, addr) = gateway(config(&format!("http://{up}"))).await;
+        assert_eq!(post(addr, &key(10), "{}").await.status, StatusCode::NO_CONTENT);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_503_at_once() {
+    within(async {
+        // A slow upstream holds the one worker; the queue holds one more; the rest are refused.
+        let cloud = Cloud::start("127.0.0.1:0", "slow=1.0:ms=800".parse::<Faults>().unwrap()).await.unwrap();
+        let mut c = config(&cloud.url(""));
+        c.workers = 1;
+        c.queue = 1;
+        c.upstream.attempt_timeout = Duration::from_secs(2);
+        let (gw, addr) = gateway(c).await;
+        let mut posts = tokio::task::JoinSet::new();
+        for n in 0..6 {
+            posts.spawn(async move {
+                let t = std::time::Instant::now();
+                let r = post(addr, &key(100 + n), "{}").await;
+                (
+                    r.status,
+                    header(&r, "wary-verdict").map(str::to_owned),
+                    header(&r, "retry-after").map(str::to_owned),
+                    t.elapsed(),
+                )
+            });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let all = posts.join_all().await;
+        let full: Vec<_> = all.iter().filter(|r| r.1.as_deref() == Some("queue_full")).collect();
+        assert!(full.len() >= 3, "{all:?}");
+        for (status, _, ra, took) in &full {
+            assert_eq!(*status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(ra.as_deref(), Some("1"));
+            assert!(*took < Duration::from_millis(700), "refused at once, not after the slow call: {took:?}");
+        }
+        assert_eq!(all.iter().filter(|r| r.0 == StatusCode::CREATED).count() + full.len(), 6, "{all:?}");
+        assert_eq!(gw.metrics().refused.get("full").copied(), Some(full.len() as u64));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_binary_serves_http_and_never_prints_its_token() {
+    within(async {
+        let (up, seen) = foreign_upstream(StatusCode::ACCEPTED, "queued").await;
+        let dir = std::env::temp_dir().join(format!("wary-gw-http-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, "s3cret-from-file\n").unwrap();
+        let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let mut child = Command::new(BIN)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--upstream", &format!("http://{up}")])
+            .args(["--no-metrics", "--path", "/in", "--header", "X-Tenant: t1"])
+            .arg(format!("--header-file=Authorization={}", token_file.display()))
+            .args(["--header-env", "X-Api-Key=WARY_TEST_TOKEN", "--workers", "2"])
+            .env("WARY_TEST_TOKEN", "s3cret-from-env")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut up_yet = false;
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                up_yet = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(up_yet, "the gateway did not start listening");
+        let r = post(addr, &key(11), r#"{"seq":11}"#).await;
+        assert_eq!(r.status, StatusCode::ACCEPTED);
+        assert_eq!(&r.body[..], b"queued");
+        assert_eq!(seen.lock().unwrap()[0].2.as_deref(), Some("s3cret-from-file"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(err.contains("listening on"), "{err}");
+        assert!(!(out + &err).contains("s3cret"), "a token reached the output");
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await;
+}

@@ -1,0 +1,285 @@
+//! A [`reqwest_middleware::Middleware`] that runs a wary policy: a retry is a second copy of a
+//! request, so whether it is sent depends on what the first copy may already have done.
+//!
+//! ```no_run
+//! use reqwest_middleware::ClientBuilder;
+//! use wary::{Policy, Preset};
+//! use wary_reqwest::WaryMiddleware;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = Policy::builder(Preset::Default).deadline(10_000).build()?;
+//! let client = ClientBuilder::new(reqwest::Client::new())
+//!     .with(WaryMiddleware::new(policy)?.add_idempotency_key())
+//!     .build();
+//! let resp = client.post("http://127.0.0.1:8080/readings").body("{\"t\":21}").send().await?;
+//! # let _ = resp; Ok(()) }
+//! ```
+//!
+//! - **The operation** comes from the method and an `Idempotency-Key` header
+//!   ([`wary::Policy::operation`]): GET, HEAD, OPTIONS, PUT and DELETE are reads (under the
+//!   default table); a write with a key is a keyed write; a write without one is never resent
+//!   after a failure that may have landed: it ends `unknown`. With
+//!   [`WaryMiddleware::add_idempotency_key`], a write without a key gets one, made once per
+//!   call and sent on every attempt.
+//! - **Retry-After** in both forms; a date is measured against the response's own `Date`
+//!   header (else the wall clock). The wait is never shorter than the server asked; an ask
+//!   longer than the call can afford ends the call at once (`gave_up (retry_after_too_long)`).
+//!   Other rate-limit headers are opt-in ([`WaryMiddleware::signals`]).
+//! - **Deadline**: each attempt's timeout (the request's own, if any) is capped to the time
+//!   left before the policy's deadline, so a stalled server cannot hold the call past it.
+//! - **Fleet budget and ledger**, both optional and shared: [`WaryMiddleware::fleet`] (an
+//!   `Arc` or a `&'static`), [`WaryMiddleware::ledger`] (any [`wary::ledger::Sink`], such as
+//!   `wary_host::ledger::JsonLedger`).
+//! - **A body that cannot be copied** (a stream) is sent once: the response carries
+//!   [`SentOnce::BodyNotCloneable`] in its extensions (a [`CallError`] carries it on the error
+//!   path), and a retry the policy would have made ends `gave_up (attempts)`.
+//! - **The verdict** of every call is in the final response's extensions
+//!   ([`wary::Verdict`]); a call that ends in a transport error returns
+//!   [`reqwest_middleware::Error::Middleware`] holding a [`CallError`] with the verdict, the
+//!   last outcome and the client's error as its source.
+//!
+//! The policy must count milliseconds (`tick_hz` 1000, the default).
+
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+use wary::{Key, Operation, Outcome, Policy, Verdict};
+use wary_host::call::{Adapter, Call, Fleet, SharedSink, Step, TickRateError};
+use wary_host::ratelimit::Signals;
+use wary_host::spec::{PolicySpec, SpecError};
+
+/// The header that makes a write a keyed write.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Why a call was sent only once whatever the policy said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SentOnce {
+    /// The request's body is a stream: it cannot be copied for a second attempt.
+    BodyNotCloneable,
+}
+
+/// A call that ended without a response: the verdict, the last attempt's outcome and the
+/// client's own error as the [`source`](std::error::Error::source). Its text names the verdict
+/// and the outcome's kind, never the client error's text.
+#[derive(Debug, thiserror::Error)]
+#[error("{} after a {}{}", wary_host::retry::verdict_text(.verdict), .last.kind_name(),
+    if .sent_once.is_some() { " (sent once: the body cannot be copied)" } else { "" })]
+pub struct CallError {
+    /// How the call ended.
+    pub verdict: Verdict,
+    /// The last attempt's outcome.
+    pub last: Outcome,
+    /// Set when the request could be sent only once.
+    pub sent_once: Option<SentOnce>,
+    /// The client's error.
+    #[source]
+    pub error: reqwest_middleware::Error,
+}
+
+/// Why a middleware could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The spec is not a valid policy.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The policy does not count milliseconds.
+    #[error(transparent)]
+    TickRate(#[from] TickRateError),
+}
+
+/// The middleware. Clones share the fleet budget, the ledger and the draws.
+#[derive(Debug, Clone)]
+pub struct WaryMiddleware {
+    adapter: Adapter,
+    add_key: bool,
+}
+
+impl WaryMiddleware {
+    /// Runs `policy`, with draws split from the process's generator. A policy whose `tick_hz`
+    /// is not 1000 is refused.
+    pub fn new(policy: Policy) -> Result<Self, TickRateError> {
+        Ok(WaryMiddleware { adapter: Adapter::new(policy)?, add_key: false })
+    }
+
+    /// Runs the policy of a spec (a policy file), with its rate-limit signals and its fleet
+    /// budget, if it names one.
+    pub fn from_spec(spec: &PolicySpec) -> Result<Self, BuildError> {
+        let mut m = Self::new(spec.build()?)?.signals(spec.signals());
+        if let Some(f) = &spec.fleet {
+            m = m.fleet(std::sync::Arc::new(f.build()?));
+        }
+        Ok(m)
+    }
+
+    /// Gives a write without an `Idempotency-Key` a fresh key, made once per call and sent on
+    /// every attempt, so it is retried as a keyed write.
+    pub fn add_idempotency_key(mut self) -> Self {
+        self.add_key = true;
+        self
+    }
+
+    /// Shares a fleet retry budget: an `Arc<FleetBudget>` or a `&'static FleetBudget`.
+    pub fn fleet(mut self, fleet: impl Into<Fleet>) -> Self {
+        self.adapter = self.adapter.fleet(fleet);
+        self
+    }
+
+    /// Writes one ledger record per attempt.
+    pub fn ledger(mut self, ledger: SharedSink) -> Self {
+        self.adapter = self.adapter.ledger(ledger);
+        self
+    }
+
+    /// Reads these rate-limit headers beside Retry-After (`wary_host::ratelimit`).
+    pub fn signals(mut self, signals: Signals) -> Self {
+        self.adapter = self.adapter.signals(signals);
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        self.adapter.policy()
+    }
+}
+
+/// The operation of a request under `policy`, and its ledger key: a keyed write's key (hex
+/// keys as is, others hashed); for other requests a key from method and path, never the body.
+pub fn request_op(policy: &Policy, req: &Request) -> (Operation, Key) {
+    let header = req.headers().get(IDEMPOTENCY_KEY);
+    wary_host::call::operation_and_key(policy, req.method().as_str(), req.url().path(), header)
+}
+
+/// The outcome of a reqwest error: timeouts by whether the connection was made, the rest by
+/// the error's source chain (`wary_host::http::error_outcome`): connect failures were never
+/// sent, anything later may have landed.
+pub fn error_outcome(err: &reqwest::Error) -> Outcome {
+    match (err.is_timeout(), err.is_connect()) {
+        (true, true) => Outcome::ConnectTimeout,
+        (true, false) => Outcome::ResponseTimeout,
+        _ => wary_host::http::error_outcome(err),
+    }
+}
+
+fn middleware_error_outcome(err: &reqwest_middleware::Error) -> Outcome {
+    match err {
+        reqwest_middleware::Error::Reqwest(e) => error_outcome(e),
+        reqwest_middleware::Error::Middleware(e) => wary_host::http::error_outcome(e.as_ref()),
+    }
+}
+
+/// An attempt's result as the one-line entry point wants it: the response if it is a success,
+/// else the outcome that failed it (`policy.retry(op, |a| async { check(&policy, send(a).await) })`).
+pub fn check(policy: &Policy, sent: Result<Response, reqwest::Error>) -> Result<Response, Outcome> {
+    match sent {
+        Ok(r) => match wary_host::http::outcome_now(policy, r.status(), r.headers()) {
+            Outcome::Ok => Ok(r),
+            o => Err(o),
+        },
+        Err(e) => Err(error_outcome(&e)),
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for WaryMiddleware {
+    async fn handle(
+        &self,
+        mut req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let policy = self.adapter.policy();
+        let keyed = req.headers().contains_key(IDEMPOTENCY_KEY);
+        if !keyed && self.add_key && !policy.operation(req.method().as_str(), false).is_idempotent() {
+            // Made once, before the first attempt: every copy below carries the same key.
+            let hex = wary_host::draw::new_key().to_hex();
+            if let Ok(v) = http::HeaderValue::from_str(hex.as_str()) {
+                req.headers_mut().insert(IDEMPOTENCY_KEY, v);
+            }
+        }
+        let (op, key) = request_op(policy, &req);
+        let own_timeout = req.timeout().copied();
+        let mut call = self.adapter.begin();
+        let mut attempt = Attempt { call: &mut call, op, key, own_timeout, sent_once: None };
+        // A copy for each attempt while the body can be copied.
+        while let Some(copy) = req.try_clone() {
+            if let Some(done) = self.send(&mut attempt, copy, &mut *extensions, next.clone()).await {
+                return done;
+            }
+        }
+        // A body that cannot be copied (a stream) is sent itself, once.
+        attempt.sent_once = Some(SentOnce::BodyNotCloneable);
+        match self.send(&mut attempt, req, extensions, next).await {
+            Some(done) => done,
+            // `send` always ends the call on an attempt it cannot repeat; this arm is for the
+            // type only, and still answers with a typed error rather than a panic.
+            None => Err(reqwest_middleware::Error::middleware(std::io::Error::other(
+                "wary: a request that cannot be copied was not ended after its one attempt",
+            ))),
+        }
+    }
+}
+
+/// One call's attempt context.
+struct Attempt<'c> {
+    call: &'c mut Call,
+    op: Operation,
+    key: Key,
+    own_timeout: Option<Duration>,
+    sent_once: Option<SentOnce>,
+}
+
+impl WaryMiddleware {
+    /// Sends one attempt and decides after it: `None` after the wait for a retry, else the
+    /// call's result with its verdict.
+    async fn send(
+        &self,
+        a: &mut Attempt<'_>,
+        mut req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Option<reqwest_middleware::Result<Response>> {
+        if let Some(ms) = a.call.start_attempt(&self.adapter) {
+            let cap = Duration::from_millis(ms.max(1));
+            *req.timeout_mut() = Some(a.own_timeout.map_or(cap, |t| t.min(cap)));
+        }
+        let result = next.run(req, extensions).await;
+        let outcome = match &result {
+            Ok(r) => self.adapter.outcome(r.status(), r.headers()),
+            Err(e) => middleware_error_outcome(e),
+        };
+        let verdict = match a.sent_once {
+            None => match a.call.after(&self.adapter, a.op, a.key, outcome) {
+                Step::Retry { wait_ms } => {
+                    drop(result);
+                    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                    return None;
+                }
+                Step::Done(v) => v,
+            },
+            // Never a retry here: what the policy would retry ends `gave_up (attempts)`.
+            Some(_) => match a.call.after_last(&self.adapter, a.op, a.key, outcome) {
+                Step::Done(v) => v,
+                Step::Retry { .. } => Verdict::GaveUp(wary::GiveUp::Attempts),
+            },
+        };
+        Some(match result {
+            Ok(mut r) => {
+                r.extensions_mut().insert(verdict);
+                if let Some(s) = a.sent_once {
+                    r.extensions_mut().insert(s);
+                }
+                Ok(r)
+            }
+            Err(error) => Err(reqwest_middleware::Error::middleware(CallError {
+                verdict,
+                last: outcome,
+                sent_once: a.sent_once,
+                error,
+            })),
+        })
+    }
+}

@@ -1,0 +1,180 @@
+//! Readings on flash: the durable outbox shared by the sensor and the uplink.
+//!
+//! [`Store`] wraps a [`wary_outbox::Outbox`] of [`Reading`]s on any `embedded-storage-async`
+//! NOR flash, behind an async mutex, so a sensor task can push while the uplink walks the queue.
+//! The lock is held for one flash operation at a time, never across a network exchange.
+//!
+//! A reading's id ([`RecordId`]: the boot counter and a sequence number, made when it was
+//! pushed) is its idempotency key's boot and sequence, so a reading resent after a reset goes
+//! out with the key it had before the reset, and the cloud deduplicates it.
+
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
+use embassy_sync::mutex::Mutex;
+use embassy_sync::signal::Signal;
+use embassy_time::{Duration, Timer};
+use embedded_storage_async::nor_flash::MultiwriteNorFlash;
+use wary_outbox::{Counters, Entry, Error, Outbox, PushError, Record, RecordId, Settlement};
+
+/// One sensor reading as it waits on flash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, defmt::Format)]
+pub struct Reading {
+    /// Temperature in thousandths of a degree Celsius.
+    pub milli_celsius: i32,
+}
+
+impl Entry for Reading {
+    /// Tells a reading apart from any other record on flash.
+    const TAG: u8 = 0x52;
+    const MAX_SIZE: usize = 4;
+
+    fn encode(&self, buf: &mut [u8]) -> usize {
+        match buf.get_mut(..4) {
+            Some(out) => {
+                out.copy_from_slice(&self.milli_celsius.to_le_bytes());
+                4
+            }
+            None => 0,
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let bytes: [u8; 4] = bytes.try_into().ok()?;
+        Some(Reading { milli_celsius: i32::from_le_bytes(bytes) })
+    }
+}
+
+/// The JSON body sent for a reading: its id and value (no other fields, no secrets).
+pub fn payload(record: &Record<Reading>) -> heapless::String<64> {
+    use core::fmt::Write as _;
+    let mut s = heapless::String::new();
+    // At most 52 bytes: always fits.
+    let _ = write!(
+        s,
+        "{{\"boot\":{},\"seq\":{},\"mC\":{}}}",
+        record.id.boot, record.id.seq, record.entry.milli_celsius
+    );
+    s
+}
+
+/// The outbox, shared: a sensor pushes, the uplink walks and settles.
+pub struct Store<F: MultiwriteNorFlash> {
+    outbox: Mutex<CriticalSectionRawMutex, Outbox<F, Reading>>,
+    ready: Signal<CriticalSectionRawMutex, ()>,
+    sensor_done: AtomicBool,
+}
+
+impl<F: MultiwriteNorFlash> Store<F> {
+    /// Shares an opened outbox.
+    pub fn new(outbox: Outbox<F, Reading>) -> Self {
+        Store { outbox: Mutex::new(outbox), ready: Signal::new(), sensor_done: AtomicBool::new(false) }
+    }
+
+    /// Pushes a reading; on success it is on flash (and survives a reset) with the id returned.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError::Full`] (counted as a refusal) or [`PushError::Failed`] (a flash error,
+    /// counted): the reading is handed back, never dropped.
+    pub async fn push(&self, reading: Reading) -> Result<RecordId, PushError<Reading>> {
+        let pushed = self.outbox.lock().await.push(reading).await;
+        if pushed.is_ok() {
+            self.ready.signal(());
+        }
+        pushed
+    }
+
+    /// The oldest pending reading newer than `after`.
+    ///
+    /// # Errors
+    ///
+    /// A flash error or a corrupted queue ([`Error`]).
+    pub async fn next_after(&self, after: Option<RecordId>) -> Result<Option<Record<Reading>>, Error> {
+        self.outbox.lock().await.next_after(after).await
+    }
+
+    /// Takes a reading out of the queue for good; `Ok(false)` if it was not pending.
+    ///
+    /// # Errors
+    ///
+    /// A flash error: the reading stays pending and is sent again with the same key.
+    pub async fn settle(&self, id: RecordId, how: Settlement) -> Result<bool, Error> {
+        self.outbox.lock().await.settle(id, how).await
+    }
+
+    /// Readings pending.
+    pub async fn len(&self) -> u32 {
+        self.outbox.lock().await.len()
+    }
+
+    /// True when nothing is pending.
+    pub async fn is_empty(&self) -> bool {
+        self.len().await == 0
+    }
+
+    /// This boot's number, from the boot counter on flash.
+    pub async fn boot(&self) -> u32 {
+        self.outbox.lock().await.boot()
+    }
+
+    /// The outbox's counters (accepted, refused, settled, flash errors, damage found).
+    pub async fn counters(&self) -> Counters {
+        self.outbox.lock().await.counters()
+    }
+
+    /// Waits until a reading was pushed since the last wait.
+    pub async fn wait(&self) {
+        self.ready.wait().await;
+    }
+
+    /// Marks the sensor as finished: once nothing is pending the uplink may return.
+    pub fn finish_sensing(&self) {
+        self.sensor_done.store(true, Ordering::Release);
+        self.ready.signal(());
+    }
+
+    /// Whether the sensor has finished.
+    pub fn sensing_done(&self) -> bool {
+        self.sensor_done.load(Ordering::Acquire)
+    }
+}
+
+/// A sensor: `count` readings from `sample`, one every `period`, each pushed until the outbox
+/// takes it. A full outbox or a flash error hands the reading back: it is offered again after
+/// `period` (every refusal and flash error is counted by the outbox), so nothing is dropped.
+/// Each accepted reading is logged with its id (`ACCEPTED`), never with its value.
+pub async fn sense<F: MultiwriteNorFlash>(
+    store: &Store<F>,
+    count: u32,
+    period: Duration,
+    mut sample: impl FnMut() -> i32,
+) {
+    for _ in 0..count {
+        let mut reading = Reading { milli_celsius: sample() };
+        loop {
+            match store.push(reading).await {
+                Ok(id) => {
+                    defmt::info!("ACCEPTED boot={=u32:08x} seq={=u32}", id.boot, id.seq);
+                    break;
+                }
+                Err(PushError::Full(back)) => {
+                    defmt::warn!("outbox full: reading refused, offered again later");
+                    reading = back;
+                }
+                Err(PushError::Failed(back, e)) => {
+                    defmt::error!("outbox push failed ({}): reading offered again later", e);
+                    reading = back;
+                }
+                // `PushError` may grow variants; each hands the reading back.
+                Err(other) => {
+                    defmt::error!("outbox push refused: reading offered again later");
+                    reading = other.into_entry();
+                }
+            }
+            Timer::after(period).await;
+        }
+        Timer::after(period).await;
+    }
+    store.finish_sensing();
+}
