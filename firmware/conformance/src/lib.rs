@@ -408,12 +408,8 @@ pub fn properties(check: &mut impl FnMut(&str, bool)) {
     check("a 4xx other than 429 is never retried", four_xx_final);
     // The same fingerprint as on the host (crates/wary/src/policy.rs pins it), so a device's
     // ledger replays on a laptop.
-    check(
-        "the policy fingerprint matches the host's",
-        ExercisePolicy::POLICY.fingerprint() == 0x5924_342a,
-    );
+    check("the policy fingerprint matches the host's", ExercisePolicy::POLICY.fingerprint() == 0x5924_342a);
 }
-
 
 /// Four tokens, half a token back per success: retries stop once two failures have left it at
 /// half (2 of 4).
