@@ -2,6 +2,7 @@
 
 mod bench;
 mod ci;
+mod cores;
 mod demo;
 mod device;
 mod flash;
