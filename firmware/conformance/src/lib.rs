@@ -460,10 +460,10 @@ pub fn fleet(check: &mut impl FnMut(&str, bool)) {
     let unavailable = s(503);
     let draw = Draw::percent(50).unwrap_or(Draw::ZERO);
     let mut state = CallState::new();
-    let first = policy.decide_with_fleet(&mut state, op, &unavailable, draw, None, Some(fleet));
-    let second = policy.decide_with_fleet(&mut state, op, &unavailable, draw, None, Some(fleet));
+    let first = decide_once(&policy, &mut state, op, &unavailable, draw, fleet);
+    let second = decide_once(&policy, &mut state, op, &unavailable, draw, fleet);
     let mut next_call = CallState::new();
-    let third = policy.decide_with_fleet(&mut next_call, op, &OK, draw, None, Some(fleet));
+    let third = decide_once(&policy, &mut next_call, op, &OK, draw, fleet);
     let ok = matches!(first, (Class::Retry, Decision::Retry { .. }))
         && second == (Class::Retry, Decision::Done(Verdict::GaveUp(GiveUp::Throttled)))
         && third == (Class::Ok, Decision::Done(Verdict::Ok))
@@ -478,4 +478,19 @@ pub fn fleet(check: &mut impl FnMut(&str, bool)) {
         );
     }
     check("fleet budget: decide_with_fleet throttles the retry the bucket refuses", ok);
+}
+
+/// One attempt's whole decision, `Policy::decide_with_fleet`, kept out of line: its first
+/// instruction and its return mark one decision in an instruction trace of the binary, which is
+/// how `decide-cost` reads its cost under QEMU (firmware/README.md).
+#[inline(never)]
+pub fn decide_once(
+    policy: &Policy,
+    state: &mut CallState,
+    op: Operation,
+    outcome: &Outcome,
+    draw: Draw,
+    fleet: &FleetBudget,
+) -> (Class, Decision) {
+    policy.decide_with_fleet(state, op, outcome, draw, None, Some(fleet))
 }
