@@ -54,7 +54,7 @@ use wary::{
 };
 
 /// A valid starting point, so each row changes exactly one setting.
-fn seed000() -> PolicyBuilder {
+fn exercise() -> PolicyBuilder {
     Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
 }
 
@@ -62,62 +62,62 @@ const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
 
 #[test]
 fn the_starting_point_is_valid() {
-    assert!(seed000().build().is_ok());
+    assert!(exercise().build().is_ok());
 }
 
 #[test]
 fn row_01_zero_base() {
-    assert_eq!(seed000().base(0).build(), Err(PolicyError::ZeroBase));
+    assert_eq!(exercise().base(0).build(), Err(PolicyError::ZeroBase));
 }
 
 #[test]
 fn row_02_cap_below_base() {
-    assert_eq!(seed000().base(10).cap(9).build(), Err(PolicyError::CapBelowBase));
+    assert_eq!(exercise().base(10).cap(9).build(), Err(PolicyError::CapBelowBase));
 }
 
 #[test]
 fn row_03_zero_budget() {
-    assert_eq!(seed000().budget(0).build(), Err(PolicyError::ZeroBudget));
+    assert_eq!(exercise().budget(0).build(), Err(PolicyError::ZeroBudget));
 }
 
 #[test]
 fn row_04_zero_deadline() {
-    assert_eq!(seed000().deadline(0).build(), Err(PolicyError::ZeroDeadline));
+    assert_eq!(exercise().deadline(0).build(), Err(PolicyError::ZeroDeadline));
 }
 
 #[test]
 fn row_05_zero_attempts() {
-    assert_eq!(seed000().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
+    assert_eq!(exercise().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
 }
 
 #[test]
 fn row_06_zero_tick_rate() {
-    assert_eq!(seed000().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
+    assert_eq!(exercise().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
 }
 
 #[test]
 fn row_07_too_large() {
     for b in [
-        seed000().cap(MAX_TICKS + 1),
-        seed000().budget(MAX_TICKS + 1),
-        seed000().deadline(MAX_TICKS + 1),
-        seed000().min_attempt(MAX_TICKS + 1),
-        seed000().max_retry_after(MAX_TICKS + 1),
-        seed000().budget(u64::MAX),
+        exercise().cap(MAX_TICKS + 1),
+        exercise().budget(MAX_TICKS + 1),
+        exercise().deadline(MAX_TICKS + 1),
+        exercise().min_attempt(MAX_TICKS + 1),
+        exercise().max_retry_after(MAX_TICKS + 1),
+        exercise().budget(u64::MAX),
     ] {
         assert_eq!(b.build(), Err(PolicyError::TooLarge));
     }
     // The limit itself is accepted.
-    assert!(seed000().budget(MAX_TICKS).build().is_ok());
+    assert!(exercise().budget(MAX_TICKS).build().is_ok());
 }
 
 #[test]
 fn row_08_unbounded_full_jitter() {
-    assert_eq!(seed000().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
+    assert_eq!(exercise().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
     // Equal jitter with a 1-tick ceiling draws waits of 0 too.
-    assert_eq!(seed000().base(1).cap(1).build(), Err(PolicyError::Unbounded));
+    assert_eq!(exercise().base(1).cap(1).build(), Err(PolicyError::Unbounded));
     // An attempt cap bounds them.
-    assert!(seed000().jitter(Jitter::Full).max_attempts(4).build().is_ok());
+    assert!(exercise().jitter(Jitter::Full).max_attempts(4).build().is_ok());
 }
 
 #[test]
@@ -174,6 +174,16 @@ fn row_14_retry_after_malformed() {
         [&b"soon"[..], b"-1", b"+5", b"1.5", b"1e3", b"12 34", b"\xff\xfe", b"Sun, 06 Nov 1994 08:49:37 UTC"]
     {
         assert_eq!(parse(v), Err(RetryAfterError::Malformed), "{v:?}");
+    }
+    // Lenient rules read a number outside the grammar as the longest wait it can mean, and
+    // ignore, but count, what is no number at all; strict rules refuse both.
+    for (v, secs) in [(&b"+5"[..], 5), (b"1.5", 2), (b"1e3", 1000)] {
+        assert_eq!(Rules::LENIENT.read([v], None, None), Ok(Some(secs)), "{v:?}");
+        assert_eq!(Rules::STRICT.read([v], None, None), Err(RetryAfterError::Malformed), "{v:?}");
+    }
+    for v in [&b"soon"[..], b"-1", b"12 34", b"\xff\xfe"] {
+        let r = Rules::LENIENT.read_counted([v, b"3"], None, None);
+        assert_eq!((r.seconds, r.unreadable), (Some(3), 1), "{v:?}");
     }
 }
 
@@ -242,7 +252,7 @@ fn row_20_draw_out_of_range() {
 
 #[test]
 fn row_21_too_few_draws() {
-    let p = seed000().build().unwrap();
+    let p = exercise().build().unwrap();
     let o = [Outcome::status(503); 5];
     let two = [Draw::ZERO; 2];
     assert_eq!(plan::<8>(&p, Operation::Read, &o, &two), Err(PlanError::TooFewDraws { retry: 3 }));
@@ -254,18 +264,18 @@ fn row_21_too_few_draws() {
 
 #[test]
 fn row_22_capacity_exceeded() {
-    let p = seed000().build().unwrap();
+    let p = exercise().build().unwrap();
     let o = [Outcome::status(503); 10];
     let draws = [Draw::ZERO; 9];
     assert_eq!(plan::<3>(&p, Operation::Read, &o, &draws), Err(PlanError::CapacityExceeded { capacity: 3 }));
-    // Seven retries at most under seed 000's policy: a capacity of 7 always holds them.
+    // Seven retries at most under the exercise policy: a capacity of 7 always holds them.
     assert!(plan::<7>(&p, Operation::Read, &o, &draws).is_ok());
 }
 
 #[test]
 fn row_23_attempt_longer_than_the_deadline() {
-    assert_eq!(seed000().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
-    assert!(seed000().deadline(10).min_attempt(10).build().is_ok());
+    assert_eq!(exercise().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
+    assert!(exercise().deadline(10).min_attempt(10).build().is_ok());
 }
 
 // ---- `wary plan` JSON lines: each gets `{"error": …}` and the run goes on ----
@@ -316,10 +326,16 @@ fn row_29_plan_status_not_http() {
 }
 
 #[test]
-fn row_30_plan_invalid_policy() {
-    let e =
-        plan_error(r#"{"outcomes":["ok"],"op":"read","policy":{"base":5,"cap":4,"budget":120},"draws":[]}"#);
-    assert_eq!(e, "invalid policy: cap must not be below base");
+fn row_30_plan_policy_not_a_non_negative_integer() {
+    for policy in [r#"{"base":5,"cap":-4,"budget":120}"#, r#"{"base":5,"cap":4.5,"budget":120}"#] {
+        let e = plan_error(&format!(r#"{{"outcomes":["ok"],"op":"read","policy":{policy},"draws":[]}}"#));
+        assert!(e.starts_with("invalid case"), "{e}");
+    }
+    // A cap below the base is not an error: every ceiling is the cap. The builder still
+    // refuses it for a running call.
+    let line = r#"{"outcomes":[503,"ok"],"op":"read","policy":{"base":5,"cap":4,"budget":120},"draws":[0]}"#;
+    assert_eq!(wary_cli::plan::answer(line).unwrap(), r#"{"waits":[2],"verdict":"ok"}"#);
+    assert_eq!(exercise().base(5).cap(4).build(), Err(PolicyError::CapBelowBase));
 }
 
 // ---- gateway requests ----

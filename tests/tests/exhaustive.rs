@@ -1,8 +1,8 @@
 //! Every outcome sequence up to length 6 over a representative alphabet, every operation, a grid
 //! of policies and draws of 0, 50 and 99, checked against the core's `plan`.
 //!
-//! Under the `exercise` preset the expected schedule comes from seed 000's `solve`, rewritten
-//! below from its docstring without calling the core's classification or backoff. Under the
+//! Under the `exercise` preset the expected schedule comes from a model of `wary plan`'s formula,
+//! written below without calling the core's classification or backoff. Under the
 //! `default` and `strict` presets the design's invariants are asserted instead.
 //!
 //! Sequences are walked as a tree: once a call has ended, the outcomes after it cannot matter, so
@@ -100,7 +100,7 @@ enum ModelClass {
     Failed,
 }
 
-/// Seed 000's `classify`, extended to the outcomes it does not name by the design's default
+/// The exercise table's classification, extended to the outcomes `wary plan` does not name by the default
 /// table (a connect timeout was never sent: retry any; a reset may have landed; a bad body fails).
 fn model_classify(s: Sym, op: Operation) -> ModelClass {
     let idempotent = matches!(op, Operation::Read | Operation::KeyedWrite);
@@ -114,7 +114,7 @@ fn model_classify(s: Sym, op: Operation) -> ModelClass {
     }
 }
 
-/// Seed 000's `solve`, in integer seconds, with the reason for giving up that the design adds.
+/// The exercise formula in integer seconds, with the reason for giving up the core adds.
 fn model_solve(
     outcomes: &[Sym],
     op: Operation,
@@ -175,7 +175,7 @@ fn exercise(name: &'static str, base: u64, cap: u64, budget: u64) -> Case {
 fn grid() -> Vec<Case> {
     let seconds = Policy::builder(Preset::Default).tick_hz(1).base(2).cap(60).budget(12).build().unwrap();
     vec![
-        exercise("exercise seed 000", 2, 60, 120),
+        exercise("exercise base 2 cap 60 budget 120", 2, 60, 120),
         // The rest have budgets that end calls before six attempts, which keeps the walk short.
         exercise("exercise tight budget", 2, 60, 12),
         exercise("exercise low cap", 3, 4, 6),
@@ -380,42 +380,64 @@ fn walk(
     }
 }
 
-/// Outcomes, operation, draws, expected waits and verdict.
-type SeedCase = (Vec<Sym>, Operation, Vec<u8>, Vec<u64>, &'static str);
+/// Outcomes, operation, (base, cap, budget), draws, expected waits and verdict.
+type ConformanceCase = (Vec<Sym>, Operation, (u64, u64, u64), Vec<u8>, Vec<u64>, String);
+
+/// The conformance cases (`tests/data/conformance.jsonl`) as the model's symbols.
+fn conformance_cases() -> Vec<ConformanceCase> {
+    let sym = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) if s == "ok" => Sym::Ok,
+        serde_json::Value::String(s) if s == "timeout" => Sym::Timeout,
+        serde_json::Value::Array(p) => {
+            Sym::StatusAfter(u16::try_from(p[0].as_u64().unwrap()).unwrap(), p[1].as_u64().unwrap())
+        }
+        n => Sym::Status(u16::try_from(n.as_u64().unwrap()).unwrap()),
+    };
+    include_str!("../data/conformance.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let nums =
+                |k: &str| v[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect::<Vec<_>>();
+            let p = &v["policy"];
+            (
+                v["outcomes"].as_array().unwrap().iter().map(sym).collect(),
+                Operation::from_name(v["op"].as_str().unwrap()).unwrap(),
+                (p["base"].as_u64().unwrap(), p["cap"].as_u64().unwrap(), p["budget"].as_u64().unwrap()),
+                nums("draws").into_iter().map(|d| u8::try_from(d).unwrap()).collect(),
+                nums("waits"),
+                v["verdict"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
 
 #[test]
-fn model_reproduces_seed_000_tests() {
-    use Sym::{Ok as K, Status as S, StatusAfter as RA, Timeout as T};
-    let read = Operation::Read;
-    let kw = Operation::KeyedWrite;
-    let w = Operation::Write;
-    let cases: Vec<SeedCase> = vec![
-        (vec![S(500), S(500), K], kw, vec![50, 50], vec![1, 3], "ok"),
-        (vec![T, K], w, vec![50], vec![], "unknown"),
-        (vec![RA(429, 30), K], w, vec![0], vec![30], "ok"),
-        (vec![S(503); 10], read, vec![99; 9], vec![1, 3, 7, 15, 31, 59], "gave_up"),
-        (vec![S(400), K], read, vec![0], vec![], "failed"),
-        (vec![S(401)], kw, vec![], vec![], "failed"),
-        (vec![S(500); 10], read, vec![0; 9], vec![1, 2, 4, 8, 16, 30, 30], "gave_up"),
-        (vec![RA(429, 200), K], read, vec![0], vec![], "gave_up"),
-        (vec![S(429), T, K], w, vec![0, 0], vec![1], "unknown"),
-        (vec![S(500), S(500)], read, vec![0, 0], vec![1], "gave_up"),
-        (vec![T, S(502), K], kw, vec![99, 99], vec![1, 3], "ok"),
-    ];
-    let p = wary_tests::seed000_policy();
-    for (outcomes, op, draws, waits, verdict) in cases {
-        let (got, v) = model_solve(&outcomes, op, 2, 60, 120, &draws);
+fn the_model_reproduces_the_conformance_cases() {
+    let cases = conformance_cases();
+    assert!(cases.len() >= 11);
+    for (outcomes, op, (base, cap, budget), draws, waits, verdict) in cases {
+        let (got, v) = model_solve(&outcomes, op, base, cap, budget, &draws);
         let name = match v {
             Expect::Ok => "ok",
             Expect::Failed => "failed",
             Expect::Unknown => "unknown",
             _ => "gave_up",
         };
-        assert_eq!((&got, name), (&waits, verdict), "model: {outcomes:?}");
-        // And the core agrees on the seed's own cases.
+        assert_eq!((&got, name), (&waits, verdict.as_str()), "model: {outcomes:?}");
+        // And the core agrees where its running-call builder accepts the policy.
+        let Ok(p) = Policy::builder(Preset::Exercise).tick_hz(1).base(base).cap(cap).budget(budget).build()
+        else {
+            continue;
+        };
         let core: Vec<Outcome> = outcomes.iter().map(|s| to_outcome(*s)).collect();
-        let planned = wary_tests::solve(&core, op, &p, &draws);
-        assert_eq!((planned.waits.to_vec(), planned.verdict.name()), (waits, verdict), "core: {outcomes:?}");
+        let planned = wary_tests::plan_percent(&core, op, &p, &draws);
+        assert_eq!(
+            (planned.waits.to_vec(), planned.verdict.name()),
+            (waits, verdict.as_str()),
+            "core: {outcomes:?}"
+        );
     }
 }
 

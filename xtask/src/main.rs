@@ -2,10 +2,12 @@
 
 mod bench;
 mod ci;
+mod cores;
 mod demo;
 mod device;
 mod flash;
 mod fuzz;
+mod mutants;
 mod net;
 mod qemu;
 mod shares;
@@ -47,6 +49,21 @@ enum Verb {
         #[arg(long)]
         skip_without_nightly: bool,
     },
+    /// cargo-mutants over the core's decision path with the tests that exercise it; fails on a survivor.
+    Mutants {
+        /// Only these source files (default: every file of the decision path).
+        #[arg(long = "file")]
+        files: Vec<String>,
+        /// One slice of the mutants, `k/n` (cargo-mutants' `--shard`).
+        #[arg(long)]
+        shard: Option<String>,
+        /// List the mutants instead of testing them.
+        #[arg(long)]
+        list: bool,
+        /// Run only the core's own tests for each mutant (quick; the cross-crate suites are skipped).
+        #[arg(long)]
+        core_only: bool,
+    },
     /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
     Qemu,
     /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
@@ -66,6 +83,9 @@ fn main() -> Result<()> {
         Verb::Demo => demo::demo(&root),
         Verb::Fuzz { seconds, skip_without_nightly } => {
             fuzz::fuzz(&root, seconds, !skip_without_nightly, None)
+        }
+        Verb::Mutants { files, shard, list, core_only } => {
+            mutants::mutants(&root, &files, shard.as_deref(), list, core_only)
         }
         Verb::Qemu => qemu::qemu(&root),
         Verb::Size => qemu::size(&root),

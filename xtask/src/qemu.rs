@@ -42,6 +42,7 @@ pub fn qemu(root: &Path) -> Result<()> {
     for bin in TEST_BINS {
         run_under_qemu(&elf_path(&firmware, bin), bin)?;
     }
+    crate::cores::conformance_on_cores(root)?;
     crate::net::nettest(root)?;
     crate::flash::flashtest(root)?;
     for scenario in [&crate::device::STORM, &crate::device::RESETS] {

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 use wary::backoff::Backoff;
-use wary::{Class, Jitter, Operation, Outcome, Policy};
+use wary::{Class, Jitter, Operation, Outcome, Policy, PolicyError};
 
 /// One retry of the worked schedule.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -126,6 +126,38 @@ fn class_word(c: Class) -> String {
         Class::Cancelled => "cancelled",
     }
     .to_owned()
+}
+
+/// Why the builder refuses, for a running call, a setting the backoff formula itself defines:
+/// `wary plan` answers such a policy (its outcomes bound the plan), a running call does not.
+/// `None` for a refusal the formula shares (a bad status, a bad fleet budget).
+pub fn why_refused(e: &PolicyError) -> Option<&'static str> {
+    Some(match e {
+        PolicyError::ZeroBudget => {
+            "a budget of 0 allows no wait, so a running call could never retry; the formula defines it \
+             (every retry gives up at once) and `wary plan` answers it"
+        }
+        PolicyError::CapBelowBase => {
+            "with the cap below the base every ceiling is the cap, a constant: the formula defines it \
+             and `wary plan` answers it, but a running policy refuses it as a setting written the wrong \
+             way round"
+        }
+        PolicyError::ZeroBase => {
+            "a base of 0 makes every backoff wait 0: nothing spends the budget, so a running call \
+             with no attempt cap would retry back to back forever; `wary plan` answers it, its \
+             outcomes bound the plan"
+        }
+        PolicyError::Unbounded => {
+            "this jitter can wait 0, so waits need not spend the budget and nothing bounds a running \
+             call's attempts: set an attempt cap (`--max-attempts`); `wary plan` answers it, its \
+             outcomes bound the plan"
+        }
+        PolicyError::TooLarge => {
+            "a duration above 2^48 ticks could make sums of waits wrap in a running call; `wary plan` \
+             answers it with saturating arithmetic"
+        }
+        _ => return None,
+    })
 }
 
 /// Explains `policy`; `known_retry_after` is the longest Retry-After (seconds) the API is known
@@ -272,7 +304,7 @@ mod tests {
     use wary::Preset;
 
     #[test]
-    fn seed_000_worked_waits() {
+    fn the_worked_waits_of_base_2_cap_60_budget_120() {
         let p = Policy::builder(Preset::Default).tick_hz(1).base(2).cap(60).budget(120).build().unwrap();
         let e = explain(&p, None);
         assert_eq!(e.max_retries, 7);
@@ -287,6 +319,24 @@ mod tests {
             (grid.read.as_str(), grid.keyed_write.as_str(), grid.write.as_str()),
             ("retry", "retry", "unknown")
         );
+    }
+
+    #[test]
+    fn refusals_of_what_the_formula_defines_say_why() {
+        let b = || Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120);
+        for (built, word) in [
+            (b().budget(0).build(), "budget of 0"),
+            (b().cap(1).build(), "below the base"),
+            (b().base(0).build(), "base of 0"),
+            (b().base(1).cap(1).build(), "attempt cap"),
+            (b().jitter(Jitter::Full).build(), "attempt cap"),
+        ] {
+            let e = built.unwrap_err();
+            let why = why_refused(&e).unwrap_or_else(|| panic!("{e}: no reason"));
+            assert!(why.contains(word), "{e}: {why}");
+            assert!(why.contains("wary plan"), "{why}");
+        }
+        assert_eq!(why_refused(&PolicyError::BadStatus), None);
     }
 
     #[test]

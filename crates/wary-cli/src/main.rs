@@ -18,7 +18,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Reads JSON-line cases on stdin and writes each one's waits and verdict (seed 000's solve).
+    /// Reads JSON-line cases on stdin and writes each one's waits and verdict (the pure plan).
     Plan,
     /// Prints a policy's worked schedule, classification grid and warnings.
     Explain(ExplainArgs),
@@ -116,6 +116,7 @@ fn run() -> Result<ExitCode> {
             let l = replay::load(&text);
             for (n, e) in &l.bad_lines {
                 println!("line {n}: unreadable: {e}");
+                eprintln!("warning: line {n} of {} is unreadable: {e}", ledger.display());
             }
             let d = replay::replay(&l);
             for x in &d {
@@ -137,11 +138,20 @@ fn run() -> Result<ExitCode> {
         Command::Stats { ledger, json } => {
             let text =
                 std::fs::read_to_string(&ledger).with_context(|| format!("reading {}", ledger.display()))?;
-            let s = replay::stats(&replay::load(&text));
+            let l = replay::load(&text);
+            // Figures over part of a file must not pass for figures over all of it.
+            for (n, e) in &l.bad_lines {
+                eprintln!("warning: line {n} of {} is unreadable: {e}", ledger.display());
+            }
+            let s = replay::stats(&l);
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
                 print!("{}", replay::render_stats(&s));
+            }
+            if s.unreadable_lines > 0 {
+                eprintln!("warning: {} unreadable lines left out of these figures", s.unreadable_lines);
+                return Ok(ExitCode::FAILURE);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -226,6 +236,11 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
         Ok(p) => p,
         Err(e) => {
             eprintln!("wary: {e}");
+            if let wary_host::spec::SpecError::Policy(pe) = &e
+                && let Some(why) = explain::why_refused(pe)
+            {
+                eprintln!("why: {why}");
+            }
             if spec.jitter.as_deref() == Some("full") && spec.max_attempts.is_none() {
                 eprintln!("warning: full jitter with no attempt cap: waits near 0 spend no budget");
             }

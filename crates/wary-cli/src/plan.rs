@@ -1,8 +1,12 @@
-//! `wary plan`: seed 000's `solve` as JSON lines, under the `exercise` preset, in the numbers'
+//! `wary plan`: the core's pure plan as JSON lines, under the `exercise` preset, in the numbers'
 //! own unit (the policy's ticks are whatever unit the case's numbers are in).
+//!
+//! Every policy of non-negative integers gets the answer the backoff formula defines, even one
+//! the builder refuses for a running call (a budget of 0, a cap below the base, waits that can
+//! be 0): the case's outcomes bound its plan, so nothing can loop. `wary explain` says why a
+//! running call refuses such a policy.
 
 use serde::{Deserialize, Serialize};
-use wary::plan::plan;
 use wary::{Draw, Operation, Outcome, Policy, Preset};
 
 /// The most outcomes (and so waits) one case may hold: the plan's fixed capacity.
@@ -23,7 +27,9 @@ struct Case {
 enum OutcomeIn {
     Word(String),
     Status(i64),
-    WithRetryAfter((i64, i64)),
+    /// Any JSON number, so the whole range of u64 is read and a negative or fractional value is
+    /// refused by name.
+    WithRetryAfter((i64, serde_json::Number)),
 }
 
 #[derive(Deserialize)]
@@ -54,7 +60,7 @@ fn outcome(o: &OutcomeIn) -> Result<Outcome, String> {
         OutcomeIn::Word(w) => return Err(format!("unknown outcome {w:?}")),
         OutcomeIn::Status(c) => Outcome::status(status(*c)?),
         OutcomeIn::WithRetryAfter((c, ra)) => {
-            let ra = u64::try_from(*ra).map_err(|_| format!("negative retry_after {ra}"))?;
+            let ra = ra.as_u64().ok_or_else(|| format!("retry_after {ra} is not a non-negative integer"))?;
             Outcome::status_after(status(*c)?, ra)
         }
     })
@@ -78,14 +84,13 @@ pub fn answer(line: &str) -> Result<String, String> {
                 .ok_or_else(|| format!("draw {d} is outside 0..=99"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let policy = Policy::builder(Preset::Exercise)
+    let p = Policy::builder(Preset::Exercise)
         .tick_hz(1)
         .base(case.policy.base)
         .cap(case.policy.cap)
         .budget(case.policy.budget)
-        .build()
-        .map_err(|e| format!("invalid policy: {e}"))?;
-    let p = plan::<CAPACITY>(&policy, op, &outcomes, &draws).map_err(|e| e.to_string())?;
+        .plan::<CAPACITY>(op, &outcomes, &draws)
+        .map_err(|e| e.to_string())?;
     serde_json::to_string(&Answer { waits: &p.waits, verdict: p.verdict.name() }).map_err(|e| e.to_string())
 }
 
@@ -105,6 +110,29 @@ mod tests {
     }
 
     #[test]
+    fn policies_the_builder_refuses_for_a_running_call_are_answered() {
+        let line = |policy: &str, outcomes: &str, draws: &str| {
+            answer(&format!(r#"{{"outcomes":{outcomes},"op":"read","policy":{policy},"draws":{draws}}}"#))
+        };
+        // Budget 0: no wait is allowed, so the first retry gives up; a success needs none.
+        let zero = r#"{"base":2,"cap":60,"budget":0}"#;
+        assert_eq!(line(zero, "[503,\"ok\"]", "[0]").unwrap(), r#"{"waits":[],"verdict":"gave_up"}"#);
+        assert_eq!(line(zero, "[\"ok\"]", "[]").unwrap(), r#"{"waits":[],"verdict":"ok"}"#);
+        // A base of 1 waits 0 at a draw below 50 and so spends none of a zero budget.
+        let one = r#"{"base":1,"cap":1,"budget":0}"#;
+        assert_eq!(line(one, "[503,503,\"ok\"]", "[0,49]").unwrap(), r#"{"waits":[0,0],"verdict":"ok"}"#);
+        // Cap below base: a constant ceiling, the cap.
+        let low = r#"{"base":10,"cap":3,"budget":120}"#;
+        assert_eq!(line(low, "[500,500,\"ok\"]", "[0,99]").unwrap(), r#"{"waits":[1,2],"verdict":"ok"}"#);
+        // Base 0: every backoff wait is 0; a Retry-After still raises it.
+        let none = r#"{"base":0,"cap":0,"budget":5}"#;
+        assert_eq!(
+            line(none, "[503,[429,5],\"ok\"]", "[99,0]").unwrap(),
+            r#"{"waits":[0,5],"verdict":"ok"}"#
+        );
+    }
+
+    #[test]
     fn invalid_lines_say_what_is_wrong() {
         let p = r#""policy":{"base":2,"cap":60,"budget":120}"#;
         let cases = [
@@ -119,10 +147,23 @@ mod tests {
             ),
             (&format!(r#"{{"outcomes":["later"],"op":"read",{p},"draws":[]}}"#), "unknown outcome"),
             (&format!(r#"{{"outcomes":[42],"op":"read",{p},"draws":[]}}"#), "three-digit"),
-            (&format!(r#"{{"outcomes":[[429,-3]],"op":"read",{p},"draws":[]}}"#), "negative retry_after"),
-            (r#"{"outcomes":[],"op":"read","policy":{"base":0,"cap":60,"budget":120},"draws":[]}"#, "base"),
-            (r#"{"outcomes":[],"op":"read","policy":{"base":2,"cap":1,"budget":120},"draws":[]}"#, "cap"),
+            (
+                &format!(r#"{{"outcomes":[[429,-3]],"op":"read",{p},"draws":[]}}"#),
+                "not a non-negative integer",
+            ),
+            (
+                &format!(r#"{{"outcomes":[[429,1.5]],"op":"read",{p},"draws":[]}}"#),
+                "not a non-negative integer",
+            ),
             (r#"{"outcomes":[],"op":"read","policy":{"base":2,"cap":60},"draws":[]}"#, "budget"),
+            (
+                r#"{"outcomes":[],"op":"read","policy":{"base":2,"cap":60,"budget":-1},"draws":[]}"#,
+                "invalid case",
+            ),
+            (
+                r#"{"outcomes":[],"op":"read","policy":{"base":2,"cap":6.5,"budget":9},"draws":[]}"#,
+                "invalid case",
+            ),
         ];
         for (line, want) in cases {
             let e = answer(line).unwrap_err();

@@ -168,6 +168,8 @@ pub struct Stats {
     pub retry_causes: BTreeMap<String, u32>,
     /// The calls with the most attempts: key and attempts.
     pub top: Vec<(String, u32)>,
+    /// Lines that could not be read, and so are not in the figures.
+    pub unreadable_lines: usize,
 }
 
 const BUCKETS: usize = 16;
@@ -210,6 +212,7 @@ pub fn stats(ledger: &Ledger) -> Stats {
         verdicts,
         retry_causes: causes,
         top,
+        unreadable_lines: ledger.bad_lines.len(),
     }
 }
 

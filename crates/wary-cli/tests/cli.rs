@@ -52,7 +52,7 @@ fn plan_answers_each_line_and_reports_invalid_ones() {
 }
 
 #[test]
-fn explain_json_gives_seed_000_worked_waits() {
+fn explain_json_gives_the_worked_waits() {
     let out = wary(&["explain", "--base", "2", "--cap", "60", "--budget", "120", "--json"], "");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
@@ -85,6 +85,13 @@ fn explain_text_and_toml_and_refusals() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("full jitter with no attempt cap"));
     let out = wary(&["explain", "--base", "0"], "");
     assert_eq!(out.status.code(), Some(2));
+    // A setting the formula defines but a running call refuses: explain says why.
+    let out = wary(&["explain", "--budget", "0"], "");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("why: a budget of 0 allows no wait") && err.contains("wary plan"), "{err}");
+    let out = wary(&["explain", "--base", "100", "--cap", "10"], "");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("every ceiling is the cap"));
 }
 
 #[derive(Default)]
@@ -198,6 +205,34 @@ fn a_ledger_written_by_the_runner_replays_with_no_divergence() {
     let text = stdout(&out);
     assert!(text.contains("attempts per call: mean"), "{text}");
     assert!(text.contains("   1 | #"), "{text}");
+    assert_eq!(out.status.code(), Some(0), "a clean ledger");
+
+    // Unreadable lines: both commands warn on stderr and exit non-zero, figures or not.
+    let mut with_garbage = text_of(&path);
+    with_garbage.push_str("this is not a ledger line\n{\"kind\":\"attempt\"}\n");
+    std::fs::write(&path, &with_garbage).unwrap();
+    for args in [
+        vec!["stats", path.to_str().unwrap()],
+        vec!["stats", path.to_str().unwrap(), "--json"],
+        vec!["replay", path.to_str().unwrap()],
+    ] {
+        let out = wary(&args, "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("unreadable"), "{args:?}: {err}");
+    }
+    let out = wary(&["stats", path.to_str().unwrap(), "--json"], "");
+    let s: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!((s["calls"].as_u64(), s["unreadable_lines"].as_u64()), (Some(5), Some(2)), "{s}");
+    // A file of nothing but garbage no longer passes for an empty ledger.
+    std::fs::write(&path, "garbage\nmore garbage\n").unwrap();
+    let out = wary(&["stats", path.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 unreadable lines"));
+}
+
+fn text_of(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap()
 }
 
 /// A ledger logged by the uplink firmware on the Cortex-M4 under QEMU (`cargo xtask qemu`, as

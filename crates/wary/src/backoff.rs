@@ -10,7 +10,7 @@
 //! assert_eq!(ceiling(2, 60, 1), 2);
 //! assert_eq!(ceiling(2, 60, 6), 60);
 //! let b = Backoff::new(2, 60, Jitter::Equal);
-//! // Seed 000: c // 2 + (c - c // 2) * draw // 100.
+//! // Equal jitter: c / 2 + (c − c / 2) · draw, rounded down.
 //! assert_eq!(b.wait(6, 0, Draw::percent(99).unwrap()), 59);
 //! assert_eq!(b.wait(6, 0, Draw::percent(0).unwrap()), 30);
 //! ```
@@ -22,9 +22,9 @@ use crate::error::DrawError;
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Jitter {
     /// Half fixed, half drawn: `c/2 + draw·(c − c/2)`. The fixed half means every retry spends
-    /// budget, so the budget bounds the attempts (seed 000). wary's default.
+    /// budget, so the budget bounds the attempts. wary's default.
     Equal,
-    /// Anywhere in `[0, c)`: the fewest calls under contention (seeds 001, 004), but a draw
+    /// Anywhere in `[0, c)`: the fewest calls under contention, but a draw
     /// near 0 spends no budget, so a policy with it needs an attempt cap.
     Full,
     /// `base + draw·(min(cap, 3·previous) − base)`: each wait grows from the last one drawn.
@@ -66,7 +66,7 @@ enum DrawKind {
 
 /// One random draw in `[0, 1)`, supplied by the caller.
 ///
-/// Two forms: a whole percentage 0..=99 (seed 000's exercise and `wary plan`), or a 32-bit
+/// Two forms: a whole percentage 0..=99 (the exercise preset and `wary plan`), or a 32-bit
 /// fraction of 2³² (production, from a `rand_core::RngCore` seeded per device — never one fixed
 /// seed for a whole fleet, or every device draws the same waits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -134,6 +134,20 @@ impl Draw {
     }
 }
 
+/// The smaller of two durations, in a `const fn` (`Ord::min` is not one). Kept in one place:
+/// at equality either operand is the answer, so `<` and `<=` here cannot be told apart by any
+/// input, and `cargo xtask mutants` excludes that one equivalent mutant by this function's name.
+#[inline]
+pub(crate) const fn at_most(x: u64, limit: u64) -> u64 {
+    if x < limit { x } else { limit }
+}
+
+/// The larger of two durations, in a `const fn`; see [`at_most`].
+#[inline]
+pub(crate) const fn at_least(x: u64, floor: u64) -> u64 {
+    if x > floor { x } else { floor }
+}
+
 /// `min(cap, base·2^(k−1))` for retry `k` ≥ 1, saturating; retry 0 is treated as retry 1.
 #[inline]
 pub const fn ceiling(base: u64, cap: u64, k: u32) -> u64 {
@@ -146,7 +160,7 @@ pub const fn ceiling(base: u64, cap: u64, k: u32) -> u64 {
             None => u64::MAX,
         }
     };
-    if grown < cap { grown } else { cap }
+    at_most(grown, cap)
 }
 
 /// Exponential backoff with jitter.
@@ -184,10 +198,8 @@ impl Backoff {
             }
             Jitter::Full => draw.scale(c),
             Jitter::Decorrelated => {
-                let prev = if previous < self.base { self.base } else { previous };
-                let tripled = prev.saturating_mul(3);
-                let hi = if tripled < self.cap { tripled } else { self.cap };
-                let hi = if hi < self.base { self.base } else { hi };
+                let prev = at_least(previous, self.base);
+                let hi = at_least(at_most(prev.saturating_mul(3), self.cap), self.base);
                 self.base.saturating_add(draw.scale(hi.saturating_sub(self.base)))
             }
             Jitter::None => c,
@@ -223,7 +235,7 @@ mod tests {
     }
 
     #[test]
-    fn equal_jitter_matches_seed_000() {
+    fn equal_jitter_waits_half_the_ceiling_plus_a_drawn_share_of_the_rest() {
         let b = Backoff::new(2, 60, Jitter::Equal);
         let waits: Vec<u64> = (1..=7).map(|k| b.wait(k, 0, pct(0))).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
@@ -272,5 +284,98 @@ mod tests {
                 assert_eq!(Draw::unit(v).scale(x), want, "{x} · {v}/2³²");
             }
         }
+    }
+
+    #[test]
+    fn the_cap_bounds_the_ceiling_from_the_retry_that_reaches_it() {
+        // Base 3, cap 12: 3, 6, 12, then 12 (24 is clipped); a cap equal to a doubling is reached
+        // exactly, one below it clips that retry.
+        let c: Vec<u64> = (1..=5).map(|k| ceiling(3, 12, k)).collect();
+        assert_eq!(c, [3, 6, 12, 12, 12]);
+        let c: Vec<u64> = (1..=4).map(|k| ceiling(3, 11, k)).collect();
+        assert_eq!(c, [3, 6, 11, 11]);
+        let c: Vec<u64> = (1..=3).map(|k| ceiling(3, 13, k)).collect();
+        assert_eq!(c, [3, 6, 12]);
+        // A cap below the base: every ceiling is the cap.
+        assert_eq!(ceiling(10, 4, 1), 4);
+        assert_eq!(Backoff::new(10, 4, Jitter::None).ceiling(3), 4);
+        // Shifts of 63 and 64: the last one that fits and the first that cannot.
+        assert_eq!(ceiling(1, u64::MAX, 64), 1 << 63);
+        assert_eq!(ceiling(1, u64::MAX, 65), u64::MAX);
+        assert_eq!(ceiling(2, u64::MAX, 64), u64::MAX);
+    }
+
+    #[test]
+    fn decorrelated_bounds_are_the_base_and_three_times_the_last_wait_capped() {
+        let b = Backoff::new(10, 1000, Jitter::Decorrelated);
+        let top = Draw::unit(u32::MAX);
+        // The previous wait below the base counts as the base: hi = 30.
+        assert_eq!(b.wait(1, 0, top), 29);
+        assert_eq!(b.wait(1, 9, top), 29);
+        assert_eq!(b.wait(1, 10, top), 29);
+        assert_eq!(b.wait(1, 11, top), 10 + 22);
+        // Three times the last wait, up to the cap.
+        assert_eq!(b.wait(2, 100, top), 299);
+        assert_eq!(b.wait(2, 333, top), 998);
+        assert_eq!(b.wait(2, 334, top), 999);
+        assert_eq!(b.wait(2, 5_000, top), 999);
+        // The lowest draw waits the base, whatever came before.
+        assert_eq!(b.wait(7, 900, Draw::ZERO), 10);
+        // A cap below the base leaves nothing to draw: exactly the base.
+        let low = Backoff::new(10, 4, Jitter::Decorrelated);
+        assert_eq!(low.wait(1, 0, top), 10);
+        assert_eq!(low.wait(3, 50, top), 10);
+        // Three times a huge last wait saturates instead of wrapping.
+        let big = Backoff::new(1, u64::MAX, Jitter::Decorrelated);
+        assert_eq!(big.wait(2, u64::MAX / 2, Draw::unit(1 << 31)), 1 + (u64::MAX - 1) / 2);
+    }
+
+    #[test]
+    fn shortest_and_longest_waits_are_the_lowest_and_highest_draws() {
+        let b = Backoff::new(2, 60, Jitter::Equal);
+        assert_eq!((b.min_wait(6, 0), b.max_wait(6, 0)), (30, 59));
+        assert_eq!((b.min_wait(1, 0), b.max_wait(1, 0)), (1, 1));
+        let b = Backoff::new(100, 1000, Jitter::Full);
+        assert_eq!((b.min_wait(2, 0), b.max_wait(2, 0)), (0, 199));
+        let b = Backoff::new(10, 1000, Jitter::Decorrelated);
+        assert_eq!((b.min_wait(2, 100), b.max_wait(2, 100)), (10, 299));
+        let b = Backoff::new(7, 1000, Jitter::None);
+        assert_eq!((b.min_wait(2, 0), b.max_wait(2, 0)), (14, 14));
+    }
+
+    #[test]
+    fn jitter_names_round_trip_and_nothing_else_parses() {
+        for j in [Jitter::Equal, Jitter::Full, Jitter::Decorrelated, Jitter::None] {
+            assert_eq!(Jitter::from_name(j.name()), Some(j));
+        }
+        let names: Vec<&str> = [Jitter::Equal, Jitter::Full, Jitter::Decorrelated, Jitter::None]
+            .iter()
+            .map(|j| j.name())
+            .collect();
+        assert_eq!(names, ["equal", "full", "decorrelated", "none"]);
+        for other in ["", "Equal", "FULL", "decorrelated ", "exponential"] {
+            assert_eq!(Jitter::from_name(other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn draws_keep_their_kind() {
+        assert_eq!(Draw::unit(7).as_percent(), None);
+        assert_eq!(pct(7).as_unit(), None);
+        assert_eq!(Draw::ZERO.as_unit(), Some(0));
+        assert_eq!(Draw::percent(0).unwrap().as_percent(), Some(0));
+        struct Fixed(u32);
+        impl rand_core::RngCore for Fixed {
+            fn next_u32(&mut self) -> u32 {
+                self.0
+            }
+            fn next_u64(&mut self) -> u64 {
+                u64::from(self.0)
+            }
+            fn fill_bytes(&mut self, dst: &mut [u8]) {
+                dst.fill(0);
+            }
+        }
+        assert_eq!(Draw::from_rng(&mut Fixed(0xdead_beef)), Draw::unit(0xdead_beef));
     }
 }

@@ -4,7 +4,8 @@
 //! last wait. After each attempt, [`Policy::decide`] classifies the outcome and either ends the
 //! call with a verdict or returns the wait before the next attempt, having checked every stop
 //! rule: the attempt cap, a Retry-After longer than the call can afford, the wait budget and the
-//! deadline. Waits are integer ticks, so seed 003's `.1 + .2` fits a `.3` budget exactly.
+//! deadline. Waits are integer ticks, so `.1 + .2` s fits a `.3` s budget exactly (in
+//! floating point it would not).
 //!
 //! ```
 //! use wary::{CallState, Decision, Draw, GiveUp, Operation, Outcome, Policy, Preset, Verdict};
@@ -18,7 +19,7 @@
 //!            Decision::Done(Verdict::GaveUp(GiveUp::Attempts)));
 //! ```
 
-use crate::backoff::Draw;
+use crate::backoff::{Draw, at_least, at_most};
 use crate::classify::{Class, Operation, Outcome};
 use crate::policy::{Policy, RetryAfterMode};
 use crate::{GiveUp, Verdict};
@@ -133,17 +134,14 @@ impl Policy {
                     RetryAfterMode::Spread => {
                         // The spread past the server's value is ours: trimmed to what the call can
                         // still wait, so it never turns a Retry-After that fits into a give-up.
-                        let mut room = left;
-                        if let Some(d) = deadline_left {
-                            if d < room {
-                                room = d;
-                            }
-                        }
-                        let spread = asked.saturating_add(draw.scale(self.backoff.ceiling(k)));
-                        if spread < room { spread } else { room }
+                        let room = match deadline_left {
+                            Some(d) => at_most(left, d),
+                            None => left,
+                        };
+                        at_most(asked.saturating_add(draw.scale(self.backoff.ceiling(k))), room)
                     }
                 };
-                if raised > backoff { raised } else { backoff }
+                at_least(raised, backoff)
             }
         };
         if wait > left {
@@ -251,7 +249,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_exact_cumulative_wait_and_attempt_exhaustion() {
+    fn waits_that_add_up_to_the_budget_exactly_fit_then_the_attempt_cap_ends_the_call() {
         // 100 + 200 ms = 300 ms fits a 300 ms budget exactly: no float error stops it early.
         let p = Policy::builder(Preset::Strict).max_attempts(10).build().unwrap();
         let o = [Outcome::ResponseTimeout; 4];
@@ -261,7 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_retry_after_past_the_budget_stops_before_any_wait() {
+    fn a_retry_after_past_the_budget_stops_before_any_wait() {
         let p = Policy::builder(Preset::Strict).budget(500).build().unwrap();
         let o = [Outcome::status_after(503, 2), Outcome::Ok];
         assert_eq!(
@@ -271,7 +269,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_posts_and_bad_data_are_not_retried() {
+    fn strict_posts_and_bad_data_are_not_retried() {
         let p = Policy::builder(Preset::Strict).build().unwrap();
         assert_eq!(decide_all(&p, Operation::Write, &[Outcome::ResponseTimeout]), (vec![], Verdict::Unknown));
         assert_eq!(decide_all(&p, Operation::Write, &[Outcome::status(429)]), (vec![], Verdict::Failed));
@@ -279,7 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_001_long_retry_after_fails_at_once() {
+    fn a_retry_after_past_max_retry_after_fails_at_once() {
         // max_delay 20 s, Retry-After 120 s: no sleep at all.
         let p = Policy::builder(Preset::Default).max_attempts(5).max_retry_after(20_000).build().unwrap();
         let o = [Outcome::status_after(429, 120), Outcome::Ok];
@@ -344,6 +342,35 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_retry_after_never_overflows_and_gives_up_now() {
+        use crate::retry_after::Rules;
+        for value in [&b"1e400"[..], b"99999999999999999999", b"18446744073709551615.5", b"+1e30"] {
+            let secs = Rules::LENIENT.read([value], None, None).unwrap().unwrap();
+            assert_eq!(secs, u64::MAX, "{value:?}");
+            for preset in [Preset::Default, Preset::Exercise] {
+                let p = Policy::builder(preset).build().unwrap();
+                let mut s = CallState::new();
+                let o = Outcome::status_after(503, secs);
+                // Seconds to ticks saturates; the wait is never started.
+                assert_eq!(
+                    p.decide(&mut s, Operation::Read, &o, Draw::unit(u32::MAX), Some(0)),
+                    Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: u64::MAX }))
+                );
+                assert_eq!(s.waited(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_loose_retry_after_is_waited_out_in_full() {
+        // "1.5" asks for at least 1.5 s: the call waits 2 s, not the backoff's 100 ms.
+        let p = Policy::builder(Preset::Exercise).build().unwrap();
+        let secs = crate::retry_after::Rules::LENIENT.read([b"1.5".as_slice()], None, None).unwrap();
+        let o = Outcome::Status { code: 429, retry_after: secs };
+        assert_eq!(p.next_wait(&CallState::new(), &o, Draw::ZERO, None), Ok(2_000));
+    }
+
+    #[test]
     fn spread_retry_after_is_never_below_the_server_value() {
         let p = Policy::builder(Preset::Default).build().unwrap();
         let s = CallState::new();
@@ -352,5 +379,174 @@ mod tests {
         let high = p.next_wait(&s, &o, Draw::unit(u32::MAX), None).unwrap();
         assert_eq!(low, 2000);
         assert!(high > low && high < 2000 + 100, "{high}");
+    }
+
+    /// Seconds as ticks (`tick_hz(1)`), `max` Retry-After mode: every number below is exact.
+    fn exact() -> crate::PolicyBuilder {
+        Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
+    }
+
+    fn wait_for(p: &Policy, retry_after: u64, elapsed: Option<u64>) -> Result<u64, GiveUp> {
+        p.next_wait(&CallState::new(), &Outcome::status_after(429, retry_after), Draw::ZERO, elapsed)
+    }
+
+    #[test]
+    fn a_retry_after_equal_to_the_budget_left_is_waited_one_more_is_too_long() {
+        let p = exact().build().unwrap();
+        assert_eq!(wait_for(&p, 120, None), Ok(120));
+        assert_eq!(wait_for(&p, 121, None), Err(GiveUp::RetryAfterTooLong { asked: 121 }));
+        assert_eq!(wait_for(&p, 0, None), Ok(1), "a Retry-After of 0 never lowers the backoff");
+        // What is left, not the whole budget: after 100 of 120, 20 fits and 21 does not.
+        let mut s = CallState::new();
+        let o = Outcome::status_after(429, 100);
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None), Decision::Retry { wait: 100 });
+        let next = |ra| p.next_wait(&s, &Outcome::status_after(429, ra), Draw::ZERO, None);
+        assert_eq!(next(20), Ok(20));
+        assert_eq!(next(21), Err(GiveUp::RetryAfterTooLong { asked: 21 }));
+    }
+
+    #[test]
+    fn a_backoff_wait_equal_to_the_budget_left_is_waited_one_more_gives_up() {
+        // Ceilings 2, 4, 8 with no jitter: budget 14 holds all three exactly, 13 only two.
+        let p = exact().jitter(crate::Jitter::None).budget(14).build().unwrap();
+        let o = [Outcome::status(503); 5];
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![2, 4, 8], Verdict::GaveUp(GiveUp::Budget)));
+        let p = exact().jitter(crate::Jitter::None).budget(13).build().unwrap();
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![2, 4], Verdict::GaveUp(GiveUp::Budget)));
+    }
+
+    #[test]
+    fn max_retry_after_allows_its_own_value_and_refuses_one_more() {
+        let p = exact().max_retry_after(30).build().unwrap();
+        assert_eq!(wait_for(&p, 29, None), Ok(29));
+        assert_eq!(wait_for(&p, 30, None), Ok(30));
+        assert_eq!(wait_for(&p, 31, None), Err(GiveUp::RetryAfterTooLong { asked: 31 }));
+        // The budget still holds 31: the limit alone refused it.
+        assert_eq!(wait_for(&exact().build().unwrap(), 31, None), Ok(31));
+        // Without a Retry-After the limit does not apply to the backoff's own waits.
+        let p = exact().max_retry_after(0).jitter(crate::Jitter::None).build().unwrap();
+        assert_eq!(p.next_wait(&CallState::new(), &Outcome::status(503), Draw::ZERO, None), Ok(2));
+        assert_eq!(wait_for(&p, 1, None), Err(GiveUp::RetryAfterTooLong { asked: 1 }));
+        assert_eq!(wait_for(&p, 0, None), Ok(2));
+    }
+
+    #[test]
+    fn a_retry_after_past_the_deadline_is_too_long_at_once() {
+        // Deadline 100, 10 elapsed, attempts take at least 5: a wait of 85 ends the next attempt
+        // exactly at the deadline; 86 would not.
+        let p = exact().budget(1_000).deadline(100).min_attempt(5).build().unwrap();
+        assert_eq!(wait_for(&p, 85, Some(10)), Ok(85));
+        assert_eq!(wait_for(&p, 86, Some(10)), Err(GiveUp::RetryAfterTooLong { asked: 86 }));
+        // The budget could hold it; only the deadline refused it.
+        assert_eq!(wait_for(&p, 86, Some(0)), Ok(86));
+        // The backoff's own wait against the deadline: equal fits, past it gives up.
+        let p = exact().jitter(crate::Jitter::None).budget(1_000).deadline(100).build().unwrap();
+        let s = CallState::new();
+        let o = Outcome::status(503);
+        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(98)), Ok(2));
+        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(99)), Err(GiveUp::Deadline));
+        // Exactly at the deadline with no attempt time, a zero wait is still not past it.
+        let p = exact().base(1).cap(1).max_attempts(3).budget(1_000).deadline(100).build().unwrap();
+        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(100)), Ok(0));
+        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(101)), Err(GiveUp::Deadline));
+        let p = exact().budget(1_000).deadline(100).min_attempt(5).build().unwrap();
+        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(96)), Err(GiveUp::Deadline));
+        // Without a clock the deadline cannot be checked: only the budget applies.
+        assert_eq!(wait_for(&p, 500, None), Ok(500));
+    }
+
+    #[test]
+    fn the_spread_is_trimmed_to_the_budget_and_to_the_deadline_never_past_either() {
+        // Spread mode, in exact ticks: the ceiling of retry 1 is 10, a top draw adds 9.
+        let spread = || Policy::builder(Preset::Default).tick_hz(1).base(10).cap(10).budget(1_000);
+        let top = Draw::unit(u32::MAX);
+        let at = |p: &Policy, ra: u64, elapsed| {
+            p.next_wait(&CallState::new(), &Outcome::status_after(429, ra), top, elapsed)
+        };
+        let p = spread().build().unwrap();
+        assert_eq!(at(&p, 50, None), Ok(59), "room to spare: the whole spread");
+        // Trimmed to the budget left.
+        let p = spread().budget(55).build().unwrap();
+        assert_eq!(at(&p, 50, None), Ok(55));
+        assert_eq!(at(&p, 55, None), Ok(55));
+        // Trimmed to the deadline (100, nothing elapsed), even with budget to spare.
+        let p = spread().deadline(100).build().unwrap();
+        assert_eq!(at(&p, 95, Some(0)), Ok(100));
+        assert_eq!(at(&p, 100, Some(0)), Ok(100));
+        assert_eq!(at(&p, 50, Some(0)), Ok(59));
+        assert_eq!(at(&p, 101, Some(0)), Err(GiveUp::RetryAfterTooLong { asked: 101 }));
+        // Whichever is nearer: the deadline's 40 left, then the budget's 30.
+        let p = spread().budget(30).deadline(100).build().unwrap();
+        assert_eq!(at(&p, 25, Some(60)), Ok(30));
+        let p = spread().budget(50).deadline(100).build().unwrap();
+        assert_eq!(at(&p, 35, Some(60)), Ok(40));
+    }
+
+    #[test]
+    fn the_attempt_cap_counts_the_first_attempt() {
+        let p = exact().max_attempts(2).build().unwrap();
+        let o = [Outcome::status(503); 4];
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![1], Verdict::GaveUp(GiveUp::Attempts)));
+        let p = exact().max_attempts(1).build().unwrap();
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![], Verdict::GaveUp(GiveUp::Attempts)));
+    }
+
+    #[test]
+    fn state_records_attempts_waits_and_the_last_wait() {
+        let p = exact().jitter(crate::Jitter::None).build().unwrap();
+        let mut s = CallState::new();
+        let o = Outcome::status(503);
+        for _ in 0..3 {
+            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None);
+        }
+        assert_eq!((s.attempts(), s.waited(), s.last_wait()), (3, 14, 8));
+        assert_eq!(
+            p.decide(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None),
+            Decision::Done(Verdict::Ok)
+        );
+        assert_eq!((s.attempts(), s.waited(), s.last_wait()), (4, 14, 8));
+        // Decorrelated jitter grows from the last wait the state holds.
+        let p = exact().jitter(crate::Jitter::Decorrelated).build().unwrap();
+        let mut s = CallState::new();
+        let top = Draw::unit(u32::MAX);
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), Decision::Retry { wait: 5 });
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), Decision::Retry { wait: 14 });
+    }
+
+    #[test]
+    fn the_fleet_charges_failures_refunds_successes_and_throttles_retries() {
+        let fleet = crate::FleetBudget::new(4, 1000).unwrap();
+        let p = exact().build().unwrap();
+        let mut s = CallState::new();
+        let o = Outcome::status(503);
+        let (c, d) = p.decide_with_fleet(&mut s, Operation::Read, &o, Draw::ZERO, None, Some(&fleet));
+        assert_eq!((c, d), (Class::Retry, Decision::Retry { wait: 1 }));
+        assert_eq!(fleet.tokens_milli(), 3000);
+        let (_, d) = p.decide_with_fleet(&mut s, Operation::Read, &o, Draw::ZERO, None, Some(&fleet));
+        assert_eq!(d, Decision::Done(Verdict::GaveUp(GiveUp::Throttled)));
+        assert_eq!(fleet.tokens_milli(), 2000);
+        let mut s = CallState::new();
+        let (c, d) =
+            p.decide_with_fleet(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None, Some(&fleet));
+        assert_eq!((c, d), (Class::Ok, Decision::Done(Verdict::Ok)));
+        assert_eq!(fleet.tokens_milli(), 3000);
+        // An unknown write costs a token too (the server may be in trouble); a 400 does not.
+        let mut s = CallState::new();
+        let (c, _) = p.decide_with_fleet(&mut s, Operation::Write, &o, Draw::ZERO, None, Some(&fleet));
+        assert_eq!((c, fleet.tokens_milli()), (Class::Unknown, 2000));
+        let mut s = CallState::new();
+        let (c, _) = p.decide_with_fleet(
+            &mut s,
+            Operation::Read,
+            &Outcome::status(400),
+            Draw::ZERO,
+            None,
+            Some(&fleet),
+        );
+        assert_eq!((c, fleet.tokens_milli()), (Class::Failed, 2000));
+        // With no fleet, nothing throttles.
+        let mut s = CallState::new();
+        let (_, d) = p.decide_with_fleet(&mut s, Operation::Read, &o, Draw::ZERO, None, None);
+        assert_eq!(d, Decision::Retry { wait: 1 });
     }
 }

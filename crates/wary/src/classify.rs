@@ -97,7 +97,7 @@ pub enum Outcome {
     /// A TLS or certificate error: fails the same way every time.
     Tls,
     /// A success status with a malformed body, wrong content type or schema failure: repeating
-    /// bad data is not a repair (seed 003).
+    /// bad data is not a repair: the same request gets the same bad answer.
     BadBody,
     /// A stream broke.
     StreamBroken {
@@ -262,7 +262,7 @@ const fn entry(code: u16, rule: Rule) -> Option<(u16, Rule)> {
 }
 
 impl Table {
-    /// Seed 001's table, wary's default: 408, 429 and connect failures retry for any operation;
+    /// wary's default table: 408, 429 and connect failures retry for any operation;
     /// 500, 502, 503, 504, response timeouts, resets and streams broken before forwarding retry
     /// if idempotent; other 4xx and 5xx, TLS errors and bad bodies fail at once.
     pub const DEFAULT: Table = Table {
@@ -293,7 +293,7 @@ impl Table {
         reads_only: false,
     };
 
-    /// Seed 000's table: 429 for any operation; a timeout and every 5xx if idempotent, else
+    /// The exercise table: 429 for any operation; a timeout and every 5xx if idempotent, else
     /// unknown; every other status fails.
     pub const EXERCISE: Table = Table {
         statuses: [
@@ -316,7 +316,7 @@ impl Table {
         ..Table::DEFAULT
     };
 
-    /// Seed 003's table: only reads (GET, HEAD) are retried, on transport errors, timeouts,
+    /// The strict table: only reads (GET, HEAD) are retried, on transport errors, timeouts,
     /// 429, 502, 503 and 504. A write is never resent: what may have landed is unknown, what was
     /// refused fails.
     pub const STRICT: Table = Table {
@@ -431,7 +431,7 @@ impl Table {
     }
 
     /// The operation of an HTTP method under this table: a table that retries reads only
-    /// (seed 003's strict preset) counts only GET and HEAD as reads, so a PUT or DELETE is not
+    /// (the strict preset's) counts only GET and HEAD as reads, so a PUT or DELETE is not
     /// resent; otherwise [`Operation::from_method`].
     pub fn operation(&self, method: &str, keyed: bool) -> Operation {
         match method {
@@ -525,9 +525,9 @@ mod tests {
     use Class::{Failed as F, Retry as R, Unknown as U};
 
     #[test]
-    fn default_table_is_seed_001_and_004() {
+    fn the_default_table_retries_what_may_succeed_and_fails_what_will_not() {
         let t = Table::DEFAULT;
-        // Seed 004's table: 400, 401, 403, 404, 422 never; 408, 429 yes; 5xx yes if idempotent.
+        // 400, 401, 403, 404, 422: the request is wrong and stays wrong; never retried; 408, 429 yes; 5xx yes if idempotent.
         for code in [400, 401, 403, 404, 422] {
             assert_eq!(row(&t, Outcome::status(code)), [F, F, F], "{code}");
         }
@@ -543,7 +543,7 @@ mod tests {
         assert_eq!(row(&t, Outcome::ConnectTimeout), [R, R, R]);
         assert_eq!(row(&t, Outcome::Refused), [R, R, R]);
         assert_eq!(row(&t, Outcome::Tls), [F, F, F]);
-        // Seed 004: a 200 with a bad body is a validation bug, not a transport bug.
+        // A 200 with a bad body is a validation bug, not a transport one: never retried.
         assert_eq!(row(&t, Outcome::BadBody), [F, F, F]);
         assert_eq!(row(&t, Outcome::StreamBroken { forwarded: false }), [R, R, U]);
         assert_eq!(row(&t, Outcome::StreamBroken { forwarded: true }), [F, F, F]);
@@ -552,7 +552,7 @@ mod tests {
     }
 
     #[test]
-    fn exercise_table_is_seed_000() {
+    fn the_exercise_table_retries_429_any_op_and_5xx_or_timeouts_if_idempotent() {
         let t = Table::EXERCISE;
         assert_eq!(row(&t, Outcome::status(429)), [R, R, R]);
         for code in [500, 501, 503, 599] {

@@ -30,7 +30,7 @@ pub enum PolicyError {
     #[error("a duration exceeds the largest supported tick count")]
     TooLarge,
     /// The jitter can draw waits of 0, so the budget does not bound the attempts, and no attempt
-    /// cap was set (seed 000: "draws near 0 spend no budget").
+    /// cap was set: draws near 0 spend no budget.
     #[error("this jitter needs an attempt cap: its waits can be 0, so the budget does not bound attempts")]
     Unbounded,
     /// A status in a classification table is outside 100..=999.
@@ -71,4 +71,7 @@ pub enum PlanError {
         /// The plan's capacity.
         capacity: usize,
     },
+    /// The settings do not define a plan at all (a tick rate of 0).
+    #[error("invalid policy: {0}")]
+    InvalidPolicy(PolicyError),
 }

@@ -4,7 +4,7 @@
 //! Two ways to make one:
 //! - [`Key::from_parts`]: device id, boot count and a sequence number. Unique as long as the
 //!   boot count is persisted and increments every boot; the best choice on a device.
-//! - [`Key::from_payload`]: the first 128 bits of the payload's SHA-256 (seed 004). Limitation:
+//! - [`Key::from_payload`]: the first 128 bits of the payload's SHA-256, the same on every resend. Limitation:
 //!   a payload hash is not a business key. Two legitimately different events with the same
 //!   bytes (two identical readings, two equal payments) get the same key, and the server
 //!   applies only the first. Include something that tells them apart (a timestamp or sequence

@@ -1,7 +1,7 @@
 //! The attempt ledger: one record per attempt, and attempts per call as the health signal.
 //!
-//! A third-attempt success is a yellow flag nobody sees when only outcomes are logged (seed
-//! 004): the ledger keeps every attempt. A record holds classes, numbers and the key only —
+//! A third-attempt success is a yellow flag nobody sees when only outcomes are logged:
+//! the ledger keeps every attempt. A record holds classes, numbers and the key only —
 //! never payload bytes, credentials or raw error text. On the device the ring keeps the last
 //! `N` records and each is logged with defmt; on a host the same records become JSON lines.
 //! Each record carries the draw and a fingerprint of the policy, so a call can be replayed.

@@ -44,7 +44,8 @@ pub enum Verdict {
     /// The operation failed in a way a resend cannot fix (a 400, a TLS error, a bad body).
     Failed,
     /// A write without an idempotency key may have landed; it was not resent. A probe or a
-    /// person resolves it: never a blind resend (seed 000's $4,200 double payment).
+    /// person resolves it: never a blind resend: a payment recorded twice costs more than one left
+    /// for a person to check.
     Unknown,
     /// A stop rule ended the call while it was still failing.
     GaveUp(GiveUp),

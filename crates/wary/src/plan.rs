@@ -1,9 +1,15 @@
 //! A pure plan: the waits and verdict a policy gives a known sequence of outcomes and draws.
 //!
-//! Nothing sleeps and nothing is random, so a failing schedule reproduces exactly; this is seed
-//! 000's `solve`, and `wary plan` is a line-by-line front end to it. The waits go into a
-//! fixed-capacity array; where the policy bounds its retries, [`plan_static`] checks at compile
-//! time that the capacity holds them.
+//! Nothing sleeps and nothing is random, so a failing schedule reproduces exactly, and
+//! `wary plan` is a line-by-line front end to it. The waits go into a fixed-capacity array;
+//! where the policy bounds its retries, [`plan_static`] checks at compile time that the capacity
+//! holds them.
+//!
+//! A plan is bounded by its outcomes, not by the policy, so [`PolicyBuilder::plan`] answers
+//! settings that [`PolicyBuilder::build`] refuses for a running call: a budget of 0 (no wait is
+//! allowed), a cap below the base (every ceiling is the cap), jitter that can wait 0 with no
+//! attempt cap. The formula defines each of them; only a call with no list of outcomes to end it
+//! could loop forever on them.
 //!
 //! ```
 //! use wary::{Draw, Operation, Outcome, Policy, Preset, Verdict, plan::plan};
@@ -21,7 +27,8 @@ use crate::backoff::Draw;
 use crate::budget::{CallState, Decision};
 use crate::classify::{Class, Operation, Outcome};
 use crate::error::PlanError;
-use crate::policy::{Policy, StaticPolicy};
+use crate::error::PolicyError;
+use crate::policy::{Policy, PolicyBuilder, StaticPolicy};
 use crate::{GiveUp, Verdict};
 
 /// The waits before each retry, in order, and how the call ended.
@@ -35,8 +42,53 @@ pub struct Plan<const N: usize> {
 }
 
 /// Plans a call: `outcomes[i]` is what attempt `i + 1` returns, `draws[k - 1]` the draw for
-/// retry `k`. A draw is needed only for a retry the call actually reaches, as in seed 000.
+/// retry `k`. A draw is needed only for a retry the call actually reaches: a call that ends
+/// first never asks for the rest.
 pub fn plan<const N: usize>(
+    policy: &Policy,
+    op: Operation,
+    outcomes: &[Outcome],
+    draws: &[Draw],
+) -> Result<Plan<N>, PlanError> {
+    plan_any(policy, op, outcomes, draws)
+}
+
+impl PolicyBuilder {
+    /// Plans a call under these settings as the backoff formula defines them, including settings
+    /// [`PolicyBuilder::build`] refuses because a running call could loop on them: a budget of
+    /// 0, a cap below the base, a base of 0, jitter that can wait 0 with no attempt cap, values
+    /// past [`crate::policy::MAX_TICKS`] (the arithmetic saturates, and a ceiling saturated
+    /// above the cap is the cap). The outcomes bound the plan. Only a tick rate of 0, which
+    /// leaves a Retry-After's seconds meaning nothing, is refused.
+    ///
+    /// ```
+    /// use wary::{Draw, Operation, Outcome, Policy, Preset};
+    /// // A budget of 0 allows no wait: the first retry gives up.
+    /// let b = Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(0);
+    /// assert!(b.build().is_err());
+    /// let r = b.plan::<8>(Operation::Read, &[Outcome::status(503), Outcome::Ok], &[Draw::ZERO]).unwrap();
+    /// assert_eq!((r.waits.len(), r.verdict.name()), (0, "gave_up"));
+    /// // A cap below the base: every ceiling is the cap.
+    /// let b = Policy::builder(Preset::Exercise).tick_hz(1).base(10).cap(4).budget(120);
+    /// let r = b.plan::<8>(Operation::Read, &[Outcome::status(503); 4], &[Draw::ZERO; 3]).unwrap();
+    /// assert_eq!(r.waits.as_slice(), &[2, 2, 2]);
+    /// ```
+    pub fn plan<const N: usize>(
+        self,
+        op: Operation,
+        outcomes: &[Outcome],
+        draws: &[Draw],
+    ) -> Result<Plan<N>, PlanError> {
+        if self.p.tick_hz == 0 {
+            return Err(PlanError::InvalidPolicy(PolicyError::ZeroTickRate));
+        }
+        plan_any(&self.p, op, outcomes, draws)
+    }
+}
+
+/// The plan of any policy value, checked or not: every step saturates, and the outcomes bound
+/// the loop.
+fn plan_any<const N: usize>(
     policy: &Policy,
     op: Operation,
     outcomes: &[Outcome],
@@ -84,14 +136,14 @@ pub fn plan<const N: usize>(
 ///
 /// ```
 /// use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
-/// struct Seed000;
-/// impl StaticPolicy for Seed000 {
+/// struct Exercise;
+/// impl StaticPolicy for Exercise {
 ///     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
 ///         Ok(p) => p,
 ///         Err(_) => panic!(),
 ///     };
 /// }
-/// let r = plan_static::<Seed000, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
+/// let r = plan_static::<Exercise, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
 /// assert_eq!(r.waits.as_slice(), &[1, 2, 4, 8, 16, 30, 30]);
 /// ```
 ///
@@ -99,14 +151,14 @@ pub fn plan<const N: usize>(
 ///
 /// ```compile_fail
 /// # use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
-/// # struct Seed000;
-/// # impl StaticPolicy for Seed000 {
+/// # struct Exercise;
+/// # impl StaticPolicy for Exercise {
 /// #     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
 /// #         Ok(p) => p,
 /// #         Err(_) => panic!(),
 /// #     };
 /// # }
-/// let r = plan_static::<Seed000, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
+/// let r = plan_static::<Exercise, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
 /// ```
 pub fn plan_static<P: StaticPolicy, const N: usize>(
     op: Operation,

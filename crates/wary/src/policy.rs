@@ -11,7 +11,7 @@
 //! assert_eq!(e, Err(PolicyError::Unbounded));
 //! ```
 
-use crate::backoff::{Backoff, Jitter};
+use crate::backoff::{Backoff, Jitter, at_most};
 use crate::classify::Table;
 use crate::error::PolicyError;
 use crate::retry_after::Rules;
@@ -24,13 +24,13 @@ pub const MAX_TICKS: u64 = 1 << 48;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Preset {
-    /// wary's default: seed 001's table, equal jitter, both Retry-After forms, callers told the
+    /// wary's default: the default table, equal jitter, both Retry-After forms, callers told the
     /// same Retry-After spread past it. Milliseconds: base 100, cap 10 s, budget 30 s.
     Default,
-    /// Seed 000 exactly: its table, equal jitter, Retry-After raises the wait to
+    /// The exercise `wary plan` answers: its table, equal jitter, Retry-After raises the wait to
     /// `max(wait, retry_after)`. Milliseconds: base 2 s, cap 60 s, budget 120 s.
     Exercise,
-    /// Seed 003: only reads retried, integer-second Retry-After only, duplicates refused, three
+    /// Strict: only reads retried, integer-second Retry-After only, duplicates refused, three
     /// attempts, no jitter. Milliseconds: base 100, cap 400, budget 300.
     Strict,
 }
@@ -61,10 +61,10 @@ impl Preset {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum RetryAfterMode {
-    /// `max(wait, retry_after)` (seed 000).
+    /// `max(wait, retry_after)`: exactly what the server asked, if longer than the backoff.
     Max,
     /// `max(wait, retry_after + draw·ceiling)`: clients told the same value do not all come
-    /// back in the same instant (seed 001).
+    /// back in the same instant.
     Spread,
 }
 
@@ -99,7 +99,7 @@ pub struct Policy {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[must_use]
 pub struct PolicyBuilder {
-    p: Policy,
+    pub(crate) p: Policy,
 }
 
 impl Policy {
@@ -213,12 +213,13 @@ impl Policy {
             None => None,
         };
         let limit = match self.deadline {
-            Some(d) if d < self.budget => d,
-            _ => self.budget,
+            Some(d) => at_most(d, self.budget),
+            None => self.budget,
         };
         let by_time = self.retries_within(limit);
         match (by_cap, by_time) {
-            (Some(a), Some(b)) => Some(if a < b { a } else { b }),
+            // Both fit a u32, and so does the smaller.
+            (Some(a), Some(b)) => Some(at_most(a as u64, b as u64) as u32),
             (Some(a), None) => Some(a),
             (None, b) => b,
         }
@@ -249,7 +250,8 @@ impl Policy {
                 };
                 let done = k.saturating_sub(1) as u64;
                 let total = done.saturating_add(more);
-                return Some(if total > u32::MAX as u64 { u32::MAX } else { total as u32 });
+                // Saturated to u32::MAX first, so the cast keeps every bit.
+                return Some(at_most(total, u32::MAX as u64) as u32);
             }
             if spent.saturating_add(cost) > limit {
                 return Some(k.saturating_sub(1));
@@ -404,7 +406,7 @@ impl PolicyBuilder {
     }
 
     /// The longest single Retry-After wait accepted; a longer one gives up at once even if the
-    /// budget could hold it (seed 001: "the server wants longer than we will wait").
+    /// budget could hold it: the server wants longer than the caller will wait.
     pub const fn max_retry_after(mut self, ticks: u64) -> Self {
         self.p.max_retry_after = Some(ticks);
         self
@@ -481,15 +483,15 @@ impl PolicyBuilder {
 ///
 /// ```
 /// use wary::{Policy, Preset, policy::StaticPolicy};
-/// struct Seed000;
-/// impl StaticPolicy for Seed000 {
+/// struct Exercise;
+/// impl StaticPolicy for Exercise {
 ///     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
 ///         Ok(p) => p,
 ///         Err(_) => panic!("invalid policy"),
 ///     };
 /// }
 /// // Seven retries at most: 1 + 2 + 4 + 8 + 16 + 30 + 30 = 91, and another 30 passes 120.
-/// assert_eq!(Seed000::MAX_RETRIES, 7);
+/// assert_eq!(Exercise::MAX_RETRIES, 7);
 /// ```
 pub trait StaticPolicy {
     /// The policy.
@@ -505,65 +507,65 @@ pub trait StaticPolicy {
 mod tests {
     use super::*;
 
-    /// The fingerprint of seed 000's policy in this encoding; a change here breaks replays of
+    /// The fingerprint of the exercise policy in this encoding; a change here breaks replays of
     /// ledgers made before it.
-    const FINGERPRINT_SEED000: u32 = 0x5924_342a;
+    const FINGERPRINT_EXERCISE: u32 = 0x5924_342a;
 
-    fn seed000() -> PolicyBuilder {
+    fn exercise() -> PolicyBuilder {
         Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
     }
 
     #[test]
-    fn budget_bounds_the_attempts_as_seed_000_works_out() {
+    fn the_budget_bounds_the_attempts_seven_retries_of_base_2_cap_60_in_120() {
         // Draws of 0: 1, 2, 4, 8, 16, 30, 30 = 91; the next 30 would pass 120.
-        assert_eq!(seed000().build().unwrap().max_retries(), Some(7));
-        assert_eq!(seed000().budget(91).build().unwrap().max_retries(), Some(7));
-        assert_eq!(seed000().budget(90).build().unwrap().max_retries(), Some(6));
-        assert_eq!(seed000().budget(121).build().unwrap().max_retries(), Some(8));
-        assert_eq!(seed000().max_attempts(4).build().unwrap().max_retries(), Some(3));
+        assert_eq!(exercise().build().unwrap().max_retries(), Some(7));
+        assert_eq!(exercise().budget(91).build().unwrap().max_retries(), Some(7));
+        assert_eq!(exercise().budget(90).build().unwrap().max_retries(), Some(6));
+        assert_eq!(exercise().budget(121).build().unwrap().max_retries(), Some(8));
+        assert_eq!(exercise().max_attempts(4).build().unwrap().max_retries(), Some(3));
         // Once at the cap, the count is a division, not a loop over 2⁴⁸ retries.
-        let big = seed000().budget(30_000_031).build().unwrap();
+        let big = exercise().budget(30_000_031).build().unwrap();
         assert_eq!(big.max_retries(), Some(5 + 1_000_000));
         // More retries than a u32 holds saturate.
-        let huge = seed000().budget(MAX_TICKS).build().unwrap();
+        let huge = exercise().budget(MAX_TICKS).build().unwrap();
         assert_eq!(huge.max_retries(), Some(u32::MAX));
     }
 
     #[test]
     fn deadline_with_attempt_time_bounds_too() {
-        let p = seed000().deadline(20).min_attempt(2).build().unwrap();
+        let p = exercise().deadline(20).min_attempt(2).build().unwrap();
         // Costs 1+2, 2+2, 4+2, 8+2 = 21 > 20: three retries.
         assert_eq!(p.max_retries(), Some(3));
     }
 
     #[test]
     fn bad_policies_are_refused_when_built() {
-        assert_eq!(seed000().base(0).build(), Err(PolicyError::ZeroBase));
-        assert_eq!(seed000().cap(1).build(), Err(PolicyError::CapBelowBase));
-        assert_eq!(seed000().budget(0).build(), Err(PolicyError::ZeroBudget));
-        assert_eq!(seed000().deadline(0).build(), Err(PolicyError::ZeroDeadline));
-        assert_eq!(seed000().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
-        assert_eq!(seed000().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
-        assert_eq!(seed000().deadline(5).min_attempt(6).build(), Err(PolicyError::AttemptPastDeadline));
-        assert_eq!(seed000().budget(MAX_TICKS + 1).build(), Err(PolicyError::TooLarge));
-        assert_eq!(seed000().cap(u64::MAX).build(), Err(PolicyError::TooLarge));
-        assert_eq!(seed000().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
+        assert_eq!(exercise().base(0).build(), Err(PolicyError::ZeroBase));
+        assert_eq!(exercise().cap(1).build(), Err(PolicyError::CapBelowBase));
+        assert_eq!(exercise().budget(0).build(), Err(PolicyError::ZeroBudget));
+        assert_eq!(exercise().deadline(0).build(), Err(PolicyError::ZeroDeadline));
+        assert_eq!(exercise().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
+        assert_eq!(exercise().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
+        assert_eq!(exercise().deadline(5).min_attempt(6).build(), Err(PolicyError::AttemptPastDeadline));
+        assert_eq!(exercise().budget(MAX_TICKS + 1).build(), Err(PolicyError::TooLarge));
+        assert_eq!(exercise().cap(u64::MAX).build(), Err(PolicyError::TooLarge));
+        assert_eq!(exercise().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
         // Equal jitter with a cap of 1 tick: every wait can be 0.
-        assert_eq!(seed000().base(1).cap(1).build(), Err(PolicyError::Unbounded));
-        assert!(seed000().jitter(Jitter::Full).max_attempts(5).build().is_ok());
-        assert!(seed000().jitter(Jitter::Decorrelated).build().is_ok());
+        assert_eq!(exercise().base(1).cap(1).build(), Err(PolicyError::Unbounded));
+        assert!(exercise().jitter(Jitter::Full).max_attempts(5).build().is_ok());
+        assert!(exercise().jitter(Jitter::Decorrelated).build().is_ok());
     }
 
     #[test]
     fn fingerprint_changes_with_any_setting() {
-        let a = seed000().build().unwrap();
-        assert_eq!(a.fingerprint(), seed000().build().unwrap().fingerprint());
-        assert_ne!(a.fingerprint(), seed000().budget(121).build().unwrap().fingerprint());
-        assert_ne!(a.fingerprint(), seed000().jitter(Jitter::None).build().unwrap().fingerprint());
+        let a = exercise().build().unwrap();
+        assert_eq!(a.fingerprint(), exercise().build().unwrap().fingerprint());
+        assert_ne!(a.fingerprint(), exercise().budget(121).build().unwrap().fingerprint());
+        assert_ne!(a.fingerprint(), exercise().jitter(Jitter::None).build().unwrap().fingerprint());
         let t = Table::EXERCISE.with_status(503, crate::Rule::RetryAny).unwrap();
-        assert_ne!(a.fingerprint(), seed000().table(t).build().unwrap().fingerprint());
+        assert_ne!(a.fingerprint(), exercise().table(t).build().unwrap().fingerprint());
         // Pinned: the encoding is fixed, so a device's ledger replays on any host.
-        assert_eq!(a.fingerprint(), FINGERPRINT_SEED000);
+        assert_eq!(a.fingerprint(), FINGERPRINT_EXERCISE);
     }
 
     #[test]
@@ -573,7 +575,131 @@ mod tests {
             assert!(p.max_retries().is_some(), "{preset:?}");
             assert_eq!(Preset::from_name(preset.name()), Some(preset));
         }
-        // Seed 003: .1 + .2 fit a .3 s budget, .4 would not; and three attempts at most.
+        // Strict: .1 + .2 fit a .3 s budget, .4 would not; and three attempts at most.
         assert_eq!(Policy::builder(Preset::Strict).build().unwrap().max_retries(), Some(2));
+    }
+
+    #[test]
+    fn a_deadline_bounds_the_retries_when_it_is_nearer_than_the_budget() {
+        // Shortest waits 1, 2, 4, 8, 16: sums 1, 3, 7, 15, 31.
+        assert_eq!(exercise().budget(20).deadline(15).build().unwrap().max_retries(), Some(4));
+        assert_eq!(exercise().budget(20).deadline(14).build().unwrap().max_retries(), Some(3));
+        assert_eq!(exercise().budget(20).deadline(19).build().unwrap().max_retries(), Some(4));
+        // Attempt time counts against a deadline no farther than the budget…
+        assert_eq!(exercise().budget(20).deadline(20).min_attempt(2).build().unwrap().max_retries(), Some(3));
+        // …and not when the budget is the nearer limit.
+        assert_eq!(exercise().budget(20).deadline(21).min_attempt(2).build().unwrap().max_retries(), Some(4));
+        // At the cap the count is a division: (211 − 91) / 30 = 4 more after the first seven.
+        assert_eq!(exercise().budget(211).build().unwrap().max_retries(), Some(11));
+        assert_eq!(exercise().budget(210).build().unwrap().max_retries(), Some(10));
+        // Decorrelated jitter's shortest wait is the base every time: no division at the cap.
+        let d = exercise().jitter(Jitter::Decorrelated).budget(10).build().unwrap();
+        assert_eq!(d.max_retries(), Some(5));
+        // The attempt cap and the budget: whichever is less.
+        assert_eq!(exercise().max_attempts(20).build().unwrap().max_retries(), Some(7));
+        assert_eq!(exercise().max_attempts(8).build().unwrap().max_retries(), Some(7));
+        assert_eq!(exercise().max_attempts(7).build().unwrap().max_retries(), Some(6));
+        // A cap reached only at retry 49: 0 + 1 + … + 2⁴⁶ = 2⁴⁷ − 1 before it, then one 2⁴⁷.
+        let slow = exercise().base(1).cap(MAX_TICKS).budget(MAX_TICKS).build().unwrap();
+        assert_eq!(slow.max_retries(), Some(49));
+        // Decorrelated waits of the base each time, counted past 64 retries.
+        let many = exercise().jitter(Jitter::Decorrelated).base(1).cap(100).budget(1_000).build().unwrap();
+        assert_eq!(many.max_retries(), Some(1_000));
+        // …and divided, not walked, however large the budget: 2⁴⁸ retries saturate a u32.
+        let huge =
+            exercise().jitter(Jitter::Decorrelated).base(1).cap(100).budget(MAX_TICKS).build().unwrap();
+        assert_eq!(huge.max_retries(), Some(u32::MAX));
+    }
+
+    #[test]
+    fn each_limit_of_the_builder_is_inclusive_and_each_duration_is_checked_on_its_own() {
+        // An attempt as long as the whole deadline still fits.
+        assert!(exercise().deadline(10).min_attempt(10).build().is_ok());
+        assert_eq!(exercise().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
+        assert!(
+            exercise()
+                .cap(MAX_TICKS)
+                .budget(MAX_TICKS)
+                .deadline(MAX_TICKS)
+                .min_attempt(MAX_TICKS)
+                .max_retry_after(MAX_TICKS)
+                .build()
+                .is_ok()
+        );
+        for too_large in [
+            exercise().cap(MAX_TICKS + 1),
+            exercise().budget(MAX_TICKS + 1),
+            exercise().deadline(MAX_TICKS + 1),
+            exercise().min_attempt(MAX_TICKS + 1),
+            exercise().max_retry_after(MAX_TICKS + 1),
+        ] {
+            assert_eq!(too_large.build(), Err(PolicyError::TooLarge));
+        }
+        assert!(exercise().max_attempts(1).build().is_ok());
+        assert!(exercise().base(60).cap(60).build().is_ok());
+    }
+
+    #[test]
+    fn a_plan_fits_a_capacity_that_holds_every_retry() {
+        let p = exercise().build().unwrap();
+        assert!(p.fits(7) && p.fits(8) && !p.fits(6));
+    }
+
+    #[test]
+    fn accessors_return_what_was_set() {
+        let p = exercise()
+            .deadline(500)
+            .min_attempt(3)
+            .max_attempts(9)
+            .max_retry_after(40)
+            .retry_after_mode(RetryAfterMode::Spread)
+            .retry_after_rules(Rules::STRICT)
+            .build()
+            .unwrap();
+        assert_eq!((p.backoff().base, p.backoff().cap, p.budget()), (2, 60, 120));
+        assert_eq!((p.deadline(), p.min_attempt(), p.max_attempts()), (Some(500), 3, Some(9)));
+        assert_eq!((p.max_retry_after(), p.retry_after_mode()), (Some(40), RetryAfterMode::Spread));
+        assert_eq!((*p.retry_after_rules(), p.tick_hz(), p.secs_to_ticks(7)), (Rules::STRICT, 1, 7));
+        assert_eq!(*p.table(), Table::EXERCISE);
+        let ms = Policy::builder(Preset::Default).build().unwrap();
+        assert_eq!((ms.tick_hz(), ms.secs_to_ticks(7), ms.secs_to_ticks(u64::MAX)), (1000, 7000, u64::MAX));
+        let p = exercise().unlimited_attempts().build().unwrap();
+        assert_eq!(p.max_attempts(), None);
+        assert_eq!(RetryAfterMode::Max.name(), "max");
+        assert_eq!(RetryAfterMode::Spread.name(), "spread");
+        for preset in ["", "Default", "exercises"] {
+            assert_eq!(Preset::from_name(preset), None);
+        }
+    }
+
+    #[test]
+    fn every_setting_changes_the_fingerprint() {
+        use crate::retry_after::Duplicates;
+        let variants = [
+            exercise(),
+            exercise().tick_hz(2),
+            exercise().base(3),
+            exercise().cap(61),
+            exercise().jitter(Jitter::None),
+            exercise().jitter(Jitter::Decorrelated),
+            exercise().jitter(Jitter::Full).max_attempts(3),
+            exercise().budget(121),
+            exercise().deadline(120),
+            exercise().deadline(121),
+            exercise().max_attempts(3),
+            exercise().max_attempts(4),
+            exercise().min_attempt(1),
+            exercise().max_retry_after(30),
+            exercise().max_retry_after(31),
+            exercise().retry_after_mode(RetryAfterMode::Spread),
+            exercise().retry_after_rules(Rules { accept_dates: false, ..Rules::LENIENT }),
+            exercise().retry_after_rules(Rules { duplicates: Duplicates::Reject, ..Rules::LENIENT }),
+            exercise().table(Table::DEFAULT),
+            exercise().table(Table::EXERCISE.with_status(409, crate::Rule::RetryAny).unwrap()),
+            exercise().table(Table::EXERCISE.with_status(409, crate::Rule::Fail).unwrap()),
+        ];
+        let prints: Vec<u32> = variants.iter().map(|b| b.build().unwrap().fingerprint()).collect();
+        let distinct: std::collections::HashSet<u32> = prints.iter().copied().collect();
+        assert_eq!(distinct.len(), prints.len(), "{prints:x?}");
     }
 }

@@ -162,7 +162,7 @@ pub enum Landed<T> {
     Unknown,
 }
 
-/// A read that checks whether a write landed (seed 000's `get_invoice`).
+/// A read that checks whether a write landed (for a payment, fetching the invoice it paid).
 pub trait Probe<T> {
     /// Checks the call with this key.
     fn landed(&mut self, key: Key) -> impl Future<Output = Landed<T>>;

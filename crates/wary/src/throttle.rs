@@ -1,7 +1,7 @@
 //! The fleet retry budget: gRPC's A6 token bucket, in fixed point, lock-free.
 //!
 //! Per-call budgets bound one call; they do not stop a fleet of calls from tripling the load on
-//! a server that is already down (three layers of four attempts make 64 calls, seed 004). The
+//! a server that is already down (three layers of four attempts each make 4³ = 64 calls). The
 //! bucket starts full at `max_tokens`. Every failed attempt costs one token, every success
 //! returns `token_ratio`, and no retry is allowed while the tokens are at or below half the
 //! maximum. A retry's cost is taken when its attempt fails, before the backoff, so a retry
@@ -66,10 +66,7 @@ impl FleetBudget {
     /// Records a success (`ratio` back, up to the maximum).
     pub fn on_success(&self) {
         let max = self.max;
-        self.update(|t| {
-            let t = t.saturating_add(self.ratio);
-            if t > max { max } else { t }
-        });
+        self.update(|t| t.saturating_add(self.ratio).min(max));
     }
 
     /// True if a retry would be allowed now (tokens above half the maximum).
@@ -138,5 +135,32 @@ mod tests {
             }
         });
         assert_eq!(b.tokens_milli(), 600_000);
+    }
+
+    #[test]
+    fn the_limits_are_inclusive_and_half_the_tokens_stops_retries() {
+        assert!(FleetBudget::new(1, 1).is_ok());
+        assert!(FleetBudget::new(1000, 1000).is_ok());
+        let b = FleetBudget::new(1000, 1000).unwrap();
+        assert_eq!((b.max_milli(), b.tokens_milli()), (1_000_000, 1_000_000));
+        assert!(b.allows_retry());
+        // 3 tokens: the first failure leaves 2, above 1.5; the second leaves 1.
+        let b = FleetBudget::new(3, 250).unwrap();
+        assert_eq!(b.max_milli(), 3000);
+        assert!(b.on_failure());
+        assert!(!b.on_failure());
+        // 1.25 after one success, 1.5 after two: at half, still no retry; 1.75 allows one.
+        b.on_success();
+        assert!(!b.allows_retry());
+        b.on_success();
+        assert_eq!(b.tokens_milli(), 1500);
+        assert!(!b.allows_retry());
+        b.on_success();
+        assert!(b.allows_retry());
+        // Refills stop exactly at the maximum.
+        for _ in 0..5 {
+            b.on_success();
+        }
+        assert_eq!(b.tokens_milli(), 3000);
     }
 }

@@ -152,10 +152,10 @@ fn strict() -> Policy {
     Policy::builder(Preset::Strict).build().unwrap()
 }
 
-// ---- seed 003 ----
+// ---- the strict preset: reads only, integer seconds, three attempts ----
 
 #[test]
-fn seed_003_an_unkeyed_post_that_fails_makes_one_send() {
+fn an_unkeyed_post_that_fails_makes_one_send() {
     let h = Harness::new();
     let r = h.run(&strict(), Operation::Write, &[Outcome::status(503), Outcome::Ok]);
     assert_eq!(r.unwrap_err().verdict, Verdict::Unknown);
@@ -164,7 +164,7 @@ fn seed_003_an_unkeyed_post_that_fails_makes_one_send() {
 }
 
 #[test]
-fn seed_003_retry_after_2s_with_half_second_budget_stops_before_sleeping() {
+fn a_retry_after_of_2s_with_a_half_second_budget_stops_before_sleeping() {
     let h = Harness::new();
     let p = Policy::builder(Preset::Strict).budget(500).build().unwrap();
     let r = h.run(&p, Operation::Read, &[Outcome::status_after(503, 2), Outcome::Ok]);
@@ -174,7 +174,7 @@ fn seed_003_retry_after_2s_with_half_second_budget_stops_before_sleeping() {
 }
 
 #[test]
-fn seed_003_a_signal_raised_during_the_wait_prevents_the_next_request() {
+fn a_cancel_raised_during_the_wait_prevents_the_next_request() {
     let clock = FakeClock::default();
     let log = RefCell::default();
     let sends = RefCell::default();
@@ -253,7 +253,7 @@ fn a_cancel_before_the_first_send_sends_nothing() {
 }
 
 #[test]
-fn seed_003_invalid_json_in_a_200_is_not_retried() {
+fn invalid_json_in_a_200_is_not_retried() {
     let h = Harness::new();
     let r = h.run(&strict(), Operation::Read, &[Outcome::BadBody, Outcome::Ok]);
     assert_eq!(r.unwrap_err().verdict, Verdict::Failed);
@@ -261,7 +261,7 @@ fn seed_003_invalid_json_in_a_200_is_not_retried() {
 }
 
 #[test]
-fn seed_003_exact_cumulative_wait_then_attempt_exhaustion() {
+fn waits_that_add_up_exactly_then_the_attempt_cap_ends_the_call() {
     let h = Harness::new();
     let r = h.run(&strict(), Operation::Read, &[Outcome::ResponseTimeout; 5]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Attempts));
@@ -269,18 +269,18 @@ fn seed_003_exact_cumulative_wait_then_attempt_exhaustion() {
     assert_eq!(h.sends(), 3);
 }
 
-// ---- seed 001 ----
+// ---- doubling, capped ceilings under the default preset ----
 
-fn seed001() -> wary::PolicyBuilder {
-    // base 0.2 s, max_delay 1 s, 5 attempts; the study's jitter is full, pinned to the top.
+fn doubling() -> wary::PolicyBuilder {
+    // base 0.2 s, cap 1 s, six attempts.
     Policy::builder(Preset::Default).base(200).cap(1000).budget(60_000).max_attempts(6)
 }
 
 #[test]
-fn seed_001_backoff_doubles_then_caps() {
+fn the_backoff_doubles_then_caps() {
     let h = Harness::new();
-    // "uniform returns its upper bound, pinning each delay to the ceiling": no jitter.
-    let p = seed001().jitter(Jitter::None).build().unwrap();
+    // No jitter: each wait is its ceiling.
+    let p = doubling().jitter(Jitter::None).build().unwrap();
     let r = h.run(&p, Operation::Read, &[Outcome::status(503); 10]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Attempts));
     assert_eq!(h.sends(), 6);
@@ -289,7 +289,7 @@ fn seed_001_backoff_doubles_then_caps() {
     let clock = FakeClock::default();
     let log = RefCell::default();
     let sends = RefCell::default();
-    let p = seed001().jitter(Jitter::Full).build().unwrap();
+    let p = doubling().jitter(Jitter::Full).build().unwrap();
     let mut runner = Runner::new(&p, Sleeps { clock: &clock, log: &log, cancel_during: None }, &clock, Top);
     let s = Scripted { outcomes: &[Outcome::status(503); 10], sends: &sends, clock: &clock, attempt_ms: 0 };
     let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
@@ -297,32 +297,33 @@ fn seed_001_backoff_doubles_then_caps() {
 }
 
 #[test]
-fn seed_001_permanent_error_is_not_retried() {
+fn a_permanent_error_is_not_retried() {
     let h = Harness::new();
-    let r = h.run(&seed001().build().unwrap(), Operation::Read, &[Outcome::status(422), Outcome::Ok]);
+    let r = h.run(&doubling().build().unwrap(), Operation::Read, &[Outcome::status(422), Outcome::Ok]);
     assert_eq!(r.unwrap_err().verdict, Verdict::Failed);
     assert_eq!((h.sends(), h.sleeps()), (1, vec![]));
 }
 
 #[test]
-fn seed_001_long_retry_after_fails_at_once() {
+fn a_retry_after_past_max_retry_after_fails_at_once() {
     let h = Harness::new();
-    let p = seed001().max_retry_after(20_000).build().unwrap();
+    let p = doubling().max_retry_after(20_000).build().unwrap();
     let r = h.run(&p, Operation::Read, &[Outcome::status_after(429, 120); 3]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 120_000 }));
     assert!(h.sleeps().is_empty());
 }
 
-// ---- seed 004 ----
+// ---- jitter: a fleet that failed together does not come back together ----
 
 #[test]
-fn seed_004_twenty_workers_failing_at_once_do_not_retry_at_identical_gaps() {
+fn twenty_workers_failing_at_once_do_not_retry_at_identical_gaps() {
     let p = Policy::builder(Preset::Default).build().unwrap();
     let mut schedules = Vec::new();
     for worker in 0..20u64 {
         let h = Harness::new();
         let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
-        // Seeded per device: never one fixed seed for the whole fleet.
+        // An RNG seeded per device: one fixed RNG seed for the whole fleet would draw the same
+        // waits everywhere.
         let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(0x9e37_79b9_7f4a_7c15 ^ (worker + 1)));
         let s = Scripted {
             outcomes: &[Outcome::status(503); 4],
