@@ -68,7 +68,7 @@ enum DrawKind {
 ///
 /// Two forms: a whole percentage 0..=99 (the exercise preset and `wary plan`), or a 32-bit
 /// fraction of 2³² (production, from a `rand_core::RngCore` seeded per device — never one fixed
-/// seed for a whole fleet, or every device draws the same waits).
+/// RNG seed for a whole fleet, or every device draws the same waits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Draw {
