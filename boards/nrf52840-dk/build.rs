@@ -36,7 +36,7 @@ fn main() {
         let path = env::var_os("WARY_CA_DER")
             .expect("feature `tls`: set WARY_CA_DER to the path of the cloud's CA certificate (DER)");
         let der = fs::read(&path).unwrap_or_else(|e| panic!("WARY_CA_DER: cannot read {path:?}: {e}"));
-        assert!(!der.is_empty() && der[0] == 0x30, "WARY_CA_DER: {path:?} is not a DER certificate");
+        assert!(der.first() == Some(&0x30), "WARY_CA_DER: {path:?} is not a DER certificate");
         println!("cargo:rerun-if-changed={}", PathBuf::from(&path).display());
         fs::write(out.join("pinned-ca.der"), der).expect("write pinned-ca.der");
     }

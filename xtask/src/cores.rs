@@ -9,13 +9,13 @@
 use std::env;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::qemu::{describe_exit, wait_with_timeout};
+use crate::qemu::{describe_exit, start_qemu_on, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// One core the check runs on.
@@ -128,7 +128,9 @@ fn run(core: &Core, elf: &Path) -> Result<u32> {
     step(&format!("running {name} under QEMU (timeout {} s)", TIMEOUT.as_secs()));
     let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
     let started = Instant::now();
-    let (mut qemu, mut printer) = start_qemu(core.machine, elf_arg)?;
+    // No serial port: nothing but the defmt frames reaches stdout.
+    let (mut qemu, mut printer) =
+        start_qemu_on(core.machine, elf_arg, &["-serial", "none"], Stdio::piped(), Stdio::piped())?;
     let mut qemu_stderr = qemu.stderr.take().context("qemu stderr")?;
     let stderr_reader = thread::spawn(move || {
         let mut text = String::new();
@@ -166,38 +168,6 @@ fn run(core: &Core, elf: &Path) -> Result<u32> {
         }
         Some((passed, failed)) => bail!("{name}: exit 0 but its tally says {passed} passed, {failed} failed"),
         None => bail!("{name}: exit 0 but no `N passed, M failed` line in its log"),
-    }
-}
-
-/// Starts QEMU on `machine` with `elf`, its stdout piped into `defmt-print`, whose own stdout
-/// is piped back to us.
-fn start_qemu(machine: &[&str], elf: &str) -> Result<(Child, Child)> {
-    // Without `-monitor none` the monitor's banner lands in the defmt stream; no serial port
-    // either, so nothing else can.
-    let mut args: Vec<&str> = machine.to_vec();
-    args.extend(["-nographic", "-monitor", "none", "-serial", "none"]);
-    args.extend(["-semihosting-config", "enable=on,target=native", "-kernel", elf]);
-    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf}", args.join(" "));
-    let mut qemu = Command::new("qemu-system-arm")
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting qemu-system-arm")?;
-    let frames = qemu.stdout.take().context("qemu stdout")?;
-    let printer = Command::new("defmt-print")
-        .args(["-e", elf])
-        .stdin(Stdio::from(frames))
-        .stdout(Stdio::piped())
-        .spawn();
-    match printer {
-        Ok(printer) => Ok((qemu, printer)),
-        Err(err) => {
-            let _ = qemu.kill();
-            let _ = qemu.wait();
-            Err(err).context("starting defmt-print")
-        }
     }
 }
 

@@ -246,8 +246,20 @@ pub(crate) fn start_qemu(
     qemu_stderr: Stdio,
     printer_stdout: Stdio,
 ) -> Result<(Child, Child)> {
+    start_qemu_on(&["-cpu", "cortex-m4", "-machine", "mps2-an386"], elf, serial, qemu_stderr, printer_stdout)
+}
+
+/// [`start_qemu`] on another machine (`machine`: QEMU's `-cpu`/`-machine` arguments).
+pub(crate) fn start_qemu_on(
+    machine: &[&str],
+    elf: &str,
+    serial: &[&str],
+    qemu_stderr: Stdio,
+    printer_stdout: Stdio,
+) -> Result<(Child, Child)> {
     // Without `-monitor none` the monitor's banner lands in the defmt stream.
-    let mut args = vec!["-cpu", "cortex-m4", "-machine", "mps2-an386", "-nographic", "-monitor", "none"];
+    let mut args: Vec<&str> = machine.to_vec();
+    args.extend(["-nographic", "-monitor", "none"]);
     args.extend_from_slice(serial);
     args.extend(["-semihosting-config", "enable=on,target=native", "-kernel", elf]);
     eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf}", args.join(" "));

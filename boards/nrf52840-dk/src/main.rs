@@ -37,11 +37,11 @@ use panic_probe as _;
 use static_cell::{ConstStaticCell, StaticCell};
 use wary::ledger::Ledger;
 use wary_dial::{Apn, Chat};
-use wary_outbox::{Outbox, PushError};
+use wary_outbox::Outbox;
 #[cfg(not(feature = "tls"))]
 use wary_uplink::HttpTransport;
 use wary_uplink::http::Buffers;
-use wary_uplink::{Config, FLEET, POLICY, Reading, SplitMix64, Store, uplink};
+use wary_uplink::{Config, FLEET, POLICY, Reading, SplitMix64, Store, offer, uplink};
 
 use crate::link::LinkAware;
 
@@ -142,36 +142,14 @@ async fn modem_task(
     link::run(&mut uart, &mut ppp, ppp_config, chat, stack, SplitMix64::new(seed)).await
 }
 
-/// Reads the on-die temperature sensor every [`PERIOD`], for ever, and pushes each reading into
-/// the outbox. A full outbox or a flash error hands the reading back (the outbox counts each
-/// refusal and error): it is offered again a period later, so nothing is dropped.
+/// Reads the on-die temperature sensor every [`PERIOD`], for ever, and [`offer`]s each reading
+/// to the outbox until it takes it: nothing is dropped.
 #[embassy_executor::task]
 async fn sensor_task(mut temp: Temp<'static>, store: &'static Store<Flash>) -> ! {
     loop {
         // Quarter degrees Celsius.
         let quarters = temp.read().await.to_bits();
-        let mut reading = Reading { milli_celsius: quarters.saturating_mul(250) };
-        loop {
-            match store.push(reading).await {
-                Ok(id) => {
-                    defmt::info!("ACCEPTED boot={=u32:08x} seq={=u32}", id.boot, id.seq);
-                    break;
-                }
-                Err(PushError::Full(back)) => {
-                    defmt::warn!("outbox full: reading refused, offered again later");
-                    reading = back;
-                }
-                Err(PushError::Failed(back, e)) => {
-                    defmt::error!("outbox push failed ({}): reading offered again later", e);
-                    reading = back;
-                }
-                Err(other) => {
-                    defmt::error!("outbox push refused: reading offered again later");
-                    reading = other.into_entry();
-                }
-            }
-            Timer::after(PERIOD).await;
-        }
+        offer(store, Reading { milli_celsius: quarters.saturating_mul(250) }, PERIOD).await;
         Timer::after(PERIOD).await;
     }
 }

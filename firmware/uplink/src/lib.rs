@@ -46,7 +46,7 @@ use wary::run::{EmbassyClock, Runner};
 use wary::{FleetBudget, GiveUp, Key, Operation, Outcome, Policy, Preset, Verdict};
 use wary_outbox::Settlement;
 
-pub use store::{Reading, Store, payload, sense};
+pub use store::{Reading, Store, offer, payload, sense};
 pub use transport::{HttpTransport, Transport};
 
 /// The path readings are posted to.

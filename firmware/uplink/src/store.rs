@@ -140,10 +140,41 @@ impl<F: MultiwriteNorFlash> Store<F> {
     }
 }
 
-/// A sensor: `count` readings from `sample`, one every `period`, each pushed until the outbox
-/// takes it. A full outbox or a flash error hands the reading back: it is offered again after
-/// `period` (every refusal and flash error is counted by the outbox), so nothing is dropped.
-/// Each accepted reading is logged with its id (`ACCEPTED`), never with its value.
+/// Pushes `reading` until the outbox takes it and returns its id. A full outbox or a flash
+/// error hands the reading back (the outbox counts every refusal and flash error): it is offered
+/// again after `retry`, so nothing is dropped. Each accepted reading is logged with its id
+/// (`ACCEPTED`), never with its value.
+pub async fn offer<F: MultiwriteNorFlash>(
+    store: &Store<F>,
+    mut reading: Reading,
+    retry: Duration,
+) -> RecordId {
+    loop {
+        match store.push(reading).await {
+            Ok(id) => {
+                defmt::info!("ACCEPTED boot={=u32:08x} seq={=u32}", id.boot, id.seq);
+                return id;
+            }
+            Err(PushError::Full(back)) => {
+                defmt::warn!("outbox full: reading refused, offered again later");
+                reading = back;
+            }
+            Err(PushError::Failed(back, e)) => {
+                defmt::error!("outbox push failed ({}): reading offered again later", e);
+                reading = back;
+            }
+            // `PushError` may grow variants; each hands the reading back.
+            Err(other) => {
+                defmt::error!("outbox push refused: reading offered again later");
+                reading = other.into_entry();
+            }
+        }
+        Timer::after(retry).await;
+    }
+}
+
+/// A sensor: `count` readings from `sample`, one every `period`, each [`offer`]ed until the
+/// outbox takes it; then the sensor is marked finished.
 pub async fn sense<F: MultiwriteNorFlash>(
     store: &Store<F>,
     count: u32,
@@ -151,29 +182,7 @@ pub async fn sense<F: MultiwriteNorFlash>(
     mut sample: impl FnMut() -> i32,
 ) {
     for _ in 0..count {
-        let mut reading = Reading { milli_celsius: sample() };
-        loop {
-            match store.push(reading).await {
-                Ok(id) => {
-                    defmt::info!("ACCEPTED boot={=u32:08x} seq={=u32}", id.boot, id.seq);
-                    break;
-                }
-                Err(PushError::Full(back)) => {
-                    defmt::warn!("outbox full: reading refused, offered again later");
-                    reading = back;
-                }
-                Err(PushError::Failed(back, e)) => {
-                    defmt::error!("outbox push failed ({}): reading offered again later", e);
-                    reading = back;
-                }
-                // `PushError` may grow variants; each hands the reading back.
-                Err(other) => {
-                    defmt::error!("outbox push refused: reading offered again later");
-                    reading = other.into_entry();
-                }
-            }
-            Timer::after(period).await;
-        }
+        offer(store, Reading { milli_celsius: sample() }, period).await;
         Timer::after(period).await;
     }
     store.finish_sensing();
