@@ -34,8 +34,8 @@ const CORES: [Core; 3] = [
     Core {
         name: "Cortex-M0",
         target: "thumbv6m-none-eabi",
-        dir: "boards/qemu-m0",
-        bin: "wary-qemu-m0",
+        dir: "boards/qemu-cores",
+        bin: "wary-qemu-cores",
         machine: &["-machine", "microbit"],
     },
     Core {
@@ -48,8 +48,8 @@ const CORES: [Core; 3] = [
     Core {
         name: "Cortex-M33",
         target: "thumbv8m.main-none-eabihf",
-        dir: "boards/qemu-m33",
-        bin: "wary-qemu-m33",
+        dir: "boards/qemu-cores",
+        bin: "wary-qemu-cores",
         machine: &["-machine", "mps2-an505", "-cpu", "cortex-m33"],
     },
 ];
@@ -89,12 +89,13 @@ pub(crate) fn conformance_on_cores(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `cargo build --release --locked` in a board's workspace, without the caller's RUSTFLAGS
-/// (they would replace its .cargo/config.toml's, and with them the linker scripts).
+/// `cargo build --release --locked --target <core's>` in a board's workspace, without the
+/// caller's RUSTFLAGS (they would replace its .cargo/config.toml's, and with them the linker
+/// scripts).
 fn build(dir: &Path, core: &Core) -> Result<()> {
     step(&format!("building the conformance check for the {} ({}, release)", core.name, core.target));
     let started = Instant::now();
-    let args = ["build", "--release", "--locked"];
+    let args = ["build", "--release", "--locked", "--target", core.target];
     eprintln!("    $ (cd {} && cargo {})", core.dir, args.join(" "));
     let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)

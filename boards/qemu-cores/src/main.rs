@@ -1,5 +1,6 @@
-//! wary's conformance check (`wary-conformance`) on a Cortex-M0 (thumbv6m-none-eabi) under QEMU
-//! microbit. Defmt frames go to QEMU's stdout over semihosting; the exit code says how it
+//! wary's conformance check (`wary-conformance`) on a Cortex-M0 (thumbv6m-none-eabi, QEMU
+//! microbit) or a Cortex-M33 (thumbv8m.main-none-eabihf, QEMU mps2-an505), whichever it is built
+//! for. Defmt frames go to QEMU's stdout over semihosting; the exit code says how it
 //! went: 0 every check passed, 1 one failed, 101 a panic, 102 a HardFault, 103 an unexpected
 //! exception. No time driver: the check is pure decisions.
 
@@ -10,7 +11,8 @@ use core::panic::PanicInfo;
 
 use cortex_m_rt::{ExceptionFrame, entry, exception};
 // thumbv6m has no compare-and-swap: wary's fleet budget takes portable-atomic's critical-section
-// fallback, and cortex-m's single-core implementation (masking interrupts) supplies it.
+// fallback, and cortex-m's single-core implementation (masking interrupts) supplies it. The
+// Cortex-M33 has compare-and-swap and never calls it.
 use cortex_m as _;
 use defmt_semihosting as _;
 
