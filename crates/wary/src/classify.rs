@@ -1,31 +1,36 @@
 //! Classification: what one attempt's outcome means for the operation that made it.
 //!
 //! A retry is a second copy of a request, so the question is what the first copy may already
-//! have done. An outcome refused before the server did anything (a 429, a refused connection, a
-//! connect timeout) is safe to resend for any operation. An outcome after which the work may have
+//! have done. A failure refused before the server did anything (a 429, a refused connection, a
+//! connect timeout) is safe to resend for any operation. A failure after which the work may have
 //! landed (a 5xx, a response timeout, a reset) is safe to resend only for a read or a write that
 //! carries an idempotency key; for a write without one it is [`Class::Unknown`] and is never
 //! resent. Anything that will fail the same way every time (another 4xx, a TLS error, a bad body)
 //! fails at once.
 //!
 //! Tables are data: an API whose own 503 means "not processed" can move 503 to
-//! [`Rule::RetryAny`], and one that answers 409 while the same key is in flight can add it.
+//! [`Rule::RetryAny`], and one that answers 409 while the same key is in flight can add it. A
+//! table is a lookup (two bits per 4xx and 5xx status), not a scan.
 //!
 //! ```
-//! use wary::{Class, Operation, Outcome, Rule, Table};
+//! use wary::{Class, Failure, Operation, Rule, Table};
 //! let t = Table::DEFAULT;
-//! assert_eq!(t.classify(Operation::Read, &Outcome::status(503)), Class::Retry);
-//! assert_eq!(t.classify(Operation::Write, &Outcome::status(503)), Class::Unknown);
-//! assert_eq!(t.classify(Operation::Read, &Outcome::status(400)), Class::Failed);
+//! assert_eq!(t.classify(Operation::Read, &Failure::status(503).into()), Class::Retry);
+//! assert_eq!(t.classify(Operation::Write, &Failure::status(503).into()), Class::Unknown);
+//! assert_eq!(t.classify(Operation::Read, &Failure::status(400).into()), Class::Failed);
 //! let api = t.with_status(503, Rule::RetryAny).unwrap();
-//! assert_eq!(api.classify(Operation::Write, &Outcome::status(503)), Class::Retry);
+//! assert_eq!(api.classify(Operation::Write, &Failure::status(503).into()), Class::Retry);
 //! ```
 
-use crate::error::PolicyError;
+use crate::error::TableError;
+use crate::fingerprint::Fnv;
+use crate::retry_after::{Reading, Rules};
+use crate::time::Duration;
 
 /// What a call does, which decides what a resend may do twice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum Operation {
     /// Safe to repeat: GET, HEAD, OPTIONS, and the idempotent PUT and DELETE.
     Read,
@@ -37,6 +42,9 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Every operation, in a fixed order.
+    pub const ALL: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
+
     /// The operation of an HTTP method; `keyed` says whether the request carries an
     /// idempotency key. Method names are matched case-sensitively, as RFC 9110 defines them.
     pub fn from_method(method: &str, keyed: bool) -> Self {
@@ -58,12 +66,7 @@ impl Operation {
 
     /// Parses [`Operation::name`] back.
     pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "read" => Some(Operation::Read),
-            "keyed_write" => Some(Operation::KeyedWrite),
-            "write" => Some(Operation::Write),
-            _ => None,
-        }
+        Operation::ALL.into_iter().find(|o| o.name() == name)
     }
 
     /// True if a resend cannot do the work twice.
@@ -72,19 +75,18 @@ impl Operation {
     }
 }
 
-/// What one attempt returned.
+/// How one attempt failed: what an attempt returns in its `Err`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum Outcome {
-    /// The attempt succeeded.
-    Ok,
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum Failure {
     /// The server answered with a status that is not a success for this call.
     Status {
         /// The HTTP status code.
         code: u16,
-        /// The Retry-After the server sent, already resolved to whole seconds (see
-        /// [`crate::retry_after`]); `None` if absent or refused by the policy's rules.
-        retry_after: Option<u64>,
+        /// The wait the server asked for (Retry-After, already read under the policy's rules);
+        /// `None` if absent or refused. Longer than 49 days saturates at [`Duration::MAX`].
+        retry_after: Option<Duration>,
     },
     /// The connection was not established in time: the request was never sent.
     ConnectTimeout,
@@ -97,7 +99,7 @@ pub enum Outcome {
     /// A TLS or certificate error: fails the same way every time.
     Tls,
     /// A success status with a malformed body, wrong content type or schema failure: repeating
-    /// bad data is not a repair: the same request gets the same bad answer.
+    /// bad data is not a repair, the same request gets the same bad answer.
     BadBody,
     /// A stream broke.
     StreamBroken {
@@ -109,84 +111,224 @@ pub enum Outcome {
     Cancelled,
 }
 
-impl Outcome {
+impl Failure {
     /// A status with no Retry-After.
     pub const fn status(code: u16) -> Self {
-        Outcome::Status { code, retry_after: None }
+        Failure::Status { code, retry_after: None }
     }
 
-    /// A status with a Retry-After in whole seconds.
-    pub const fn status_after(code: u16, retry_after_secs: u64) -> Self {
-        Outcome::Status { code, retry_after: Some(retry_after_secs) }
+    /// A status with the wait its Retry-After asked for.
+    pub const fn status_after(code: u16, retry_after: Duration) -> Self {
+        Failure::Status { code, retry_after: Some(retry_after) }
     }
 
-    /// The Retry-After carried by this outcome, in seconds.
-    pub const fn retry_after(&self) -> Option<u64> {
+    /// The Retry-After carried by this failure.
+    pub const fn retry_after(&self) -> Option<Duration> {
         match self {
-            Outcome::Status { retry_after, .. } => *retry_after,
+            Failure::Status { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
 
-    /// The HTTP status, if the outcome is one.
+    /// The HTTP status, if the failure is one.
     pub const fn code(&self) -> Option<u16> {
         match self {
-            Outcome::Status { code, .. } => Some(*code),
+            Failure::Status { code, .. } => Some(*code),
             _ => None,
         }
     }
 
-    /// A short stable name for the outcome's kind (`status` for any status).
-    pub const fn kind_name(&self) -> &'static str {
+    /// A short stable name for the failure's kind (`status` for any status).
+    pub const fn name(&self) -> &'static str {
         match self {
-            Outcome::Ok => "ok",
-            Outcome::Status { .. } => "status",
-            Outcome::ConnectTimeout => "connect_timeout",
-            Outcome::ResponseTimeout => "response_timeout",
-            Outcome::Refused => "refused",
-            Outcome::Reset => "reset",
-            Outcome::Tls => "tls",
-            Outcome::BadBody => "bad_body",
-            Outcome::StreamBroken { forwarded: false } => "stream_broken_before",
-            Outcome::StreamBroken { forwarded: true } => "stream_broken_after",
-            Outcome::Cancelled => "cancelled",
+            Failure::Status { .. } => "status",
+            Failure::ConnectTimeout => "connect_timeout",
+            Failure::ResponseTimeout => "response_timeout",
+            Failure::Refused => "refused",
+            Failure::Reset => "reset",
+            Failure::Tls => "tls",
+            Failure::BadBody => "bad_body",
+            Failure::StreamBroken { forwarded: false } => "stream_broken_before",
+            Failure::StreamBroken { forwarded: true } => "stream_broken_after",
+            Failure::Cancelled => "cancelled",
         }
     }
 
-    /// Parses [`Outcome::kind_name`] back, for every kind but `status`.
-    pub fn from_kind_name(name: &str) -> Option<Self> {
+    /// Parses [`Failure::name`] back, for every kind but `status`, which needs its code.
+    pub fn from_name(name: &str) -> Option<Self> {
         Some(match name {
-            "ok" => Outcome::Ok,
-            "connect_timeout" => Outcome::ConnectTimeout,
-            "response_timeout" | "timeout" => Outcome::ResponseTimeout,
-            "refused" => Outcome::Refused,
-            "reset" => Outcome::Reset,
-            "tls" => Outcome::Tls,
-            "bad_body" => Outcome::BadBody,
-            "stream_broken_before" => Outcome::StreamBroken { forwarded: false },
-            "stream_broken_after" => Outcome::StreamBroken { forwarded: true },
-            "cancelled" => Outcome::Cancelled,
+            "connect_timeout" => Failure::ConnectTimeout,
+            "response_timeout" | "timeout" => Failure::ResponseTimeout,
+            "refused" => Failure::Refused,
+            "reset" => Failure::Reset,
+            "tls" => Failure::Tls,
+            "bad_body" => Failure::BadBody,
+            "stream_broken_before" => Failure::StreamBroken { forwarded: false },
+            "stream_broken_after" => Failure::StreamBroken { forwarded: true },
+            "cancelled" => Failure::Cancelled,
             _ => return None,
         })
+    }
+}
+
+/// What one attempt returned: success, or how it failed. The decision and the ledger take
+/// this; an attempt itself returns `Result<T, Failure>`, so a failure can never say "ok".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum Outcome {
+    /// The attempt succeeded.
+    Ok,
+    /// The attempt failed.
+    Failure(Failure),
+}
+
+impl From<Failure> for Outcome {
+    fn from(f: Failure) -> Outcome {
+        Outcome::Failure(f)
+    }
+}
+
+impl<T> From<&Result<T, Failure>> for Outcome {
+    fn from(r: &Result<T, Failure>) -> Outcome {
+        match r {
+            Ok(_) => Outcome::Ok,
+            Err(f) => Outcome::Failure(*f),
+        }
+    }
+}
+
+impl Outcome {
+    /// A failed status with no Retry-After.
+    pub const fn status(code: u16) -> Self {
+        Outcome::Failure(Failure::status(code))
+    }
+
+    /// A failed status with the wait its Retry-After asked for.
+    pub const fn status_after(code: u16, retry_after: Duration) -> Self {
+        Outcome::Failure(Failure::status_after(code, retry_after))
+    }
+
+    /// The outcome of an HTTP response, the one way every transport turns a response into an
+    /// outcome: a 2xx is [`Outcome::Ok`] whatever its body, anything else a
+    /// [`Failure::Status`] with its `Retry-After` values read under `rules` (`date` is the
+    /// response's `Date` header, `now` the caller's wall clock in Unix seconds, if it has one).
+    /// The [`Reading`] says how many Retry-After values could not be read at all, for the
+    /// ledger and metrics.
+    ///
+    /// ```
+    /// use wary::{Duration, Outcome, Rules};
+    /// let (o, _) = Outcome::from_response(204, [], None, None, &Rules::LENIENT);
+    /// assert_eq!(o, Outcome::Ok);
+    /// let (o, r) = Outcome::from_response(429, [b"1.5".as_slice(), b"soon"], None, None, &Rules::LENIENT);
+    /// assert_eq!(o, Outcome::status_after(429, Duration::from_secs(2)));
+    /// assert_eq!(r.unreadable, 1);
+    /// ```
+    pub fn from_response<'a, I>(
+        status: u16,
+        retry_after: I,
+        date: Option<&[u8]>,
+        now: Option<u64>,
+        rules: &Rules,
+    ) -> (Outcome, Reading)
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+    {
+        if (200..300).contains(&status) {
+            return (Outcome::Ok, Reading::default());
+        }
+        let reading = rules.read_counted(retry_after, date, now);
+        let wait = reading.seconds.map(Duration::from_secs);
+        (Outcome::Failure(Failure::Status { code: status, retry_after: wait }), reading)
+    }
+
+    /// The failure, if the attempt failed.
+    pub const fn failure(&self) -> Option<&Failure> {
+        match self {
+            Outcome::Ok => None,
+            Outcome::Failure(f) => Some(f),
+        }
+    }
+
+    /// `Ok(())` or `Err(failure)`.
+    pub const fn into_result(self) -> Result<(), Failure> {
+        match self {
+            Outcome::Ok => Ok(()),
+            Outcome::Failure(f) => Err(f),
+        }
+    }
+
+    /// The Retry-After carried by a failed status.
+    pub const fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Outcome::Ok => None,
+            Outcome::Failure(f) => f.retry_after(),
+        }
+    }
+
+    /// The HTTP status of a failed status.
+    pub const fn code(&self) -> Option<u16> {
+        match self {
+            Outcome::Ok => None,
+            Outcome::Failure(f) => f.code(),
+        }
+    }
+
+    /// `ok`, or the failure's [`Failure::name`].
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failure(f) => f.name(),
+        }
     }
 }
 
 /// What a table says about one kind of failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+#[repr(u8)]
 pub enum Rule {
     /// Refused before the server did anything: safe to resend for any operation.
-    RetryAny,
+    RetryAny = 0,
     /// The work may have landed: resend a read or a keyed write; a write becomes
     /// [`Class::Unknown`] and is never resent.
-    RetryIdempotent,
+    RetryIdempotent = 1,
     /// Will fail the same way every time: fail at once, with no wait.
-    Fail,
+    Fail = 2,
+}
+
+impl Rule {
+    /// Every rule, in a fixed order.
+    pub const ALL: [Rule; 3] = [Rule::RetryAny, Rule::RetryIdempotent, Rule::Fail];
+
+    /// The name used in configuration.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Rule::RetryAny => "retry_any",
+            Rule::RetryIdempotent => "retry_idempotent",
+            Rule::Fail => "fail",
+        }
+    }
+
+    /// Parses [`Rule::name`] back.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Rule::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    const fn from_bits(bits: u8) -> Rule {
+        match bits & 3 {
+            0 => Rule::RetryAny,
+            1 => Rule::RetryIdempotent,
+            _ => Rule::Fail,
+        }
+    }
 }
 
 /// The class of one attempt's outcome for one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum Class {
     /// Success.
     Ok,
@@ -201,6 +343,9 @@ pub enum Class {
 }
 
 impl Class {
+    /// Every class, in a fixed order.
+    pub const ALL: [Class; 5] = [Class::Ok, Class::Retry, Class::Unknown, Class::Failed, Class::Cancelled];
+
     /// The name used by `wary plan` and the ledgers.
     pub const fn name(&self) -> &'static str {
         match self {
@@ -211,19 +356,83 @@ impl Class {
             Class::Cancelled => "cancelled",
         }
     }
+
+    /// Parses [`Class::name`] back.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Class::ALL.into_iter().find(|c| c.name() == name)
+    }
 }
 
-/// How many exact-status rules a table holds.
-pub const TABLE_STATUSES: usize = 12;
+/// The failures other than a status that a table has a rule for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum Transport {
+    /// [`Failure::ConnectTimeout`].
+    ConnectTimeout,
+    /// [`Failure::ResponseTimeout`].
+    ResponseTimeout,
+    /// [`Failure::Refused`].
+    Refused,
+    /// [`Failure::Reset`].
+    Reset,
+    /// [`Failure::Tls`].
+    Tls,
+    /// [`Failure::BadBody`].
+    BadBody,
+    /// [`Failure::StreamBroken`] before anything was forwarded.
+    StreamBefore,
+}
+
+impl Transport {
+    /// Every kind, in a fixed order.
+    pub const ALL: [Transport; 7] = [
+        Transport::ConnectTimeout,
+        Transport::ResponseTimeout,
+        Transport::Refused,
+        Transport::Reset,
+        Transport::Tls,
+        Transport::BadBody,
+        Transport::StreamBefore,
+    ];
+
+    /// The name used in configuration (the failure's own name; `stream_broken_before` for a
+    /// stream broken before forwarding).
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Transport::ConnectTimeout => "connect_timeout",
+            Transport::ResponseTimeout => "response_timeout",
+            Transport::Refused => "refused",
+            Transport::Reset => "reset",
+            Transport::Tls => "tls",
+            Transport::BadBody => "bad_body",
+            Transport::StreamBefore => "stream_broken_before",
+        }
+    }
+
+    /// Parses [`Transport::name`] back.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Transport::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// The first status with an exact rule.
+const FIRST: u16 = 400;
+/// How many statuses have an exact rule: 400..=599.
+const SPAN: u16 = 200;
 
 /// A classification table: data, so an API's own semantics can be written down.
 ///
-/// Exact status rules win over the 4xx / 5xx / other defaults. Build variants with the `const`
-/// methods, which refuse bad statuses and a full table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+/// Every 4xx and 5xx status has its own rule, two bits each, looked up in one step; a status set
+/// with [`Table::with_status`] is an exact rule, and the others follow the table's rule for
+/// client errors (4xx) or server errors (5xx). Any other status follows the rule for other
+/// statuses.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Table {
-    statuses: [Option<(u16, Rule)>; TABLE_STATUSES],
+    /// Two bits per status 400..=599: its [`Rule`].
+    rules: [u8; (SPAN / 4) as usize],
+    /// One bit per status 400..=599: set where the rule is exact.
+    exact: [u8; (SPAN / 8) as usize],
     client_error: Rule,
     server_error: Rule,
     other_status: Rule,
@@ -237,135 +446,151 @@ pub struct Table {
     reads_only: bool,
 }
 
-/// The non-status failures a table has a rule for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum Transport {
-    /// [`Outcome::ConnectTimeout`].
-    ConnectTimeout,
-    /// [`Outcome::ResponseTimeout`].
-    ResponseTimeout,
-    /// [`Outcome::Refused`].
-    Refused,
-    /// [`Outcome::Reset`].
-    Reset,
-    /// [`Outcome::Tls`].
-    Tls,
-    /// [`Outcome::BadBody`].
-    BadBody,
-    /// [`Outcome::StreamBroken`] before anything was forwarded.
-    StreamBefore,
+impl core::fmt::Debug for Table {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mut d = f.debug_struct("Table");
+        d.field("exact", &ExactList(self));
+        d.field("client_error", &self.client_error).field("server_error", &self.server_error);
+        d.field("other_status", &self.other_status);
+        for t in Transport::ALL {
+            d.field(t.name(), &self.transport_rule(t));
+        }
+        d.field("reads_only", &self.reads_only).finish()
+    }
 }
 
-const fn entry(code: u16, rule: Rule) -> Option<(u16, Rule)> {
-    Some((code, rule))
+struct ExactList<'a>(&'a Table);
+
+impl core::fmt::Debug for ExactList<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_map().entries(self.0.exact_rules()).finish()
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for Table {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "Table {{ exact: [");
+        for (code, rule) in self.exact_rules() {
+            defmt::write!(f, "{=u16}: {}, ", code, rule);
+        }
+        defmt::write!(
+            f,
+            "], client_error: {}, server_error: {}, other_status: {}, reads_only: {=bool} }}",
+            self.client_error,
+            self.server_error,
+            self.other_status,
+            self.reads_only
+        );
+    }
+}
+
+// The bit-table helpers index arrays whose length the status range fixes: every index is
+// `(code − 400) / 4` or `/ 8` for a code already checked to lie in 400..=599.
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+impl Table {
+    /// A table whose every 4xx and 5xx follows `client_error` and `server_error`, with the given
+    /// rules for everything else and no exact rule.
+    const fn uniform(client_error: Rule, server_error: Rule, other_status: Rule, reads_only: bool) -> Table {
+        let mut t = Table {
+            rules: [0; (SPAN / 4) as usize],
+            exact: [0; (SPAN / 8) as usize],
+            client_error,
+            server_error,
+            other_status,
+            connect_timeout: Rule::RetryAny,
+            response_timeout: Rule::RetryIdempotent,
+            refused: Rule::RetryAny,
+            reset: Rule::RetryIdempotent,
+            tls: Rule::Fail,
+            bad_body: Rule::Fail,
+            stream_before: Rule::RetryIdempotent,
+            reads_only,
+        };
+        let mut i = 0;
+        while i < SPAN {
+            t.put(i, if i < 100 { client_error } else { server_error });
+            i += 1;
+        }
+        t
+    }
+
+    /// Stores `rule` for status `FIRST + i`, `i < SPAN`.
+    const fn put(&mut self, i: u16, rule: Rule) {
+        let (byte, shift) = ((i / 4) as usize, (i % 4) * 2);
+        self.rules[byte] = (self.rules[byte] & !(3 << shift)) | ((rule as u8) << shift);
+    }
+
+    /// Whether status `FIRST + i` has an exact rule, `i < SPAN`.
+    const fn is_exact(&self, i: u16) -> bool {
+        self.exact[(i / 8) as usize] & (1 << (i % 8)) != 0
+    }
+
+    /// [`Table::with_status`] for a status known to be in range, for the `const` tables.
+    const fn exact_rule(mut self, code: u16, rule: Rule) -> Table {
+        let i = code - FIRST;
+        self.put(i, rule);
+        self.exact[(i / 8) as usize] |= 1 << (i % 8);
+        self
+    }
+
+    /// Re-applies `rule` to every status of `FIRST + from .. FIRST + to` without an exact rule.
+    const fn fill(mut self, from: u16, to: u16, rule: Rule) -> Table {
+        let mut i = from;
+        while i < to {
+            if !self.is_exact(i) {
+                self.put(i, rule);
+            }
+            i += 1;
+        }
+        self
+    }
 }
 
 impl Table {
     /// wary's default table: 408, 429 and connect failures retry for any operation;
     /// 500, 502, 503, 504, response timeouts, resets and streams broken before forwarding retry
     /// if idempotent; other 4xx and 5xx, TLS errors and bad bodies fail at once.
-    pub const DEFAULT: Table = Table {
-        statuses: [
-            entry(408, Rule::RetryAny),
-            entry(429, Rule::RetryAny),
-            entry(500, Rule::RetryIdempotent),
-            entry(502, Rule::RetryIdempotent),
-            entry(503, Rule::RetryIdempotent),
-            entry(504, Rule::RetryIdempotent),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ],
-        client_error: Rule::Fail,
-        server_error: Rule::Fail,
-        other_status: Rule::Fail,
-        connect_timeout: Rule::RetryAny,
-        response_timeout: Rule::RetryIdempotent,
-        refused: Rule::RetryAny,
-        reset: Rule::RetryIdempotent,
-        tls: Rule::Fail,
-        bad_body: Rule::Fail,
-        stream_before: Rule::RetryIdempotent,
-        reads_only: false,
-    };
+    pub const DEFAULT: Table = Table::uniform(Rule::Fail, Rule::Fail, Rule::Fail, false)
+        .exact_rule(408, Rule::RetryAny)
+        .exact_rule(429, Rule::RetryAny)
+        .exact_rule(500, Rule::RetryIdempotent)
+        .exact_rule(502, Rule::RetryIdempotent)
+        .exact_rule(503, Rule::RetryIdempotent)
+        .exact_rule(504, Rule::RetryIdempotent);
 
-    /// The exercise table: 429 for any operation; a timeout and every 5xx if idempotent, else
+    /// The basic table: 429 for any operation; a timeout and every 5xx if idempotent, else
     /// unknown; every other status fails.
-    pub const EXERCISE: Table = Table {
-        statuses: [
-            entry(429, Rule::RetryAny),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ],
-        client_error: Rule::Fail,
-        server_error: Rule::RetryIdempotent,
-        other_status: Rule::Fail,
-        ..Table::DEFAULT
-    };
+    pub const BASIC: Table =
+        Table::uniform(Rule::Fail, Rule::RetryIdempotent, Rule::Fail, false).exact_rule(429, Rule::RetryAny);
 
     /// The strict table: only reads (GET, HEAD) are retried, on transport errors, timeouts,
     /// 429, 502, 503 and 504. A write is never resent: what may have landed is unknown, what was
     /// refused fails.
-    pub const STRICT: Table = Table {
-        statuses: [
-            entry(429, Rule::RetryAny),
-            entry(502, Rule::RetryIdempotent),
-            entry(503, Rule::RetryIdempotent),
-            entry(504, Rule::RetryIdempotent),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ],
-        reads_only: true,
-        ..Table::DEFAULT
-    };
+    pub const STRICT: Table = Table::uniform(Rule::Fail, Rule::Fail, Rule::Fail, true)
+        .exact_rule(429, Rule::RetryAny)
+        .exact_rule(502, Rule::RetryIdempotent)
+        .exact_rule(503, Rule::RetryIdempotent)
+        .exact_rule(504, Rule::RetryIdempotent);
 
-    /// This table with `rule` for `code` (replacing an earlier rule for it).
-    pub const fn with_status(mut self, code: u16, rule: Rule) -> Result<Table, PolicyError> {
-        if code < 100 || code > 999 {
-            return Err(PolicyError::BadStatus);
-        }
-        // Slice patterns rather than indexing: const, and no bounds check that could panic.
-        let mut rest: &mut [Option<(u16, Rule)>] = &mut self.statuses;
-        while let [slot, tail @ ..] = rest {
-            if let Some((c, _)) = *slot {
-                if c == code {
-                    *slot = Some((code, rule));
-                    return Ok(self);
-                }
-            }
-            rest = tail;
-        }
-        let mut rest: &mut [Option<(u16, Rule)>] = &mut self.statuses;
-        while let [slot, tail @ ..] = rest {
-            if slot.is_none() {
-                *slot = Some((code, rule));
-                return Ok(self);
-            }
-            rest = tail;
-        }
-        Err(PolicyError::TableFull)
+    /// A table with no exact rule: every 4xx follows `client_errors`, every 5xx `server_errors`
+    /// and any other status `other_statuses`; failures other than a status follow
+    /// [`Table::DEFAULT`]'s rules, and every operation is retried as its rule allows.
+    pub const fn new(client_errors: Rule, server_errors: Rule, other_statuses: Rule) -> Table {
+        Table::uniform(client_errors, server_errors, other_statuses, false)
     }
 
-    /// This table with `rule` for a non-status failure.
+    /// This table with `rule` for `code`, an exact rule that replaces any earlier one. Exact
+    /// rules are for 4xx and 5xx statuses; any other status follows
+    /// [`Table::with_other_statuses`].
+    pub const fn with_status(self, code: u16, rule: Rule) -> Result<Table, TableError> {
+        if code < FIRST || code >= FIRST + SPAN {
+            return Err(TableError::BadStatus);
+        }
+        Ok(self.exact_rule(code, rule))
+    }
+
+    /// This table with `rule` for a failure other than a status.
     pub const fn with_transport(mut self, kind: Transport, rule: Rule) -> Table {
         match kind {
             Transport::ConnectTimeout => self.connect_timeout = rule,
@@ -379,15 +604,21 @@ impl Table {
         self
     }
 
-    /// This table with the rule for 4xx statuses that have no exact rule.
+    /// This table with `rule` for the 4xx statuses that have no exact rule.
     pub const fn with_client_errors(mut self, rule: Rule) -> Table {
         self.client_error = rule;
-        self
+        self.fill(0, 100, rule)
     }
 
-    /// This table with the rule for 5xx statuses that have no exact rule.
+    /// This table with `rule` for the 5xx statuses that have no exact rule.
     pub const fn with_server_errors(mut self, rule: Rule) -> Table {
         self.server_error = rule;
+        self.fill(100, SPAN, rule)
+    }
+
+    /// This table with `rule` for every status outside 4xx and 5xx (a 3xx, a 1xx).
+    pub const fn with_other_statuses(mut self, rule: Rule) -> Table {
+        self.other_status = rule;
         self
     }
 
@@ -397,35 +628,57 @@ impl Table {
         self
     }
 
-    /// Feeds every rule to a fingerprint, in a fixed order.
-    pub(crate) fn fingerprint_into(&self, h: &mut crate::policy::Fnv) {
-        let code = |r: Rule| match r {
-            Rule::RetryAny => 0u8,
-            Rule::RetryIdempotent => 1,
-            Rule::Fail => 2,
-        };
-        for slot in &self.statuses {
-            match slot {
-                Some((c, r)) => {
-                    h.u16(*c);
-                    h.u8(code(*r));
-                }
-                None => h.u16(0),
-            }
+    /// The rule for 4xx statuses with no exact rule.
+    pub const fn client_errors(&self) -> Rule {
+        self.client_error
+    }
+
+    /// The rule for 5xx statuses with no exact rule.
+    pub const fn server_errors(&self) -> Rule {
+        self.server_error
+    }
+
+    /// The rule for statuses outside 4xx and 5xx.
+    pub const fn other_statuses(&self) -> Rule {
+        self.other_status
+    }
+
+    /// True if this table retries reads only.
+    pub const fn is_reads_only(&self) -> bool {
+        self.reads_only
+    }
+
+    /// The exact status rules, by ascending status.
+    pub fn exact_rules(&self) -> impl Iterator<Item = (u16, Rule)> + '_ {
+        (0..SPAN).filter(|i| self.is_exact(*i)).map(|i| (FIRST.saturating_add(i), self.status_rule(FIRST.saturating_add(i))))
+    }
+
+    /// The rule for a failure other than a status.
+    pub const fn transport_rule(&self, kind: Transport) -> Rule {
+        match kind {
+            Transport::ConnectTimeout => self.connect_timeout,
+            Transport::ResponseTimeout => self.response_timeout,
+            Transport::Refused => self.refused,
+            Transport::Reset => self.reset,
+            Transport::Tls => self.tls,
+            Transport::BadBody => self.bad_body,
+            Transport::StreamBefore => self.stream_before,
         }
-        for r in [
-            self.client_error,
-            self.server_error,
-            self.other_status,
-            self.connect_timeout,
-            self.response_timeout,
-            self.refused,
-            self.reset,
-            self.tls,
-            self.bad_body,
-            self.stream_before,
-        ] {
-            h.u8(code(r));
+    }
+
+    /// Feeds every rule to a fingerprint, in a fixed order: the 200 status rules, then the
+    /// class and transport rules.
+    pub(crate) fn fingerprint_into(&self, h: &mut Fnv) {
+        for (code, rule) in self.exact_rules() {
+            h.u16(code);
+            h.u8(rule as u8);
+        }
+        h.u16(0);
+        for r in [self.client_error, self.server_error, self.other_status] {
+            h.u8(r as u8);
+        }
+        for t in Transport::ALL {
+            h.u8(self.transport_rule(t) as u8);
         }
         h.u8(u8::from(self.reads_only));
     }
@@ -447,78 +700,66 @@ impl Table {
         }
     }
 
-    /// The rule for a status code.
+    /// The rule for a status code: one lookup for a 4xx or 5xx.
     #[inline]
-    pub const fn status_rule(&self, code: u16) -> Rule {
-        let mut rest: &[Option<(u16, Rule)>] = &self.statuses;
-        while let [slot, tail @ ..] = rest {
-            if let Some((c, rule)) = *slot {
-                if c == code {
-                    return rule;
-                }
+    pub fn status_rule(&self, code: u16) -> Rule {
+        let i = code.wrapping_sub(FIRST);
+        if i < SPAN {
+            if let Some(byte) = self.rules.get(usize::from(i / 4)) {
+                return Rule::from_bits(byte.wrapping_shr(u32::from(i & 3).wrapping_mul(2)));
             }
-            rest = tail;
         }
-        match code {
-            400..=499 => self.client_error,
-            500..=599 => self.server_error,
-            _ => self.other_status,
-        }
+        self.other_status
     }
 
-    /// The rule for an outcome; `None` for success and cancellation, which no table changes.
+    /// The rule for a failure.
     #[inline]
-    pub const fn rule(&self, outcome: &Outcome) -> Option<Rule> {
-        Some(match outcome {
-            Outcome::Ok | Outcome::Cancelled => return None,
-            Outcome::Status { code, .. } => self.status_rule(*code),
-            Outcome::ConnectTimeout => self.connect_timeout,
-            Outcome::ResponseTimeout => self.response_timeout,
-            Outcome::Refused => self.refused,
-            Outcome::Reset => self.reset,
-            Outcome::Tls => self.tls,
-            Outcome::BadBody => self.bad_body,
-            Outcome::StreamBroken { forwarded: false } => self.stream_before,
+    pub fn rule(&self, failure: &Failure) -> Rule {
+        match failure {
+            Failure::Status { code, .. } => self.status_rule(*code),
+            Failure::ConnectTimeout => self.connect_timeout,
+            Failure::ResponseTimeout => self.response_timeout,
+            Failure::Refused => self.refused,
+            Failure::Reset => self.reset,
+            Failure::Tls => self.tls,
+            Failure::BadBody => self.bad_body,
+            Failure::StreamBroken { forwarded: false } => self.stream_before,
             // Bytes already reached the user: a retry would start the text again.
-            Outcome::StreamBroken { forwarded: true } => Rule::Fail,
-        })
+            Failure::StreamBroken { forwarded: true } | Failure::Cancelled => Rule::Fail,
+        }
     }
 
     /// The class of `outcome` for `op`.
     #[inline]
-    pub const fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
+    pub fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
         let rule = match outcome {
             Outcome::Ok => return Class::Ok,
-            Outcome::Cancelled => return Class::Cancelled,
-            _ => match self.rule(outcome) {
-                Some(rule) => rule,
-                None => Rule::Fail,
-            },
+            Outcome::Failure(Failure::Cancelled) => return Class::Cancelled,
+            Outcome::Failure(f) => self.rule(f),
         };
-        let resendable = match op {
-            Operation::Read => true,
-            Operation::KeyedWrite => !self.reads_only,
-            Operation::Write => false,
-        };
+        let read = matches!(op, Operation::Read);
         match rule {
             Rule::Fail => Class::Failed,
-            Rule::RetryAny if matches!(op, Operation::Read) || !self.reads_only => Class::Retry,
+            Rule::RetryAny if read || !self.reads_only => Class::Retry,
             // Refused before anything happened, but this table never resends a write.
             Rule::RetryAny => Class::Failed,
-            Rule::RetryIdempotent if resendable => Class::Retry,
-            // The $4,200: a timeout after the payment was recorded, resent, recorded twice.
+            Rule::RetryIdempotent if read || (matches!(op, Operation::KeyedWrite) && !self.reads_only) => {
+                Class::Retry
+            }
+            // A payment that timed out after it was recorded, resent, is recorded twice: a write
+            // with no key that may have landed is never resent.
             Rule::RetryIdempotent => Class::Unknown,
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const OPS: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
 
-    fn row(t: &Table, o: Outcome) -> [Class; 3] {
+    fn row(t: &Table, o: impl Into<Outcome>) -> [Class; 3] {
+        let o = o.into();
         OPS.map(|op| t.classify(op, &o))
     }
 
@@ -538,27 +779,27 @@ mod tests {
             assert_eq!(row(&t, Outcome::status(code)), [R, R, U], "{code}");
         }
         assert_eq!(row(&t, Outcome::status(501)), [F, F, F]);
-        assert_eq!(row(&t, Outcome::ResponseTimeout), [R, R, U]);
-        assert_eq!(row(&t, Outcome::Reset), [R, R, U]);
-        assert_eq!(row(&t, Outcome::ConnectTimeout), [R, R, R]);
-        assert_eq!(row(&t, Outcome::Refused), [R, R, R]);
-        assert_eq!(row(&t, Outcome::Tls), [F, F, F]);
+        assert_eq!(row(&t, Failure::ResponseTimeout), [R, R, U]);
+        assert_eq!(row(&t, Failure::Reset), [R, R, U]);
+        assert_eq!(row(&t, Failure::ConnectTimeout), [R, R, R]);
+        assert_eq!(row(&t, Failure::Refused), [R, R, R]);
+        assert_eq!(row(&t, Failure::Tls), [F, F, F]);
         // A 200 with a bad body is a validation bug, not a transport one: never retried.
-        assert_eq!(row(&t, Outcome::BadBody), [F, F, F]);
-        assert_eq!(row(&t, Outcome::StreamBroken { forwarded: false }), [R, R, U]);
-        assert_eq!(row(&t, Outcome::StreamBroken { forwarded: true }), [F, F, F]);
+        assert_eq!(row(&t, Failure::BadBody), [F, F, F]);
+        assert_eq!(row(&t, Failure::StreamBroken { forwarded: false }), [R, R, U]);
+        assert_eq!(row(&t, Failure::StreamBroken { forwarded: true }), [F, F, F]);
         assert_eq!(row(&t, Outcome::Ok), [Class::Ok; 3]);
-        assert_eq!(row(&t, Outcome::Cancelled), [Class::Cancelled; 3]);
+        assert_eq!(row(&t, Failure::Cancelled), [Class::Cancelled; 3]);
     }
 
     #[test]
-    fn the_exercise_table_retries_429_any_op_and_5xx_or_timeouts_if_idempotent() {
-        let t = Table::EXERCISE;
+    fn the_basic_table_retries_429_any_op_and_5xx_or_timeouts_if_idempotent() {
+        let t = Table::BASIC;
         assert_eq!(row(&t, Outcome::status(429)), [R, R, R]);
         for code in [500, 501, 503, 599] {
             assert_eq!(row(&t, Outcome::status(code)), [R, R, U]);
         }
-        assert_eq!(row(&t, Outcome::ResponseTimeout), [R, R, U]);
+        assert_eq!(row(&t, Failure::ResponseTimeout), [R, R, U]);
         for code in [400, 401, 408, 404, 200, 302] {
             assert_eq!(row(&t, Outcome::status(code)), [F, F, F], "{code}");
         }
@@ -570,9 +811,9 @@ mod tests {
         assert_eq!(row(&t, Outcome::status(503)), [R, U, U]);
         assert_eq!(row(&t, Outcome::status(429)), [R, F, F]);
         assert_eq!(row(&t, Outcome::status(500)), [F, F, F]);
-        assert_eq!(row(&t, Outcome::ResponseTimeout), [R, U, U]);
-        assert_eq!(row(&t, Outcome::Refused), [R, F, F]);
-        assert_eq!(row(&t, Outcome::BadBody), [F, F, F]);
+        assert_eq!(row(&t, Failure::ResponseTimeout), [R, U, U]);
+        assert_eq!(row(&t, Failure::Refused), [R, F, F]);
+        assert_eq!(row(&t, Failure::BadBody), [F, F, F]);
     }
 
     #[test]
@@ -581,14 +822,32 @@ mod tests {
         assert_eq!(row(&t, Outcome::status(503)), [R, R, R]);
         let t = t.with_status(409, Rule::RetryIdempotent).unwrap();
         assert_eq!(row(&t, Outcome::status(409)), [R, R, U]);
-        assert_eq!(Table::DEFAULT.with_status(99, Rule::Fail), Err(PolicyError::BadStatus));
-        let mut full = Table::DEFAULT;
-        for code in 600..606 {
-            full = full.with_status(code, Rule::Fail).unwrap();
+        for bad in [0, 99, 200, 399, 600, 999, u16::MAX] {
+            assert_eq!(Table::DEFAULT.with_status(bad, Rule::Fail), Err(TableError::BadStatus), "{bad}");
         }
-        assert_eq!(full.with_status(700, Rule::Fail), Err(PolicyError::TableFull));
-        // Replacing an existing rule needs no free slot.
-        assert!(full.with_status(600, Rule::RetryAny).is_ok());
+        // Every 4xx and 5xx can hold an exact rule, the ends included; a later rule replaces one.
+        let mut all = Table::DEFAULT;
+        for code in 400..=599 {
+            all = all.with_status(code, Rule::RetryAny).unwrap();
+        }
+        assert_eq!(row(&all, Outcome::status(400)), [R, R, R]);
+        assert_eq!(row(&all, Outcome::status(599)), [R, R, R]);
+        assert_eq!(all.exact_rules().count(), 200);
+        let all = all.with_status(599, Rule::Fail).unwrap();
+        assert_eq!(row(&all, Outcome::status(599)), [F, F, F]);
+        // Exact rules survive a change of the class rule; the others follow it.
+        let t = Table::DEFAULT.with_status(418, Rule::RetryAny).unwrap().with_client_errors(Rule::RetryIdempotent);
+        assert_eq!(row(&t, Outcome::status(418)), [R, R, R]);
+        assert_eq!(row(&t, Outcome::status(400)), [R, R, U]);
+        assert_eq!(row(&t, Outcome::status(429)), [R, R, R]);
+        assert_eq!(row(&t, Outcome::status(500)), [R, R, U]);
+        assert_eq!(row(&t, Outcome::status(501)), [F, F, F]);
+        let t = t.with_server_errors(Rule::RetryAny).with_other_statuses(Rule::RetryIdempotent);
+        assert_eq!(row(&t, Outcome::status(501)), [R, R, R]);
+        assert_eq!(row(&t, Outcome::status(503)), [R, R, U]);
+        assert_eq!(row(&t, Outcome::status(302)), [R, R, U]);
+        assert_eq!(row(&t, Outcome::status(600)), [R, R, U]);
+        assert_eq!(row(&t, Outcome::status(399)), [R, R, U]);
     }
 
     #[test]
@@ -600,7 +859,7 @@ mod tests {
         assert_eq!(Table::DEFAULT.operation("PUT", false), Operation::Read);
         // So a PUT that timed out under strict is not resent.
         let put = Table::STRICT.operation("PUT", false);
-        assert_eq!(Table::STRICT.classify(put, &Outcome::ResponseTimeout), Class::Unknown);
+        assert_eq!(Table::STRICT.classify(put, &Failure::ResponseTimeout), Class::Unknown);
     }
 
     #[test]
@@ -611,5 +870,88 @@ mod tests {
         assert_eq!(Operation::from_method("POST", true), Operation::KeyedWrite);
         assert_eq!(Operation::from_method("POST", false), Operation::Write);
         assert_eq!(Operation::from_method("PATCH", false), Operation::Write);
+    }
+}
+
+#[cfg(test)]
+mod more_tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_for_every_enum() {
+        for o in Operation::ALL {
+            assert_eq!(Operation::from_name(o.name()), Some(o));
+        }
+        for r in Rule::ALL {
+            assert_eq!(Rule::from_name(r.name()), Some(r));
+        }
+        for c in Class::ALL {
+            assert_eq!(Class::from_name(c.name()), Some(c));
+        }
+        for t in Transport::ALL {
+            assert_eq!(Transport::from_name(t.name()), Some(t));
+        }
+        for f in [
+            Failure::ConnectTimeout,
+            Failure::ResponseTimeout,
+            Failure::Refused,
+            Failure::Reset,
+            Failure::Tls,
+            Failure::BadBody,
+            Failure::StreamBroken { forwarded: false },
+            Failure::StreamBroken { forwarded: true },
+            Failure::Cancelled,
+        ] {
+            assert_eq!(Failure::from_name(f.name()), Some(f));
+        }
+        assert_eq!(Failure::from_name("status"), None);
+        assert_eq!(Failure::from_name("ok"), None);
+        for bad in ["", "Read", "READ", "retry-any"] {
+            assert_eq!(Operation::from_name(bad), None);
+            assert_eq!(Rule::from_name(bad), None);
+        }
+    }
+
+    #[test]
+    fn a_response_is_ok_exactly_when_its_status_is_2xx() {
+        let r = &Rules::LENIENT;
+        for code in [200, 201, 204, 299] {
+            assert_eq!(Outcome::from_response(code, [b"5".as_slice()], None, None, r).0, Outcome::Ok);
+        }
+        for code in [100, 199, 300, 304, 400, 503] {
+            let (o, _) = Outcome::from_response(code, [b"5".as_slice()], None, None, r);
+            assert_eq!(o, Outcome::status_after(code, Duration::from_secs(5)), "{code}");
+        }
+        // The response's Date measures an HTTP-date.
+        let (o, _) = Outcome::from_response(
+            503,
+            [b"Sun, 06 Nov 1994 08:49:40 GMT".as_slice()],
+            Some(b"Sun, 06 Nov 1994 08:49:37 GMT"),
+            None,
+            r,
+        );
+        assert_eq!(o.retry_after(), Some(Duration::from_secs(3)));
+        // A year-long Retry-After saturates: longer than any call can wait.
+        let (o, _) = Outcome::from_response(429, [b"31536000".as_slice()], None, None, r);
+        assert_eq!(o.retry_after(), Some(Duration::MAX));
+        // Strict rules refuse a date; the status stays, with no wait.
+        let (o, reading) =
+            Outcome::from_response(503, [b"Sun, 06 Nov 1994 08:49:40 GMT".as_slice()], None, Some(0), &Rules::STRICT);
+        assert_eq!((o, reading.unreadable), (Outcome::status(503), 0));
+        assert_eq!(Outcome::Ok.into_result(), Ok(()));
+        assert_eq!(Outcome::status(500).into_result(), Err(Failure::status(500)));
+        assert_eq!(Outcome::from(&Err::<(), _>(Failure::Reset)), Outcome::Failure(Failure::Reset));
+        assert_eq!(Outcome::from(&Ok::<u8, Failure>(1)), Outcome::Ok);
+        assert_eq!((Outcome::Ok.name(), Outcome::status(1).name(), Outcome::status(404).code()), ("ok", "status", Some(404)));
+    }
+
+    #[test]
+    fn transport_rules_are_data_too() {
+        let t = Table::DEFAULT.with_transport(Transport::Tls, Rule::RetryAny);
+        assert_eq!(t.classify(Operation::Write, &Failure::Tls.into()), Class::Retry);
+        for kind in Transport::ALL {
+            let t = Table::DEFAULT.with_transport(kind, Rule::RetryIdempotent);
+            assert_eq!(t.transport_rule(kind), Rule::RetryIdempotent);
+        }
     }
 }

@@ -1,21 +1,22 @@
-//! The typed errors: a bad policy is refused when it is built, bad input when it is read.
+//! Every error the crate returns, one per fallible constructor: a bad policy is refused when it
+//! is built, bad input when it is read.
 
-/// Why a policy (or a fleet budget) was refused when it was built.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+/// Why [`crate::PolicyBuilder::build`] refused a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum PolicyError {
-    /// The backoff base is 0 ticks: every wait would be 0 and retries would spin.
-    #[error("base must be at least 1 tick")]
+    /// The backoff base is 0: every wait would be 0 and retries would spin.
+    #[error("base must be at least 1 ms")]
     ZeroBase,
     /// The cap is below the base, so the first ceiling would already be clipped.
     #[error("cap must not be below base")]
     CapBelowBase,
     /// The wait budget is 0: no retry could ever wait, so none would be made.
-    #[error("budget must be at least 1 tick")]
+    #[error("budget must be at least 1 ms")]
     ZeroBudget,
     /// The deadline is 0: no attempt fits.
-    #[error("deadline must be at least 1 tick")]
+    #[error("deadline must be at least 1 ms")]
     ZeroDeadline,
     /// The shortest attempt time is longer than the deadline: no attempt could end in time.
     #[error("the shortest attempt time is longer than the deadline")]
@@ -23,29 +24,42 @@ pub enum PolicyError {
     /// The attempt cap is 0: not even the first attempt would be allowed.
     #[error("attempt cap must be at least 1")]
     ZeroAttempts,
-    /// The tick rate is 0 ticks per second, so Retry-After seconds cannot be converted.
-    #[error("tick rate must be at least 1 tick per second")]
-    ZeroTickRate,
-    /// A duration is larger than [`crate::policy::MAX_TICKS`]; sums of such values could wrap.
-    #[error("a duration exceeds the largest supported tick count")]
+    /// A duration saturated at [`crate::Duration::MAX`] (about 49.7 days): longer than a call can
+    /// count, so it cannot bound anything.
+    #[error("a duration is longer than wary counts (at most 4294967294 ms)")]
     TooLarge,
     /// The jitter can draw waits of 0, so the budget does not bound the attempts, and no attempt
     /// cap was set: draws near 0 spend no budget.
     #[error("this jitter needs an attempt cap: its waits can be 0, so the budget does not bound attempts")]
     Unbounded,
-    /// A status in a classification table is outside 100..=999.
-    #[error("status code outside 100..=999")]
-    BadStatus,
-    /// A classification table has no room for another status rule.
-    #[error("classification table is full")]
-    TableFull,
-    /// A fleet budget's token count is outside 1..=1000 or its ratio outside 1..=1000 (thousandths).
-    #[error("fleet budget needs 1..=1000 tokens and a token ratio of 1..=1000 thousandths")]
-    BadFleetBudget,
 }
 
-/// Why a random draw was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+/// Why [`crate::Table::with_status`] refused a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum TableError {
+    /// Exact rules are for 4xx and 5xx statuses (400..=599); every other status follows the
+    /// table's rule for other statuses.
+    #[error("an exact status rule needs a status in 400..=599")]
+    BadStatus,
+}
+
+/// Why [`crate::FleetBudget::new`] refused its settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum FleetBudgetError {
+    /// The token count is outside 1..=1000.
+    #[error("a fleet budget needs 1..=1000 tokens")]
+    Tokens,
+    /// The token ratio is outside 1..=1000 thousandths.
+    #[error("a fleet budget needs a token ratio of 1..=1000 thousandths")]
+    Ratio,
+}
+
+/// Why [`crate::Draw::percent`] refused a draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum DrawError {
@@ -54,8 +68,8 @@ pub enum DrawError {
     OutOfRange,
 }
 
-/// Why a plan could not be computed from its inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+/// Why [`crate::plan()`] could not plan a call from its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum PlanError {
@@ -71,7 +85,54 @@ pub enum PlanError {
         /// The plan's capacity.
         capacity: usize,
     },
-    /// The settings do not define a plan at all (a tick rate of 0).
-    #[error("invalid policy: {0}")]
-    InvalidPolicy(PolicyError),
+}
+
+/// Why a Retry-After (or Date) header was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum RetryAfterError {
+    /// The value is empty or only whitespace.
+    #[error("empty value")]
+    Empty,
+    /// The value is neither delay-seconds nor an HTTP-date.
+    #[error("neither delay-seconds nor an HTTP-date")]
+    Malformed,
+    /// The value is an HTTP-date and these rules accept integer seconds only.
+    #[error("HTTP-date not accepted by this policy")]
+    DateNotAccepted,
+    /// The header appears more than once and these rules refuse to guess which one holds.
+    #[error("duplicate Retry-After headers")]
+    Duplicate,
+    /// An HTTP-date arrived with neither a Date header nor a caller's clock to measure it against.
+    #[error("no reference time for an HTTP-date")]
+    NoReference,
+}
+
+/// Why a ledger line (a device's defmt line, or a JSON line's fields) could not be read back
+/// into a [`crate::Record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum LineError {
+    /// The line is not a ledger line at all (no tag).
+    #[error("not a ledger line")]
+    NotALedgerLine,
+    /// The line was written by another version of the ledger format.
+    #[error("ledger line version {found}, this wary reads version {expected}")]
+    Version {
+        /// The version the line carries.
+        found: u32,
+        /// The version this build reads and writes.
+        expected: u32,
+    },
+    /// A field is missing.
+    #[error("field `{0}` is missing")]
+    Missing(&'static str),
+    /// A field holds a value that is not one of its names or numbers.
+    #[error("field `{0}` has a value that cannot be read")]
+    Bad(&'static str),
+    /// There are more fields than the format has.
+    #[error("more fields than a ledger line has")]
+    TooManyFields,
 }

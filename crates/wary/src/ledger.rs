@@ -3,11 +3,13 @@
 //! A third-attempt success is a yellow flag nobody sees when only outcomes are logged:
 //! the ledger keeps every attempt. A record holds classes, numbers and the key only —
 //! never payload bytes, credentials or raw error text. On the device the ring keeps the last
-//! `N` records and each is logged with defmt; on a host the same records become JSON lines.
-//! Each record carries the draw and a fingerprint of the policy, so a call can be replayed.
+//! `N` records and each is logged with defmt as a device line; on a host the same records become
+//! JSON lines (the `serde` feature). Both formats are defined here, with one version,
+//! [`LEDGER_VERSION`], that a reader checks. Each record carries the draw and a fingerprint of
+//! the policy, so a call can be replayed.
 //!
 //! ```
-//! use wary::ledger::AttemptStats;
+//! use wary::AttemptStats;
 //! let mut s = AttemptStats::<8>::new();
 //! for attempts in [1, 1, 1, 3] {
 //!     s.add(attempts);
@@ -19,14 +21,26 @@
 
 use heapless::HistoryBuf;
 
-use crate::Verdict;
 use crate::backoff::Draw;
-use crate::classify::{Class, Operation, Outcome};
+use crate::classify::{Class, Failure, Operation, Outcome};
+use crate::decide::{Decision, Verdict};
+use crate::error::LineError;
 use crate::key::Key;
+use crate::policy::Policy;
+use crate::time::Duration;
+
+/// The version of the ledger's line formats (the device line and the JSON line). It is also the
+/// first field of [`Policy::fingerprint`], so a change of format changes every fingerprint.
+pub const LEDGER_VERSION: u32 = 2;
+
+/// The tag that starts a device ledger line: `wary-ledger v` and [`LEDGER_VERSION`].
+pub const DEVICE_TAG: &str = "wary-ledger v2";
 
 /// One attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "crate::forms::RecordForm", into = "crate::forms::RecordForm"))]
 pub struct Record {
     /// The call's idempotency key (also identifies reads' calls).
     pub key: Key,
@@ -38,18 +52,79 @@ pub struct Record {
     pub outcome: Outcome,
     /// Its class.
     pub class: Class,
-    /// The draw used for the wait after it, if the call retried.
+    /// The draw that decided the wait after it: present whenever a wait was computed, a give-up
+    /// on the budget or the deadline included, so a replay reaches the same verdict.
     pub draw: Option<Draw>,
-    /// The wait after it, in ticks (0 if the call ended).
-    pub wait: u64,
-    /// How long the attempt took, in ticks.
-    pub attempt_ticks: u64,
-    /// The call's time so far, in ticks, at the end of this attempt.
-    pub total_ticks: u64,
+    /// The wait after it (zero if the call ended).
+    pub wait: Duration,
+    /// How long the attempt took.
+    pub attempt_time: Duration,
+    /// The call's time so far, at the end of this attempt.
+    pub total_time: Duration,
     /// The verdict, on the call's last record.
     pub verdict: Option<Verdict>,
-    /// [`crate::Policy::fingerprint`] of the policy that decided.
+    /// [`Policy::fingerprint`] of the policy that decided.
     pub policy: u32,
+}
+
+impl Record {
+    /// The record of one decided attempt: the one place a record is built, by the runner, the
+    /// host adapters and replay alike. `draw` is kept when the outcome was retryable (the draw
+    /// decided the wait, or the give-up); the verdict is the decision's when the call ended.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decided(
+        policy: &Policy,
+        key: Key,
+        attempt: u32,
+        op: Operation,
+        outcome: Outcome,
+        draw: Draw,
+        decision: Decision,
+        attempt_time: Duration,
+        total_time: Duration,
+    ) -> Record {
+        let class = policy.classify(op, &outcome);
+        let (wait, verdict) = match decision {
+            Decision::Retry { wait } => (wait, None),
+            Decision::Done(v) => (Duration::ZERO, Some(v)),
+        };
+        Record {
+            key,
+            attempt,
+            op,
+            outcome,
+            class,
+            draw: (class == Class::Retry).then_some(draw),
+            wait,
+            attempt_time,
+            total_time,
+            verdict,
+            policy: policy.fingerprint(),
+        }
+    }
+
+    /// The last record of a call cancelled after `attempts` attempts.
+    pub fn cancelled(policy: &Policy, key: Key, attempts: u32, op: Operation, total_time: Duration) -> Record {
+        Record {
+            key,
+            attempt: attempts,
+            op,
+            outcome: Outcome::Failure(Failure::Cancelled),
+            class: Class::Cancelled,
+            draw: None,
+            wait: Duration::ZERO,
+            attempt_time: Duration::ZERO,
+            total_time,
+            verdict: Some(Verdict::Cancelled),
+            policy: policy.fingerprint(),
+        }
+    }
+
+    /// This record with the call's verdict (or none: the call goes on).
+    pub const fn with_verdict(mut self, verdict: Option<Verdict>) -> Record {
+        self.verdict = verdict;
+        self
+    }
 }
 
 /// Where records go.
@@ -121,51 +196,52 @@ impl<const N: usize, const B: usize> Sink for Ledger<N, B> {
     }
 }
 
-/// The tag that starts a device ledger line; `wary ledger from-defmt` looks for it.
-pub const DEFMT_TAG: &str = "wary-ledger v1";
+/// The device line's fields after the tag, in order: key (hex), attempt, op, outcome, status
+/// (0: none), Retry-After ms (`-1`: none), class, draw kind (`none`, `pct`, `unit`), draw value,
+/// wait ms, attempt ms, total ms, verdict (`-`: none), give-up reason (`-`), asked ms (`-1`:
+/// none), policy fingerprint (decimal). Numbers and names only: never payload bytes,
+/// credentials or error text.
+pub const DEVICE_FIELDS: [&str; 16] = [
+    "key", "attempt", "op", "outcome", "status", "retry_after_ms", "class", "draw_kind", "draw", "wait_ms",
+    "attempt_ms", "total_ms", "verdict", "reason", "asked_ms", "policy",
+];
 
-/// Logs one record as a device ledger line: the tag, then sixteen space-separated fields —
-/// key (hex), attempt, op, outcome kind, status (0: none), Retry-After seconds (`-1`: none),
-/// class, draw kind (`none`, `pct`, `unit`), draw value, wait, attempt ticks, total ticks,
-/// verdict (`-`: none), give-up reason (`-`), asked ticks (`-1`: none), policy fingerprint.
-/// Numbers and names only: never payload bytes, credentials or error text.
+/// Logs one record as a device line (see [`DEVICE_FIELDS`]).
 #[cfg(feature = "defmt")]
 fn log_record(r: &Record) {
     let key = r.key.to_hex();
     let (draw_kind, draw_value) = match r.draw {
         None => ("none", 0),
-        Some(d) => match (d.as_percent(), d.as_unit()) {
-            (Some(p), _) => ("pct", u32::from(p)),
-            (None, u) => ("unit", u.unwrap_or(0)),
-        },
+        Some(Draw::Percent(p)) => ("pct", u32::from(p)),
+        Some(Draw::Unit(u)) => ("unit", u),
     };
     let (verdict, reason, asked) = match r.verdict {
         None => ("-", "-", -1i64),
-        Some(crate::Verdict::GaveUp(g)) => (
+        Some(Verdict::GaveUp(g)) => (
             "gave_up",
             g.name(),
             match g {
-                crate::GiveUp::RetryAfterTooLong { asked } => i64::try_from(asked).unwrap_or(i64::MAX),
+                crate::decide::GiveUp::RetryAfterTooLong { asked } => i64::from(asked.as_millis()),
                 _ => -1,
             },
         ),
         Some(v) => (v.name(), "-", -1),
     };
-    let retry_after = r.outcome.retry_after().map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
+    let retry_after = r.outcome.retry_after().map_or(-1, |d| i64::from(d.as_millis()));
     defmt::info!(
-        "wary-ledger v1 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u64} {=u64} {=u64} {=str} {=str} {=i64} {=u32}",
+        "wary-ledger v2 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u32} {=u32} {=u32} {=str} {=str} {=i64} {=u32}",
         key.as_str(),
         r.attempt,
         r.op.name(),
-        r.outcome.kind_name(),
+        r.outcome.name(),
         r.outcome.code().unwrap_or(0),
         retry_after,
         r.class.name(),
         draw_kind,
         draw_value,
-        r.wait,
-        r.attempt_ticks,
-        r.total_ticks,
+        r.wait.as_millis(),
+        r.attempt_time.as_millis(),
+        r.total_time.as_millis(),
         verdict,
         reason,
         asked,
@@ -175,6 +251,69 @@ fn log_record(r: &Record) {
 
 #[cfg(not(feature = "defmt"))]
 fn log_record(_: &Record) {}
+
+/// Reads a device line back into a record: the reader of what the device's ledger logs, for
+/// `wary ledger from-defmt`. Whatever precedes the tag on the line (a log level, a timestamp) is
+/// skipped. A line of another version is refused with [`LineError::Version`].
+///
+/// ```
+/// use wary::{Duration, Verdict, parse_device_line};
+/// let line = "INFO  wary-ledger v2 0a386001000000010000000000000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345";
+/// let r = parse_device_line(line).unwrap();
+/// assert_eq!((r.attempt, r.wait, r.verdict), (1, Duration::from_millis(120), None));
+/// assert!(parse_device_line("INFO  wary-ledger v1 …").is_err());
+/// ```
+pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
+    const PREFIX: &str = "wary-ledger v";
+    let at = line.find(PREFIX).ok_or(LineError::NotALedgerLine)?;
+    let rest = line.get(at.saturating_add(PREFIX.len())..).ok_or(LineError::NotALedgerLine)?;
+    let mut fields = rest.split_ascii_whitespace();
+    let version = fields.next().ok_or(LineError::NotALedgerLine)?;
+    let found: u32 = version.parse().map_err(|_| LineError::NotALedgerLine)?;
+    if found != LEDGER_VERSION {
+        return Err(LineError::Version { found, expected: LEDGER_VERSION });
+    }
+    let mut values = [""; 16];
+    for (slot, name) in values.iter_mut().zip(DEVICE_FIELDS) {
+        *slot = fields.next().ok_or(LineError::Missing(name))?;
+    }
+    if fields.next().is_some() {
+        return Err(LineError::TooManyFields);
+    }
+    let [key, attempt, op, outcome, status, retry_after, class, draw_kind, draw, wait, attempt_ms, total, verdict, reason, asked, policy] =
+        values;
+    fn num<T: core::str::FromStr>(s: &str, name: &'static str) -> Result<T, LineError> {
+        s.parse().map_err(|_| LineError::Bad(name))
+    }
+    fn opt_ms(s: &str, name: &'static str) -> Result<Option<Duration>, LineError> {
+        let v: i64 = num(s, name)?;
+        Ok(u64::try_from(v).ok().map(Duration::from_millis))
+    }
+    let retry_after = opt_ms(retry_after, "retry_after_ms")?;
+    let fields = crate::forms::Fields {
+        key,
+        attempt: num(attempt, "attempt")?,
+        op,
+        outcome,
+        status: Some(num::<u16>(status, "status")?).filter(|s| *s != 0),
+        retry_after,
+        class,
+        draw: match draw_kind {
+            "none" => None,
+            "pct" => Some(Draw::percent(num(draw, "draw")?).map_err(|_| LineError::Bad("draw"))?),
+            "unit" => Some(Draw::Unit(num(draw, "draw")?)),
+            _ => return Err(LineError::Bad("draw_kind")),
+        },
+        wait: Duration::from_millis(num(wait, "wait_ms")?),
+        attempt_time: Duration::from_millis(num(attempt_ms, "attempt_ms")?),
+        total_time: Duration::from_millis(num(total, "total_ms")?),
+        verdict: Some(verdict).filter(|v| *v != "-"),
+        reason: Some(reason).filter(|r| *r != "-"),
+        asked: opt_ms(asked, "asked_ms")?,
+        policy: num(policy, "policy")?,
+    };
+    fields.into_record()
+}
 
 /// Attempts per call over many calls, without allocation: a histogram of `B` buckets (the last
 /// one holds every call with `B` or more attempts).
@@ -269,9 +408,9 @@ mod tests {
             outcome: Outcome::status(503),
             class: Class::Retry,
             draw: Some(Draw::ZERO),
-            wait: 10,
-            attempt_ticks: 5,
-            total_ticks: 15,
+            wait: Duration::from_millis(10),
+            attempt_time: Duration::from_millis(5),
+            total_time: Duration::from_millis(15),
             verdict,
             policy: 0,
         }
@@ -306,5 +445,42 @@ mod tests {
         assert_eq!(s.count(4), 5);
         assert_eq!(s.percentile(50), 1);
         assert_eq!(s.mean_milli(), 1400);
+    }
+
+    #[test]
+    fn the_device_tag_carries_the_version_and_the_logged_line_starts_with_it() {
+        assert_eq!(DEVICE_TAG, format!("wary-ledger v{LEDGER_VERSION}"));
+        // The defmt format string is a literal; it must begin with the same tag.
+        let src = include_str!("ledger.rs");
+        assert!(src.contains(&format!("\"{DEVICE_TAG} {{=str}}")));
+    }
+
+    #[test]
+    fn device_lines_read_back_every_field_and_refuse_what_is_not_one() {
+        let line = "0.1 INFO wary-ledger v2 0a386001000000010000000000000002 3 keyed_write status 429 2000 retry pct 50 0 12 900 gave_up retry_after_too_long 2000 305419896";
+        let r = parse_device_line(line).unwrap();
+        assert_eq!(r.key, Key::from_parts(0x0a38_6001, 1, 2));
+        assert_eq!((r.attempt, r.op, r.class), (3, Operation::KeyedWrite, Class::Retry));
+        assert_eq!(r.outcome, Outcome::status_after(429, Duration::from_millis(2000)));
+        assert_eq!(r.draw, Some(Draw::Percent(50)));
+        assert_eq!((r.wait, r.attempt_time, r.total_time), (Duration::ZERO, Duration::from_millis(12), Duration::from_millis(900)));
+        assert_eq!(r.verdict, Some(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: Duration::from_millis(2000) })));
+        assert_eq!(r.policy, 0x1234_5678);
+        let ok = "wary-ledger v2 0a386001000000010000000000000002 1 read reset -1 -1 retry none 0 0 1 1 - - -1 7";
+        assert!(parse_device_line(ok).is_ok());
+        assert_eq!(parse_device_line("hello"), Err(LineError::NotALedgerLine));
+        assert_eq!(
+            parse_device_line(&ok.replace("v2", "v1")),
+            Err(LineError::Version { found: 1, expected: LEDGER_VERSION })
+        );
+        assert_eq!(parse_device_line(&ok.replace(" 7", "")), Err(LineError::Missing("policy")));
+        assert_eq!(parse_device_line(&format!("{ok} 8")), Err(LineError::TooManyFields));
+        assert_eq!(parse_device_line(&ok.replace("read", "peek")), Err(LineError::Bad("op")));
+        assert_eq!(parse_device_line(&ok.replace("reset", "boom")), Err(LineError::Bad("outcome")));
+        assert_eq!(parse_device_line(&ok.replace("none 0", "pct 100")), Err(LineError::Bad("draw")));
+        assert_eq!(parse_device_line(&ok.replace(" 1 read", " x read")), Err(LineError::Bad("attempt")));
+        // A status outcome needs its status.
+        let no_status = ok.replace("reset -1", "status 0");
+        assert_eq!(parse_device_line(&no_status), Err(LineError::Missing("status")));
     }
 }

@@ -12,31 +12,31 @@
 //! could loop forever on them.
 //!
 //! ```
-//! use wary::{Draw, Operation, Outcome, Policy, Preset, Verdict, plan::plan};
-//! let p = Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build().unwrap();
+//! use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, plan};
+//! let s = Duration::from_secs;
+//! let p = Policy::builder(Preset::Basic).base(s(2)).cap(s(60)).budget(s(120)).build().unwrap();
 //! let outcomes = [Outcome::status(503); 10];
 //! let draws = [Draw::percent(99).unwrap(); 9];
 //! let r = plan::<8>(&p, Operation::Read, &outcomes, &draws).unwrap();
-//! assert_eq!(r.waits.as_slice(), &[1, 3, 7, 15, 31, 59]);
+//! let waits: Vec<u32> = r.waits.iter().map(|w| w.as_secs()).collect();
+//! assert_eq!(waits, [1, 3, 7, 15, 31, 59]);
 //! assert_eq!(r.verdict.name(), "gave_up");
 //! ```
 
 use heapless::Vec;
 
 use crate::backoff::Draw;
-use crate::budget::{CallState, Decision};
 use crate::classify::{Class, Operation, Outcome};
+use crate::decide::{CallState, Decision, GiveUp, Verdict};
 use crate::error::PlanError;
-use crate::error::PolicyError;
 use crate::policy::{Policy, PolicyBuilder, StaticPolicy};
-use crate::{GiveUp, Verdict};
 
 /// The waits before each retry, in order, and how the call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Plan<const N: usize> {
-    /// Ticks waited before each retry.
-    pub waits: Vec<u64, N>,
+    /// The wait before each retry.
+    pub waits: Vec<crate::time::Duration, N>,
     /// The verdict.
     pub verdict: Verdict,
 }
@@ -56,22 +56,21 @@ pub fn plan<const N: usize>(
 impl PolicyBuilder {
     /// Plans a call under these settings as the backoff formula defines them, including settings
     /// [`PolicyBuilder::build`] refuses because a running call could loop on them: a budget of
-    /// 0, a cap below the base, a base of 0, jitter that can wait 0 with no attempt cap, values
-    /// past [`crate::policy::MAX_TICKS`] (the arithmetic saturates, and a ceiling saturated
-    /// above the cap is the cap). The outcomes bound the plan. Only a tick rate of 0, which
-    /// leaves a Retry-After's seconds meaning nothing, is refused.
+    /// 0, a cap below the base, a base of 0, jitter that can wait 0 with no attempt cap,
+    /// durations that saturated (the arithmetic saturates too). The outcomes bound the plan.
     ///
     /// ```
-    /// use wary::{Draw, Operation, Outcome, Policy, Preset};
+    /// use wary::{Draw, Duration, Operation, Outcome, Policy, Preset};
+    /// let ms = Duration::from_millis;
     /// // A budget of 0 allows no wait: the first retry gives up.
-    /// let b = Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(0);
+    /// let b = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(0));
     /// assert!(b.build().is_err());
     /// let r = b.plan::<8>(Operation::Read, &[Outcome::status(503), Outcome::Ok], &[Draw::ZERO]).unwrap();
     /// assert_eq!((r.waits.len(), r.verdict.name()), (0, "gave_up"));
     /// // A cap below the base: every ceiling is the cap.
-    /// let b = Policy::builder(Preset::Exercise).tick_hz(1).base(10).cap(4).budget(120);
+    /// let b = Policy::builder(Preset::Basic).base(ms(10)).cap(ms(4)).budget(ms(120));
     /// let r = b.plan::<8>(Operation::Read, &[Outcome::status(503); 4], &[Draw::ZERO; 3]).unwrap();
-    /// assert_eq!(r.waits.as_slice(), &[2, 2, 2]);
+    /// assert_eq!(r.waits.as_slice(), &[ms(2), ms(2), ms(2)]);
     /// ```
     pub fn plan<const N: usize>(
         self,
@@ -79,9 +78,6 @@ impl PolicyBuilder {
         outcomes: &[Outcome],
         draws: &[Draw],
     ) -> Result<Plan<N>, PlanError> {
-        if self.p.tick_hz == 0 {
-            return Err(PlanError::InvalidPolicy(PolicyError::ZeroTickRate));
-        }
         plan_any(&self.p, op, outcomes, draws)
     }
 }
@@ -105,20 +101,16 @@ fn plan_any<const N: usize>(
                 return Ok(Plan { waits, verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) });
             }
             let retry = state.attempts().saturating_add(1);
-            let index = usize::try_from(state.attempts()).map_err(|_| PlanError::TooFewDraws { retry })?;
-            *draws.get(index).ok_or(PlanError::TooFewDraws { retry })?
+            *draws.get(state.attempts() as usize).ok_or(PlanError::TooFewDraws { retry })?
         } else {
             Draw::ZERO
         };
         // With no clock, each attempt is taken to last the policy's shortest attempt time, so a
         // deadline ends a plan no later than `max_retries` counts (and `plan_static` holds).
-        let elapsed = match policy.deadline() {
-            Some(_) => {
-                let attempts = u64::from(state.attempts().saturating_add(1));
-                Some(state.waited().saturating_add(attempts.saturating_mul(policy.min_attempt())))
-            }
-            None => None,
-        };
+        let attempts_so_far = state.attempts().saturating_add(1);
+        let elapsed = policy
+            .deadline()
+            .map(|_| state.waited().saturating_add(policy.min_attempt().saturating_mul(attempts_so_far)));
         match policy.decide_class(&mut state, class, outcome, draw, elapsed) {
             Decision::Done(verdict) => return Ok(Plan { waits, verdict }),
             Decision::Retry { wait } => {
@@ -130,35 +122,40 @@ fn plan_any<const N: usize>(
     Ok(Plan { waits, verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) })
 }
 
-/// [`plan`] for a policy known at compile time, with a capacity the compiler has checked holds
+/// [`plan()`] for a policy known at compile time, with a capacity the compiler has checked holds
 /// every retry the policy can make: a plan from it never fails with
 /// [`PlanError::CapacityExceeded`].
 ///
 /// ```
-/// use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
-/// struct Exercise;
-/// impl StaticPolicy for Exercise {
-///     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
+/// use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, StaticPolicy, plan_static};
+/// struct Basic;
+/// impl StaticPolicy for Basic {
+///     const POLICY: Policy = match Policy::builder(Preset::Basic)
+///         .base(Duration::from_millis(2)).cap(Duration::from_millis(60)).budget(Duration::from_millis(120)).build()
+///     {
 ///         Ok(p) => p,
 ///         Err(_) => panic!(),
 ///     };
 /// }
-/// let r = plan_static::<Exercise, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
-/// assert_eq!(r.waits.as_slice(), &[1, 2, 4, 8, 16, 30, 30]);
+/// let r = plan_static::<Basic, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
+/// let waits: Vec<u32> = r.waits.iter().map(|w| w.as_millis()).collect();
+/// assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
 /// ```
 ///
 /// A capacity of 6 for the same policy does not compile:
 ///
 /// ```compile_fail
-/// # use wary::{Draw, Operation, Outcome, Policy, Preset, policy::StaticPolicy, plan::plan_static};
-/// # struct Exercise;
-/// # impl StaticPolicy for Exercise {
-/// #     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
+/// # use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, StaticPolicy, plan_static};
+/// # struct Basic;
+/// # impl StaticPolicy for Basic {
+/// #     const POLICY: Policy = match Policy::builder(Preset::Basic)
+/// #         .base(Duration::from_millis(2)).cap(Duration::from_millis(60)).budget(Duration::from_millis(120)).build()
+/// #     {
 /// #         Ok(p) => p,
 /// #         Err(_) => panic!(),
 /// #     };
 /// # }
-/// let r = plan_static::<Exercise, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
+/// let r = plan_static::<Basic, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
 /// ```
 pub fn plan_static<P: StaticPolicy, const N: usize>(
     op: Operation,
@@ -172,10 +169,11 @@ pub fn plan_static<P: StaticPolicy, const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Preset;
+    use crate::{Duration, Preset};
 
     fn p() -> Policy {
-        Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build().unwrap()
+        let ms = Duration::from_millis;
+        Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap()
     }
 
     #[test]

@@ -2,57 +2,56 @@
 //! Built once and checked when built, so a bad setting is refused before any call runs.
 //!
 //! ```
-//! use wary::{Jitter, Policy, PolicyError, Preset};
-//! // Milliseconds: 100 ms base, 2 s cap, 5 s of waiting per call at most.
-//! let p = Policy::builder(Preset::Default).base(100).cap(2_000).budget(5_000).build().unwrap();
+//! use wary::{Duration, Jitter, Policy, PolicyError, Preset};
+//! let ms = Duration::from_millis;
+//! // 100 ms base, 2 s cap, 5 s of waiting per call at most.
+//! let p = Policy::builder(Preset::Default).base(ms(100)).cap(ms(2_000)).budget(ms(5_000)).build().unwrap();
 //! assert_eq!(p.max_retries(), Some(8));
 //! // Full jitter can draw waits of 0, so the budget alone does not bound the attempts.
 //! let e = Policy::builder(Preset::Default).jitter(Jitter::Full).build();
 //! assert_eq!(e, Err(PolicyError::Unbounded));
 //! ```
 
-use crate::backoff::{Backoff, Jitter, at_most};
+use crate::backoff::{Backoff, Jitter};
 use crate::classify::Table;
 use crate::error::PolicyError;
-use crate::retry_after::Rules;
-
-/// The largest duration a policy accepts, in ticks (2⁴⁸: about 8,900 years of milliseconds).
-/// Any sum of a few such values stays far from wrapping a `u64`.
-pub const MAX_TICKS: u64 = 1 << 48;
+use crate::fingerprint::Fnv;
+use crate::retry_after::{Duplicates, Rules};
+use crate::time::Duration;
 
 /// A starting point for a policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum Preset {
     /// wary's default: the default table, equal jitter, both Retry-After forms, callers told the
-    /// same Retry-After spread past it. Milliseconds: base 100, cap 10 s, budget 30 s.
+    /// same Retry-After spread past it. Base 100 ms, cap 10 s, budget 30 s.
     Default,
-    /// The exercise `wary plan` answers: its table, equal jitter, Retry-After raises the wait to
-    /// `max(wait, retry_after)`. Milliseconds: base 2 s, cap 60 s, budget 120 s.
-    Exercise,
+    /// The basic table (429 for any operation; every 5xx and a timeout if idempotent, else
+    /// unknown; every other status fails), equal jitter, and a Retry-After waited exactly:
+    /// `max(wait, retry_after)`. `wary plan` answers under it. Base 2 s, cap 60 s, budget 120 s.
+    Basic,
     /// Strict: only reads retried, integer-second Retry-After only, duplicates refused, three
-    /// attempts, no jitter. Milliseconds: base 100, cap 400, budget 300.
+    /// attempts, no jitter. Base 100 ms, cap 400 ms, budget 300 ms.
     Strict,
 }
 
 impl Preset {
+    /// Every preset, in a fixed order.
+    pub const ALL: [Preset; 3] = [Preset::Default, Preset::Basic, Preset::Strict];
+
     /// The name used in configuration.
     pub const fn name(&self) -> &'static str {
         match self {
             Preset::Default => "default",
-            Preset::Exercise => "exercise",
+            Preset::Basic => "basic",
             Preset::Strict => "strict",
         }
     }
 
     /// Parses [`Preset::name`] back.
     pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "default" => Some(Preset::Default),
-            "exercise" => Some(Preset::Exercise),
-            "strict" => Some(Preset::Strict),
-            _ => None,
-        }
+        Preset::ALL.into_iter().find(|p| p.name() == name)
     }
 }
 
@@ -60,6 +59,7 @@ impl Preset {
 /// never lowers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum RetryAfterMode {
     /// `max(wait, retry_after)`: exactly what the server asked, if longer than the backoff.
     Max,
@@ -69,6 +69,9 @@ pub enum RetryAfterMode {
 }
 
 impl RetryAfterMode {
+    /// Both, in a fixed order.
+    pub const ALL: [RetryAfterMode; 2] = [RetryAfterMode::Max, RetryAfterMode::Spread];
+
     /// The name used in configuration.
     pub const fn name(&self) -> &'static str {
         match self {
@@ -76,22 +79,31 @@ impl RetryAfterMode {
             RetryAfterMode::Spread => "spread",
         }
     }
+
+    /// Parses [`RetryAfterMode::name`] back.
+    pub fn from_name(name: &str) -> Option<Self> {
+        RetryAfterMode::ALL.into_iter().find(|m| m.name() == name)
+    }
 }
 
 /// A checked retry policy. Small and `Copy`: keep one in flash as a `const`.
+///
+/// With the `serde` feature it reads and writes every setting, status rules included, and a
+/// policy read back is checked as [`PolicyBuilder::build`] checks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "crate::forms::PolicyForm", into = "crate::forms::PolicyForm"))]
 pub struct Policy {
     pub(crate) table: Table,
     pub(crate) backoff: Backoff,
-    pub(crate) budget: u64,
-    pub(crate) deadline: Option<u64>,
+    pub(crate) budget: Duration,
+    pub(crate) deadline: Option<Duration>,
     pub(crate) max_attempts: Option<u32>,
-    pub(crate) min_attempt: u64,
-    pub(crate) max_retry_after: Option<u64>,
+    pub(crate) min_attempt: Duration,
+    pub(crate) max_retry_after: Option<Duration>,
     pub(crate) retry_after_mode: RetryAfterMode,
     pub(crate) retry_after_rules: Rules,
-    pub(crate) tick_hz: u32,
 }
 
 /// Builds a [`Policy`]; [`PolicyBuilder::build`] refuses bad settings.
@@ -102,48 +114,54 @@ pub struct PolicyBuilder {
     pub(crate) p: Policy,
 }
 
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
 impl Policy {
     /// A builder starting from `preset`.
     pub const fn builder(preset: Preset) -> PolicyBuilder {
         let p = match preset {
             Preset::Default => Policy {
                 table: Table::DEFAULT,
-                backoff: Backoff::new(100, 10_000, Jitter::Equal),
-                budget: 30_000,
+                backoff: Backoff::new(ms(100), ms(10_000), Jitter::Equal),
+                budget: ms(30_000),
                 deadline: None,
                 max_attempts: None,
-                min_attempt: 0,
+                min_attempt: Duration::ZERO,
                 max_retry_after: None,
                 retry_after_mode: RetryAfterMode::Spread,
                 retry_after_rules: Rules::LENIENT,
-                tick_hz: 1000,
             },
-            Preset::Exercise => Policy {
-                table: Table::EXERCISE,
-                backoff: Backoff::new(2_000, 60_000, Jitter::Equal),
-                budget: 120_000,
+            Preset::Basic => Policy {
+                table: Table::BASIC,
+                backoff: Backoff::new(ms(2_000), ms(60_000), Jitter::Equal),
+                budget: ms(120_000),
                 deadline: None,
                 max_attempts: None,
-                min_attempt: 0,
+                min_attempt: Duration::ZERO,
                 max_retry_after: None,
                 retry_after_mode: RetryAfterMode::Max,
                 retry_after_rules: Rules::LENIENT,
-                tick_hz: 1000,
             },
             Preset::Strict => Policy {
                 table: Table::STRICT,
-                backoff: Backoff::new(100, 400, Jitter::None),
-                budget: 300,
+                backoff: Backoff::new(ms(100), ms(400), Jitter::None),
+                budget: ms(300),
                 deadline: None,
                 max_attempts: Some(3),
-                min_attempt: 0,
+                min_attempt: Duration::ZERO,
                 max_retry_after: None,
                 retry_after_mode: RetryAfterMode::Max,
                 retry_after_rules: Rules::STRICT,
-                tick_hz: 1000,
             },
         };
         PolicyBuilder { p }
+    }
+
+    /// A builder starting from this policy's settings.
+    pub const fn to_builder(&self) -> PolicyBuilder {
+        PolicyBuilder { p: *self }
     }
 
     /// The classification table.
@@ -156,13 +174,13 @@ impl Policy {
         &self.backoff
     }
 
-    /// The wait budget per call, in ticks: the most the waits between attempts may add up to.
-    pub const fn budget(&self) -> u64 {
+    /// The wait budget per call: the most the waits between attempts may add up to.
+    pub const fn budget(&self) -> Duration {
         self.budget
     }
 
-    /// The deadline per call, in ticks from the call's start, counting attempt time.
-    pub const fn deadline(&self) -> Option<u64> {
+    /// The deadline per call, from the call's start, counting attempt time.
+    pub const fn deadline(&self) -> Option<Duration> {
         self.deadline
     }
 
@@ -171,15 +189,15 @@ impl Policy {
         self.max_attempts
     }
 
-    /// The shortest time an attempt takes, in ticks: a wait is not started if an attempt after
-    /// it could not finish before the deadline.
-    pub const fn min_attempt(&self) -> u64 {
+    /// The shortest time an attempt takes: a wait is not started if an attempt after it could
+    /// not finish before the deadline.
+    pub const fn min_attempt(&self) -> Duration {
         self.min_attempt
     }
 
     /// The longest single wait the caller accepts from a server's Retry-After, if limited
     /// beyond the remaining budget.
-    pub const fn max_retry_after(&self) -> Option<u64> {
+    pub const fn max_retry_after(&self) -> Option<Duration> {
         self.max_retry_after
     }
 
@@ -193,16 +211,6 @@ impl Policy {
         &self.retry_after_rules
     }
 
-    /// Ticks per second (1000 for milliseconds).
-    pub const fn tick_hz(&self) -> u32 {
-        self.tick_hz
-    }
-
-    /// Seconds to ticks, saturating.
-    pub const fn secs_to_ticks(&self, secs: u64) -> u64 {
-        secs.saturating_mul(self.tick_hz as u64)
-    }
-
     /// The most retries this policy can make on one call, whatever the draws: the attempt cap,
     /// or how many of the shortest waits fit in the budget (and the deadline), whichever is
     /// less. `None` if nothing bounds them (only possible with no floor on the waits and no
@@ -213,47 +221,43 @@ impl Policy {
             None => None,
         };
         let limit = match self.deadline {
-            Some(d) => at_most(d, self.budget),
+            Some(d) => d.min(self.budget),
             None => self.budget,
         };
         let by_time = self.retries_within(limit);
         match (by_cap, by_time) {
-            // Both fit a u32, and so does the smaller.
-            (Some(a), Some(b)) => Some(at_most(a as u64, b as u64) as u32),
+            (Some(a), Some(b)) => Some(if a < b { a } else { b }),
             (Some(a), None) => Some(a),
             (None, b) => b,
         }
     }
 
-    /// How many retries of the shortest possible waits fit in `limit` ticks of waiting (each
+    /// How many retries of the shortest possible waits fit in `limit` of waiting (each
     /// retry also costs `min_attempt` against a deadline; counted only when it is the limit).
-    const fn retries_within(&self, limit: u64) -> Option<u32> {
+    const fn retries_within(&self, limit: Duration) -> Option<u32> {
         let per_attempt = match self.deadline {
-            Some(d) if d <= self.budget => self.min_attempt,
-            _ => 0,
+            Some(d) if d.as_millis() <= self.budget.as_millis() => self.min_attempt,
+            _ => Duration::ZERO,
         };
-        let mut spent: u64 = 0;
-        let mut previous: u64 = 0;
+        let mut spent = Duration::ZERO;
+        let mut previous = Duration::ZERO;
         let mut k: u32 = 1;
-        // While the ceiling still grows (at most 64 doublings), count one retry at a time; once
+        // While the ceiling still grows (at most 32 doublings), count one retry at a time; once
         // it is at the cap every further retry costs the same, so divide.
         loop {
             let wait = self.backoff.min_wait(k, previous);
             let cost = wait.saturating_add(per_attempt);
-            let at_cap = self.backoff.ceiling(k) >= self.backoff.cap
+            let at_cap = self.backoff.ceiling(k).as_millis() >= self.backoff.cap.as_millis()
                 && !matches!(self.backoff.jitter, Jitter::Decorrelated);
-            if at_cap || k >= 64 {
-                let more = match limit.saturating_sub(spent).checked_div(cost) {
+            if at_cap || k >= 33 {
+                let more = match limit.saturating_sub(spent).as_millis().checked_div(cost.as_millis()) {
                     Some(n) => n,
                     // Waits of 0 at the cap: the budget never runs out.
                     None => return None,
                 };
-                let done = k.saturating_sub(1) as u64;
-                let total = done.saturating_add(more);
-                // Saturated to u32::MAX first, so the cast keeps every bit.
-                return Some(at_most(total, u32::MAX as u64) as u32);
+                return Some(k.saturating_sub(1).saturating_add(more));
             }
-            if spent.saturating_add(cost) > limit {
+            if spent.saturating_add(cost).as_millis() > limit.as_millis() {
                 return Some(k.saturating_sub(1));
             }
             spent = spent.saturating_add(cost);
@@ -272,100 +276,40 @@ impl Policy {
 
     /// A 32-bit fingerprint of every setting, recorded in ledgers so a replay can tell that a
     /// record was made under another policy (FNV-1a over the settings in a fixed, explicit
-    /// encoding, so a device and a laptop agree; not cryptographic).
+    /// encoding, so a device and a laptop agree; not cryptographic). It starts with the ledger
+    /// format's version, so the two change together.
     pub fn fingerprint(&self) -> u32 {
         let mut h = Fnv::new();
-        h.u32(self.tick_hz);
-        h.u64(self.backoff.base);
-        h.u64(self.backoff.cap);
-        h.u8(match self.backoff.jitter {
-            Jitter::Equal => 0,
-            Jitter::Full => 1,
-            Jitter::Decorrelated => 2,
-            Jitter::None => 3,
-        });
-        h.u64(self.budget);
-        h.opt_u64(self.deadline);
-        h.opt_u64(self.max_attempts.map(u64::from));
-        h.u64(self.min_attempt);
-        h.opt_u64(self.max_retry_after);
-        h.u8(match self.retry_after_mode {
-            RetryAfterMode::Max => 0,
-            RetryAfterMode::Spread => 1,
-        });
+        h.u32(crate::ledger::LEDGER_VERSION);
+        h.u32(self.backoff.base.as_millis());
+        h.u32(self.backoff.cap.as_millis());
+        h.u8(self.backoff.jitter as u8);
+        h.u32(self.budget.as_millis());
+        h.opt_u32(self.deadline.map(Duration::as_millis));
+        h.opt_u32(self.max_attempts);
+        h.u32(self.min_attempt.as_millis());
+        h.opt_u32(self.max_retry_after.map(Duration::as_millis));
+        h.u8(self.retry_after_mode as u8);
         h.u8(u8::from(self.retry_after_rules.accept_dates));
         h.u8(match self.retry_after_rules.duplicates {
-            crate::retry_after::Duplicates::Reject => 0,
-            crate::retry_after::Duplicates::Longest => 1,
+            Duplicates::Reject => 0,
+            Duplicates::Longest => 1,
         });
         self.table.fingerprint_into(&mut h);
         h.finish()
     }
 }
 
-/// FNV-1a, fed fixed-width little-endian fields: the same bytes on every target (a derived
-/// `Hash` would feed `usize` lengths and discriminants, whose width differs between a 32-bit
-/// device and a 64-bit host).
-pub(crate) struct Fnv(u32);
-
-impl Fnv {
-    const fn new() -> Self {
-        Fnv(0x811c_9dc5)
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u32::from(*b)).wrapping_mul(0x0100_0193);
-        }
-    }
-
-    pub(crate) fn u8(&mut self, v: u8) {
-        self.bytes(&[v]);
-    }
-
-    pub(crate) fn u16(&mut self, v: u16) {
-        self.bytes(&v.to_le_bytes());
-    }
-
-    fn u32(&mut self, v: u32) {
-        self.bytes(&v.to_le_bytes());
-    }
-
-    fn u64(&mut self, v: u64) {
-        self.bytes(&v.to_le_bytes());
-    }
-
-    fn opt_u64(&mut self, v: Option<u64>) {
-        match v {
-            Some(v) => {
-                self.u8(1);
-                self.u64(v);
-            }
-            None => self.u8(0),
-        }
-    }
-
-    const fn finish(&self) -> u32 {
-        self.0
-    }
-}
-
 impl PolicyBuilder {
-    /// Ticks per second; 1000 (milliseconds) by default. `wary plan` uses 1, seconds.
-    pub const fn tick_hz(mut self, hz: u32) -> Self {
-        self.p.tick_hz = hz;
+    /// The first ceiling.
+    pub const fn base(mut self, base: Duration) -> Self {
+        self.p.backoff.base = base;
         self
     }
 
-    /// The first ceiling, in ticks.
-    pub const fn base(mut self, ticks: u64) -> Self {
-        self.p.backoff.base = ticks;
-        self
-    }
-
-    /// The largest ceiling, in ticks.
-    pub const fn cap(mut self, ticks: u64) -> Self {
-        self.p.backoff.cap = ticks;
+    /// The largest ceiling.
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.p.backoff.cap = cap;
         self
     }
 
@@ -375,15 +319,21 @@ impl PolicyBuilder {
         self
     }
 
-    /// The wait budget per call, in ticks.
-    pub const fn budget(mut self, ticks: u64) -> Self {
-        self.p.budget = ticks;
+    /// The wait budget per call.
+    pub const fn budget(mut self, budget: Duration) -> Self {
+        self.p.budget = budget;
         self
     }
 
-    /// A deadline per call in ticks from its start, counting the time attempts take.
-    pub const fn deadline(mut self, ticks: u64) -> Self {
-        self.p.deadline = Some(ticks);
+    /// A deadline per call from its start, counting the time attempts take.
+    pub const fn deadline(mut self, deadline: Duration) -> Self {
+        self.p.deadline = Some(deadline);
+        self
+    }
+
+    /// No deadline.
+    pub const fn no_deadline(mut self) -> Self {
+        self.p.deadline = None;
         self
     }
 
@@ -400,15 +350,21 @@ impl PolicyBuilder {
     }
 
     /// The shortest time an attempt takes, for the deadline check.
-    pub const fn min_attempt(mut self, ticks: u64) -> Self {
-        self.p.min_attempt = ticks;
+    pub const fn min_attempt(mut self, d: Duration) -> Self {
+        self.p.min_attempt = d;
         self
     }
 
     /// The longest single Retry-After wait accepted; a longer one gives up at once even if the
     /// budget could hold it: the server wants longer than the caller will wait.
-    pub const fn max_retry_after(mut self, ticks: u64) -> Self {
-        self.p.max_retry_after = Some(ticks);
+    pub const fn max_retry_after(mut self, d: Duration) -> Self {
+        self.p.max_retry_after = Some(d);
+        self
+    }
+
+    /// No limit on a single Retry-After beyond the budget and the deadline.
+    pub const fn no_max_retry_after(mut self) -> Self {
+        self.p.max_retry_after = None;
         self
     }
 
@@ -433,43 +389,36 @@ impl PolicyBuilder {
     /// Checks every setting and returns the policy.
     pub const fn build(self) -> Result<Policy, PolicyError> {
         let p = self.p;
-        if p.tick_hz == 0 {
-            return Err(PolicyError::ZeroTickRate);
-        }
-        if p.backoff.base == 0 {
+        if p.backoff.base.as_millis() == 0 {
             return Err(PolicyError::ZeroBase);
         }
-        if p.backoff.cap < p.backoff.base {
+        if p.backoff.cap.as_millis() < p.backoff.base.as_millis() {
             return Err(PolicyError::CapBelowBase);
         }
-        if p.budget == 0 {
+        if p.budget.as_millis() == 0 {
             return Err(PolicyError::ZeroBudget);
         }
-        if let Some(0) = p.deadline {
-            return Err(PolicyError::ZeroDeadline);
+        if let Some(d) = p.deadline {
+            if d.as_millis() == 0 {
+                return Err(PolicyError::ZeroDeadline);
+            }
+            if p.min_attempt.as_millis() > d.as_millis() {
+                return Err(PolicyError::AttemptPastDeadline);
+            }
+            if d.is_max() {
+                return Err(PolicyError::TooLarge);
+            }
         }
         if let Some(0) = p.max_attempts {
             return Err(PolicyError::ZeroAttempts);
         }
-        if let Some(d) = p.deadline {
-            if p.min_attempt > d {
-                return Err(PolicyError::AttemptPastDeadline);
+        if let Some(m) = p.max_retry_after {
+            if m.is_max() {
+                return Err(PolicyError::TooLarge);
             }
         }
-        let deadline = match p.deadline {
-            Some(d) => d,
-            None => 0,
-        };
-        let max_ra = match p.max_retry_after {
-            Some(d) => d,
-            None => 0,
-        };
-        if p.backoff.cap > MAX_TICKS
-            || p.budget > MAX_TICKS
-            || deadline > MAX_TICKS
-            || p.min_attempt > MAX_TICKS
-            || max_ra > MAX_TICKS
-        {
+        // A saturated duration stands for "longer than wary counts": it cannot bound a call.
+        if p.backoff.cap.is_max() || p.budget.is_max() || p.min_attempt.is_max() {
             return Err(PolicyError::TooLarge);
         }
         if p.max_retries().is_none() {
@@ -482,16 +431,21 @@ impl PolicyBuilder {
 /// A policy known at compile time, for plans whose capacity is checked by the compiler.
 ///
 /// ```
-/// use wary::{Policy, Preset, policy::StaticPolicy};
-/// struct Exercise;
-/// impl StaticPolicy for Exercise {
-///     const POLICY: Policy = match Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120).build() {
+/// use wary::{Duration, Policy, Preset, StaticPolicy};
+/// struct Basic;
+/// impl StaticPolicy for Basic {
+///     const POLICY: Policy = match Policy::builder(Preset::Basic)
+///         .base(Duration::from_millis(2))
+///         .cap(Duration::from_millis(60))
+///         .budget(Duration::from_millis(120))
+///         .build()
+///     {
 ///         Ok(p) => p,
 ///         Err(_) => panic!("invalid policy"),
 ///     };
 /// }
 /// // Seven retries at most: 1 + 2 + 4 + 8 + 16 + 30 + 30 = 91, and another 30 passes 120.
-/// assert_eq!(Exercise::MAX_RETRIES, 7);
+/// assert_eq!(Basic::MAX_RETRIES, 7);
 /// ```
 pub trait StaticPolicy {
     /// The policy.

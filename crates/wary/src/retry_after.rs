@@ -9,7 +9,7 @@
 //! means "now".
 //!
 //! A hostile or broken server cannot make a device wait past its budget: a huge value saturates
-//! and the policy then gives up at once, reporting what was asked (see [`crate::GiveUp`]).
+//! and the policy then gives up at once, reporting what was asked (see [`crate::GiveUp::RetryAfterTooLong`]).
 //!
 //! Lenient rules never come back sooner than asked: a number a server writes outside the
 //! grammar (`1.5`, `+5`, `1e3`) is read as the longest wait it can mean, rounded up to whole
@@ -18,13 +18,15 @@
 //! server sending garbage. Strict rules read delay-seconds only and refuse anything else.
 //!
 //! ```
-//! use wary::retry_after::{parse, parse_http_date, RetryAfter};
+//! use wary::{RetryAfter, parse_http_date, parse_retry_after as parse};
 //! assert_eq!(parse(b"120"), Ok(RetryAfter::Seconds(120)));
 //! let date = parse_http_date(b"Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
 //! assert_eq!(date, 784111777);
 //! assert_eq!(parse(b"Sunday, 06-Nov-94 08:49:37 GMT"), Ok(RetryAfter::Date(784111777)));
 //! assert_eq!(parse(b"Sun Nov  6 08:49:37 1994"), Ok(RetryAfter::Date(784111777)));
 //! ```
+
+use crate::error::RetryAfterError;
 
 /// A parsed Retry-After value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,28 +36,6 @@ pub enum RetryAfter {
     Seconds(u64),
     /// An HTTP-date, as Unix seconds (0 for dates before 1970).
     Date(u64),
-}
-
-/// Why a Retry-After (or Date) header was not used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
-pub enum RetryAfterError {
-    /// The value is empty or only whitespace.
-    #[error("empty value")]
-    Empty,
-    /// The value is neither delay-seconds nor an HTTP-date.
-    #[error("neither delay-seconds nor an HTTP-date")]
-    Malformed,
-    /// The value is an HTTP-date and these rules accept integer seconds only.
-    #[error("HTTP-date not accepted by this policy")]
-    DateNotAccepted,
-    /// The header appears more than once and these rules refuse to guess which one holds.
-    #[error("duplicate Retry-After headers")]
-    Duplicate,
-    /// An HTTP-date arrived with neither a Date header nor a caller's clock to measure it against.
-    #[error("no reference time for an HTTP-date")]
-    NoReference,
 }
 
 impl RetryAfter {
@@ -79,11 +59,30 @@ impl RetryAfter {
 /// How duplicate Retry-After headers are treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum Duplicates {
     /// Refuse them: ambiguous, so the response is treated as having no Retry-After.
     Reject,
     /// Take the longest wait any of them asks for: the server wants at least that.
     Longest,
+}
+
+impl Duplicates {
+    /// Both, in a fixed order.
+    pub const ALL: [Duplicates; 2] = [Duplicates::Reject, Duplicates::Longest];
+
+    /// The name used in configuration.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Duplicates::Reject => "reject",
+            Duplicates::Longest => "longest",
+        }
+    }
+
+    /// Parses [`Duplicates::name`] back.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Duplicates::ALL.into_iter().find(|d| d.name() == name)
+    }
 }
 
 /// One response's Retry-After headers as a policy's rules read them, with the count of values
@@ -116,6 +115,7 @@ impl Reading {
 /// Which Retry-After values a policy accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Rules {
     /// Accept the HTTP-date form.
     pub accept_dates: bool,
@@ -156,7 +156,7 @@ impl Rules {
     /// or a metric can show a server that sends garbage.
     ///
     /// ```
-    /// use wary::retry_after::{Rules, RetryAfterError};
+    /// use wary::{RetryAfterError, Rules};
     /// let r = Rules::LENIENT.read_counted([b"1.5".as_slice(), b"soon"], None, None);
     /// // 1.5 s means at least 1.5 s: wait 2, never 1. "soon" is ignored, and counted.
     /// assert_eq!((r.seconds, r.unreadable), (Some(2), 1));
@@ -245,7 +245,7 @@ pub fn parse(value: &[u8]) -> Result<RetryAfter, RetryAfterError> {
 /// [`RetryAfterError::Malformed`].
 ///
 /// ```
-/// use wary::retry_after::{parse_lenient, RetryAfter};
+/// use wary::{RetryAfter, parse_retry_after_lenient as parse_lenient};
 /// assert_eq!(parse_lenient(b"1.5"), Ok(RetryAfter::Seconds(2)));
 /// assert_eq!(parse_lenient(b"+5"), Ok(RetryAfter::Seconds(5)));
 /// assert_eq!(parse_lenient(b"1e3"), Ok(RetryAfter::Seconds(1000)));

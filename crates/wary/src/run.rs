@@ -26,37 +26,44 @@ use embedded_hal_async::delay::DelayNs;
 use portable_atomic::{AtomicBool, Ordering};
 use rand_core::RngCore;
 
-use crate::Verdict;
 use crate::backoff::Draw;
-use crate::budget::{CallState, Decision};
-use crate::classify::{Operation, Outcome};
+use crate::classify::{Failure, Operation, Outcome};
+use crate::decide::{CallState, Decision, Verdict};
 use crate::key::Key;
 use crate::ledger::{Record, Sink};
 use crate::policy::Policy;
 use crate::throttle::FleetBudget;
+use crate::time::{Duration, Instant};
 
-/// A monotonic clock in the policy's ticks.
+/// A monotonic clock. Any closure returning an [`Instant`] is one.
+///
+/// ```
+/// use wary::{Clock, Instant};
+/// let fixed = || Instant::from_millis(42);
+/// assert_eq!(fixed.now(), Instant::from_millis(42));
+/// ```
 pub trait Clock {
-    /// Ticks since some fixed point.
-    fn now(&self) -> u64;
+    /// The time now.
+    fn now(&self) -> Instant;
 }
 
-impl<C: Clock + ?Sized> Clock for &C {
-    fn now(&self) -> u64 {
-        (**self).now()
+impl<F: Fn() -> Instant> Clock for F {
+    fn now(&self) -> Instant {
+        self()
     }
 }
 
-/// `embassy_time::Instant` in milliseconds (use a policy with `tick_hz(1000)`, the default).
+/// `embassy_time::Instant::now()`.
 #[cfg(feature = "embassy-time")]
+#[cfg_attr(docsrs, doc(cfg(feature = "embassy-time")))]
 #[derive(Debug, Clone, Copy, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct EmbassyClock;
 
 #[cfg(feature = "embassy-time")]
 impl Clock for EmbassyClock {
-    fn now(&self) -> u64 {
-        embassy_time::Instant::now().as_millis()
+    fn now(&self) -> Instant {
+        embassy_time::Instant::now().into()
     }
 }
 
@@ -144,10 +151,10 @@ pub struct Attempt {
     pub number: u32,
     /// The call's idempotency key: send it on every attempt.
     pub key: Key,
-    /// Ticks left before the call's deadline as this attempt starts (`None` without a
+    /// Time left before the call's deadline as this attempt starts (`None` without a
     /// deadline): an attempt caps its own timeout to it, so a slow answer cannot hold the call
     /// past its deadline.
-    pub remaining: Option<u64>,
+    pub remaining: Option<Duration>,
 }
 
 /// What a probe found out about a write that may have landed.
@@ -187,9 +194,23 @@ pub struct Stopped {
     pub verdict: Verdict,
     /// Attempts sent.
     pub attempts: u32,
-    /// The last attempt's outcome, if any was sent.
-    pub last: Option<Outcome>,
+    /// How the last attempt failed, if any was sent.
+    pub last: Option<Failure>,
 }
+
+impl core::fmt::Display for Stopped {
+    /// `gave_up (budget) after 3 attempts, the last a status 503`: names and numbers only.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} after {} attempt{}", self.verdict, self.attempts, if self.attempts == 1 { "" } else { "s" })?;
+        match self.last {
+            Some(Failure::Status { code, .. }) => write!(f, ", the last a status {code}"),
+            Some(other) => write!(f, ", the last a {}", other.name()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl core::error::Error for Stopped {}
 
 /// The retry loop, holding its effects.
 pub struct Runner<'a, D, C, R, X = Never, L = ()> {
@@ -239,11 +260,11 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
     }
 
     /// Runs one call with no probe: `attempt` is called with the attempt number and the key,
-    /// and returns the value or the outcome that failed it.
+    /// and returns the value or how it failed.
     pub async fn call<T, F, Fut>(&mut self, op: Operation, key: Key, attempt: F) -> Result<T, Stopped>
     where
         F: FnMut(Attempt) -> Fut,
-        Fut: Future<Output = Result<T, Outcome>>,
+        Fut: Future<Output = Result<T, Failure>>,
     {
         self.call_with_probe(op, key, attempt, NoProbe).await
     }
@@ -258,13 +279,14 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
     ) -> Result<T, Stopped>
     where
         F: FnMut(Attempt) -> Fut,
-        Fut: Future<Output = Result<T, Outcome>>,
+        Fut: Future<Output = Result<T, Failure>>,
         P: Probe<T>,
     {
         let start = self.clock.now();
         let mut state = CallState::new();
         let mut resent = false;
-        let mut last: Option<Outcome> = None;
+        let mut last: Option<Failure> = None;
+        let policy = self.policy;
         loop {
             // Before sending.
             if self.cancel.is_cancelled() {
@@ -272,38 +294,23 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             }
             let number = state.attempts().saturating_add(1);
             let t0 = self.clock.now();
-            let remaining = self.policy.deadline().map(|d| d.saturating_sub(t0.saturating_sub(start)));
+            let remaining = policy.deadline().map(|d| d.saturating_sub(t0.duration_since(start)));
             let result = attempt(Attempt { number, key, remaining }).await;
             let t1 = self.clock.now();
             // After receiving: a response that arrives after a cancel is not accepted.
             let (outcome, value) = match result {
-                _ if self.cancel.is_cancelled() => (Outcome::Cancelled, None),
+                _ if self.cancel.is_cancelled() => (Outcome::Failure(Failure::Cancelled), None),
                 Ok(v) => (Outcome::Ok, Some(v)),
-                Err(o) => (o, None),
+                Err(f) => (Outcome::Failure(f), None),
             };
-            last = Some(outcome);
+            last = outcome.failure().copied();
             let draw = Draw::from_rng(&mut self.rng);
-            let elapsed = t1.saturating_sub(start);
-            let (class, decision) =
-                self.policy.decide_with_fleet(&mut state, op, &outcome, draw, Some(elapsed), self.fleet);
-            let record = Record {
-                key,
-                attempt: number,
-                op,
-                outcome,
-                class,
-                // Whenever a wait was computed, the draw decided it, a give-up on the budget or
-                // the deadline included: a replay needs it to reach the same verdict.
-                draw: (class == crate::Class::Retry).then_some(draw),
-                wait: match decision {
-                    Decision::Retry { wait } => wait,
-                    Decision::Done(_) => 0,
-                },
-                attempt_ticks: t1.saturating_sub(t0),
-                total_ticks: elapsed,
-                verdict: None,
-                policy: self.policy.fingerprint(),
+            let elapsed = t1.duration_since(start);
+            let decision = match self.fleet {
+                Some(fleet) => policy.decide_with_fleet(&mut state, op, &outcome, draw, Some(elapsed), fleet),
+                None => policy.decide(&mut state, op, &outcome, draw, Some(elapsed)),
             };
+            let record = Record::decided(policy, key, number, op, outcome, draw, decision, t1.duration_since(t0), elapsed);
             match decision {
                 Decision::Retry { wait } => {
                     self.ledger.record(&record);
@@ -311,8 +318,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                     if self.cancel.is_cancelled() {
                         return Err(self.cancelled_call(key, op, start, &state, last));
                     }
-                    let ticks_hz = u64::from(self.policy.tick_hz());
-                    let sleep = sleep_ticks(&mut self.delay, wait, ticks_hz);
+                    let sleep = self.delay.delay_ms(wait.as_millis());
                     let woke = select(pin!(sleep), pin!(self.cancel.cancelled())).await;
                     if let Either::Second(()) = woke {
                         return Err(self.cancelled_call(key, op, start, &state, last));
@@ -320,7 +326,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                     // After sleeping: checked at the top of the loop, before the next send.
                 }
                 Decision::Done(Verdict::Ok) => {
-                    self.ledger.record(&Record { verdict: Some(Verdict::Ok), ..record });
+                    self.ledger.record(&record);
                     if let Some(v) = value {
                         return Ok(v);
                     }
@@ -332,13 +338,13 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                     let landed = match raced {
                         Either::First(landed) => landed,
                         Either::Second(()) => {
-                            self.ledger.record(&record);
+                            self.ledger.record(&record.with_verdict(None));
                             return Err(self.cancelled_call(key, op, start, &state, last));
                         }
                     };
                     match landed {
                         Landed::Yes(v) => {
-                            self.ledger.record(&Record { verdict: Some(Verdict::Ok), ..record });
+                            self.ledger.record(&record.with_verdict(Some(Verdict::Ok)));
                             return Ok(v);
                         }
                         // Confirmed not landed: one resend, counted as a retry, so it obeys the
@@ -346,16 +352,16 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                         // counted) and the fleet budget.
                         Landed::No if !resent && self.may_resend(number, start) => {
                             resent = true;
-                            self.ledger.record(&record);
+                            self.ledger.record(&record.with_verdict(None));
                         }
                         Landed::No | Landed::Unknown => {
-                            self.ledger.record(&Record { verdict: Some(Verdict::Unknown), ..record });
+                            self.ledger.record(&record);
                             return Err(stopped(Verdict::Unknown, &state, last));
                         }
                     }
                 }
                 Decision::Done(verdict) => {
-                    self.ledger.record(&Record { verdict: Some(verdict), ..record });
+                    self.ledger.record(&record);
                     return Err(stopped(verdict, &state, last));
                 }
             }
@@ -365,10 +371,10 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
 
 impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'_, D, C, R, X, L> {
     /// True if a write the probe found not landed may be resent now.
-    fn may_resend(&self, attempts: u32, start: u64) -> bool {
+    fn may_resend(&self, attempts: u32, start: Instant) -> bool {
         let policy = self.policy;
         let under_cap = policy.max_attempts().is_none_or(|cap| attempts < cap);
-        let elapsed = self.clock.now().saturating_sub(start);
+        let elapsed = self.clock.now().duration_since(start);
         let in_time = policy.deadline().is_none_or(|d| elapsed.saturating_add(policy.min_attempt()) <= d);
         let fleet_allows = self.fleet.is_none_or(FleetBudget::allows_retry);
         under_cap && in_time && fleet_allows
@@ -379,39 +385,16 @@ impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'_, D, C, R, X
         &mut self,
         key: Key,
         op: Operation,
-        start: u64,
+        start: Instant,
         state: &CallState,
-        last: Option<Outcome>,
+        last: Option<Failure>,
     ) -> Stopped {
-        let record = Record {
-            key,
-            attempt: state.attempts(),
-            op,
-            outcome: Outcome::Cancelled,
-            class: crate::Class::Cancelled,
-            draw: None,
-            wait: 0,
-            attempt_ticks: 0,
-            total_ticks: self.clock.now().saturating_sub(start),
-            verdict: Some(Verdict::Cancelled),
-            policy: self.policy.fingerprint(),
-        };
-        self.ledger.record(&record);
+        let total = self.clock.now().duration_since(start);
+        self.ledger.record(&Record::cancelled(self.policy, key, state.attempts(), op, total));
         stopped(Verdict::Cancelled, state, last)
     }
 }
 
-fn stopped(verdict: Verdict, state: &CallState, last: Option<Outcome>) -> Stopped {
+fn stopped(verdict: Verdict, state: &CallState, last: Option<Failure>) -> Stopped {
     Stopped { verdict, attempts: state.attempts(), last }
-}
-
-/// Sleeps `ticks` at `hz` ticks per second, in chunks a `u32` of microseconds can hold.
-async fn sleep_ticks<D: DelayNs>(delay: &mut D, ticks: u64, hz: u64) {
-    let us = u128::from(ticks).saturating_mul(1_000_000).checked_div(u128::from(hz)).unwrap_or(0);
-    let mut left = u64::try_from(us).unwrap_or(u64::MAX);
-    while left > 0 {
-        let chunk = u32::try_from(left).unwrap_or(u32::MAX);
-        delay.delay_us(chunk).await;
-        left = left.saturating_sub(u64::from(chunk));
-    }
 }

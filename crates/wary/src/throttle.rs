@@ -20,7 +20,7 @@
 
 use portable_atomic::{AtomicU32, Ordering};
 
-use crate::error::PolicyError;
+use crate::error::FleetBudgetError;
 
 /// Thousandths of a token per token.
 const MILLI: u32 = 1000;
@@ -49,9 +49,12 @@ impl defmt::Format for FleetBudget {
 impl FleetBudget {
     /// A full bucket of `max_tokens` (1..=1000) that gains `ratio_milli` thousandths of a token
     /// (1..=1000) per success: gRPC A6's `maxTokens` and `tokenRatio`.
-    pub const fn new(max_tokens: u32, ratio_milli: u32) -> Result<Self, PolicyError> {
-        if max_tokens == 0 || max_tokens > 1000 || ratio_milli == 0 || ratio_milli > MILLI {
-            return Err(PolicyError::BadFleetBudget);
+    pub const fn new(max_tokens: u32, ratio_milli: u32) -> Result<Self, FleetBudgetError> {
+        if max_tokens == 0 || max_tokens > 1000 {
+            return Err(FleetBudgetError::Tokens);
+        }
+        if ratio_milli == 0 || ratio_milli > MILLI {
+            return Err(FleetBudgetError::Ratio);
         }
         let max = max_tokens.saturating_mul(MILLI);
         Ok(FleetBudget { tokens: AtomicU32::new(max), max, ratio: ratio_milli })
@@ -98,10 +101,10 @@ mod tests {
 
     #[test]
     fn refuses_bad_settings() {
-        assert_eq!(FleetBudget::new(0, 100).err(), Some(PolicyError::BadFleetBudget));
-        assert_eq!(FleetBudget::new(1001, 100).err(), Some(PolicyError::BadFleetBudget));
-        assert_eq!(FleetBudget::new(10, 0).err(), Some(PolicyError::BadFleetBudget));
-        assert_eq!(FleetBudget::new(10, 1001).err(), Some(PolicyError::BadFleetBudget));
+        assert_eq!(FleetBudget::new(0, 100).err(), Some(FleetBudgetError::Tokens));
+        assert_eq!(FleetBudget::new(1001, 100).err(), Some(FleetBudgetError::Tokens));
+        assert_eq!(FleetBudget::new(10, 0).err(), Some(FleetBudgetError::Ratio));
+        assert_eq!(FleetBudget::new(10, 1001).err(), Some(FleetBudgetError::Ratio));
     }
 
     #[test]

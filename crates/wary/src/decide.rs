@@ -1,42 +1,161 @@
-//! Per-call stop rules and the decision after each attempt.
+//! The decision after each attempt, and how a call ends.
 //!
-//! A call's whole state is a small `Copy` value: the attempts made, the ticks waited and the
-//! last wait. After each attempt, [`Policy::decide`] classifies the outcome and either ends the
-//! call with a verdict or returns the wait before the next attempt, having checked every stop
-//! rule: the attempt cap, a Retry-After longer than the call can afford, the wait budget and the
-//! deadline. Waits are integer ticks, so `.1 + .2` s fits a `.3` s budget exactly (in
+//! A call's whole state is a [`CallState`] of twelve bytes: the attempts made, the time waited
+//! and the last wait. After each attempt, [`Policy::decide`] classifies the outcome and either
+//! ends the call with a [`Verdict`] or returns the wait before the next attempt, having checked
+//! every stop rule: the attempt cap, a Retry-After longer than the call can afford, the wait
+//! budget and the deadline. [`Policy::decide_with_fleet`] does the same with a fleet retry
+//! budget. Waits are integer milliseconds, so `.1 + .2` s fits a `.3` s budget exactly (in
 //! floating point it would not).
 //!
 //! ```
-//! use wary::{CallState, Decision, Draw, GiveUp, Operation, Outcome, Policy, Preset, Verdict};
+//! use wary::{CallState, Decision, Draw, Duration, GiveUp, Operation, Outcome, Policy, Preset, Verdict};
 //! let p = Policy::builder(Preset::Strict).build().unwrap();
 //! let mut s = CallState::new();
-//! let d = Draw::ZERO;
-//! assert_eq!(p.decide(&mut s, Operation::Read, &Outcome::status(503), d, None), Decision::Retry { wait: 100 });
-//! assert_eq!(p.decide(&mut s, Operation::Read, &Outcome::status(503), d, None), Decision::Retry { wait: 200 });
-//! assert_eq!(s.waited(), 300);
-//! assert_eq!(p.decide(&mut s, Operation::Read, &Outcome::status(503), d, None),
-//!            Decision::Done(Verdict::GaveUp(GiveUp::Attempts)));
+//! let (d, o) = (Draw::ZERO, Outcome::status(503));
+//! let ms = Duration::from_millis;
+//! assert_eq!(p.decide(&mut s, Operation::Read, &o, d, None), Decision::Retry { wait: ms(100) });
+//! assert_eq!(p.decide(&mut s, Operation::Read, &o, d, None), Decision::Retry { wait: ms(200) });
+//! assert_eq!(s.waited(), ms(300));
+//! assert_eq!(p.decide(&mut s, Operation::Read, &o, d, None), Decision::Done(Verdict::GaveUp(GiveUp::Attempts)));
 //! ```
 
-use crate::backoff::{Draw, at_least, at_most};
+use crate::backoff::Draw;
 use crate::classify::{Class, Operation, Outcome};
 use crate::policy::{Policy, RetryAfterMode};
-use crate::{GiveUp, Verdict};
+use crate::throttle::FleetBudget;
+use crate::time::Duration;
 
-/// One call's progress: `Copy`, a few words, no allocation.
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum Verdict {
+    /// The operation succeeded.
+    Ok,
+    /// The operation failed in a way a resend cannot fix (a 400, a TLS error, a bad body).
+    Failed,
+    /// A write without an idempotency key may have landed; it was not resent. A probe or a
+    /// person resolves it, never a blind resend: a payment recorded twice costs more than one
+    /// left for a person to check.
+    Unknown,
+    /// A stop rule ended the call while it was still failing.
+    GaveUp(GiveUp),
+    /// The caller cancelled the call.
+    Cancelled,
+}
+
+impl Verdict {
+    /// The verdict's name as `wary plan` and the ledgers spell it (`gave_up` for any reason).
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Failed => "failed",
+            Verdict::Unknown => "unknown",
+            Verdict::GaveUp(_) => "gave_up",
+            Verdict::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses [`Verdict::name`] back; `gave_up` needs its reason.
+    pub fn from_name(name: &str, reason: Option<GiveUp>) -> Option<Self> {
+        Some(match (name, reason) {
+            ("ok", None) => Verdict::Ok,
+            ("failed", None) => Verdict::Failed,
+            ("unknown", None) => Verdict::Unknown,
+            ("cancelled", None) => Verdict::Cancelled,
+            ("gave_up", Some(g)) => Verdict::GaveUp(g),
+            _ => return None,
+        })
+    }
+}
+
+impl core::fmt::Display for Verdict {
+    /// `ok`, `failed`, `unknown`, `cancelled`, or `gave_up (reason)`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Verdict::GaveUp(g) => write!(f, "gave_up ({g})"),
+            v => f.write_str(v.name()),
+        }
+    }
+}
+
+/// Why a call gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum GiveUp {
+    /// The next wait would take the call's total waiting past its wait budget.
+    Budget,
+    /// The next attempt could not finish before the call's deadline.
+    Deadline,
+    /// The attempt cap was reached.
+    Attempts,
+    /// The server asked for a longer wait than the call can afford; `asked` is that wait, so the
+    /// caller can reschedule the work for later.
+    RetryAfterTooLong {
+        /// The wait the server asked for ([`Duration::MAX`] if longer than wary counts).
+        asked: Duration,
+    },
+    /// The fleet retry budget refused the retry.
+    Throttled,
+    /// The recorded outcomes ran out while the call was still failing (plans only).
+    OutcomesExhausted,
+}
+
+impl GiveUp {
+    /// A short stable name for logs and ledgers.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            GiveUp::Budget => "budget",
+            GiveUp::Deadline => "deadline",
+            GiveUp::Attempts => "attempts",
+            GiveUp::RetryAfterTooLong { .. } => "retry_after_too_long",
+            GiveUp::Throttled => "throttled",
+            GiveUp::OutcomesExhausted => "outcomes_exhausted",
+        }
+    }
+
+    /// Parses [`GiveUp::name`] back; `asked` is used by `retry_after_too_long` only.
+    pub fn from_name(name: &str, asked: Duration) -> Option<Self> {
+        Some(match name {
+            "budget" => GiveUp::Budget,
+            "deadline" => GiveUp::Deadline,
+            "attempts" => GiveUp::Attempts,
+            "retry_after_too_long" => GiveUp::RetryAfterTooLong { asked },
+            "throttled" => GiveUp::Throttled,
+            "outcomes_exhausted" => GiveUp::OutcomesExhausted,
+            _ => return None,
+        })
+    }
+}
+
+impl core::fmt::Display for GiveUp {
+    /// The name, and what a server asked for when that was too long.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            GiveUp::RetryAfterTooLong { asked } if asked.is_max() => {
+                f.write_str("retry_after_too_long, asked longer than 49 days")
+            }
+            GiveUp::RetryAfterTooLong { asked } => write!(f, "retry_after_too_long, asked {asked}"),
+            g => f.write_str(g.name()),
+        }
+    }
+}
+
+/// One call's progress: `Copy`, twelve bytes, no allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct CallState {
     attempts: u32,
-    waited: u64,
-    last_wait: u64,
+    waited: Duration,
+    last_wait: Duration,
 }
 
 impl CallState {
     /// A call that has made no attempt.
     pub const fn new() -> Self {
-        CallState { attempts: 0, waited: 0, last_wait: 0 }
+        CallState { attempts: 0, waited: Duration::ZERO, last_wait: Duration::ZERO }
     }
 
     /// Attempts decided so far.
@@ -44,13 +163,13 @@ impl CallState {
         self.attempts
     }
 
-    /// Ticks waited so far.
-    pub const fn waited(&self) -> u64 {
+    /// Time waited so far.
+    pub const fn waited(&self) -> Duration {
         self.waited
     }
 
-    /// The last wait, in ticks.
-    pub const fn last_wait(&self) -> u64 {
+    /// The last wait.
+    pub const fn last_wait(&self) -> Duration {
         self.last_wait
     }
 }
@@ -61,10 +180,10 @@ impl CallState {
 pub enum Decision {
     /// The call is over.
     Done(Verdict),
-    /// Wait this many ticks, then attempt again.
+    /// Wait this long, then attempt again.
     Retry {
-        /// The wait, in ticks.
-        wait: u64,
+        /// The wait.
+        wait: Duration,
     },
 }
 
@@ -76,104 +195,30 @@ impl Policy {
 
     /// The class of `outcome` for `op` under this policy's table.
     #[inline]
-    pub const fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
+    pub fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
         self.table.classify(op, outcome)
     }
 
-    /// The wait before the next attempt of a call whose last outcome was retryable, or why the
-    /// call must stop. Does not change `state`; `elapsed` is the call's time so far (attempts
-    /// and waits), when a clock is available, for the deadline.
-    #[inline]
-    pub const fn next_wait(
-        &self,
-        state: &CallState,
-        outcome: &Outcome,
-        draw: Draw,
-        elapsed: Option<u64>,
-    ) -> Result<u64, GiveUp> {
-        let k = state.attempts.saturating_add(1);
-        if let Some(cap) = self.max_attempts {
-            if k >= cap {
-                return Err(GiveUp::Attempts);
-            }
-        }
-        // Ticks a wait may take before the next attempt could no longer end by the deadline.
-        let deadline_left = match (self.deadline, elapsed) {
-            (Some(d), Some(e)) => match d.checked_sub(e) {
-                Some(rest) => match rest.checked_sub(self.min_attempt) {
-                    Some(left) => Some(left),
-                    // Past the deadline even with no wait: not even a zero wait may start.
-                    None => return Err(GiveUp::Deadline),
-                },
-                None => return Err(GiveUp::Deadline),
-            },
-            _ => None,
-        };
-        let backoff = self.backoff.wait(k, state.last_wait, draw);
-        let left = self.budget.saturating_sub(state.waited);
-        let wait = match outcome.retry_after() {
-            None => backoff,
-            Some(secs) => {
-                let asked = self.secs_to_ticks(secs);
-                // A server that asks for longer than the call can afford gets an answer now,
-                // with what it asked, so the caller can reschedule instead of holding the run.
-                let too_long = asked > left
-                    || match self.max_retry_after {
-                        Some(m) => asked > m,
-                        None => false,
-                    }
-                    || match deadline_left {
-                        Some(d) => asked > d,
-                        None => false,
-                    };
-                if too_long {
-                    return Err(GiveUp::RetryAfterTooLong { asked });
-                }
-                let raised = match self.retry_after_mode {
-                    RetryAfterMode::Max => asked,
-                    RetryAfterMode::Spread => {
-                        // The spread past the server's value is ours: trimmed to what the call can
-                        // still wait, so it never turns a Retry-After that fits into a give-up.
-                        let room = match deadline_left {
-                            Some(d) => at_most(left, d),
-                            None => left,
-                        };
-                        at_most(asked.saturating_add(draw.scale(self.backoff.ceiling(k))), room)
-                    }
-                };
-                at_least(raised, backoff)
-            }
-        };
-        if wait > left {
-            return Err(GiveUp::Budget);
-        }
-        if let Some(d) = deadline_left {
-            // Don't start a sleep the caller won't wait out.
-            if wait > d {
-                return Err(GiveUp::Deadline);
-            }
-        }
-        Ok(wait)
-    }
-
     /// Decides after an attempt and records it in `state`: the verdict, or the wait before the
-    /// next attempt. `draw` is used only if the call retries.
+    /// next attempt. `draw` is used only if the call retries. `elapsed` is the call's time so far
+    /// (attempts and waits) when a clock is available, for the deadline; without it only the
+    /// budget bounds the waits.
     #[inline]
-    pub const fn decide(
+    pub fn decide(
         &self,
         state: &mut CallState,
         op: Operation,
         outcome: &Outcome,
         draw: Draw,
-        elapsed: Option<u64>,
+        elapsed: Option<Duration>,
     ) -> Decision {
         self.decide_class(state, self.classify(op, outcome), outcome, draw, elapsed)
     }
 
-    /// One attempt's whole decision as the runner makes it: classify, charge the fleet budget
-    /// for a failure that says the server or the path is in trouble (or refund it on success),
-    /// decide, and turn a retry the fleet refuses into `gave_up` (throttled). The cost is taken
-    /// now, before any wait, so a retry waiting in backoff already holds it.
+    /// [`Policy::decide`] with a fleet retry budget, as a runner makes it: a failure that says
+    /// the server or the path is in trouble (retry or unknown) costs a token, a success refunds
+    /// some, and a retry the fleet refuses ends `gave_up` (throttled). The cost is taken now,
+    /// before any wait, so a retry waiting in backoff already holds it.
     #[inline]
     pub fn decide_with_fleet(
         &self,
@@ -181,44 +226,42 @@ impl Policy {
         op: Operation,
         outcome: &Outcome,
         draw: Draw,
-        elapsed: Option<u64>,
-        fleet: Option<&crate::FleetBudget>,
-    ) -> (Class, Decision) {
+        elapsed: Option<Duration>,
+        fleet: &FleetBudget,
+    ) -> Decision {
         let class = self.classify(op, outcome);
-        let allowed = match (class, fleet) {
-            (Class::Ok, Some(f)) => {
-                f.on_success();
+        let allowed = match class {
+            Class::Ok => {
+                fleet.on_success();
                 true
             }
-            (Class::Retry | Class::Unknown, Some(f)) => f.on_failure(),
-            _ => true,
+            Class::Retry | Class::Unknown => fleet.on_failure(),
+            Class::Failed | Class::Cancelled => true,
         };
-        let decision = match self.decide_class(state, class, outcome, draw, elapsed) {
+        match self.decide_class(state, class, outcome, draw, elapsed) {
             Decision::Retry { .. } if !allowed => Decision::Done(Verdict::GaveUp(GiveUp::Throttled)),
             d => d,
-        };
-        (class, decision)
+        }
     }
 
-    /// [`Policy::decide`] for an outcome already classified (by [`Policy::classify`] for the
-    /// same operation), so a caller that needs the class too classifies once.
+    /// The decision for an outcome already classified.
     #[inline]
-    pub const fn decide_class(
+    pub(crate) fn decide_class(
         &self,
         state: &mut CallState,
         class: Class,
         outcome: &Outcome,
         draw: Draw,
-        elapsed: Option<u64>,
+        elapsed: Option<Duration>,
     ) -> Decision {
+        state.attempts = state.attempts.saturating_add(1);
         let verdict = match class {
             Class::Ok => Verdict::Ok,
             Class::Failed => Verdict::Failed,
             Class::Unknown => Verdict::Unknown,
             Class::Cancelled => Verdict::Cancelled,
-            Class::Retry => match self.next_wait(state, outcome, draw, elapsed) {
+            Class::Retry => match self.next_wait(state.attempts, state, outcome, draw, elapsed) {
                 Ok(wait) => {
-                    state.attempts = state.attempts.saturating_add(1);
                     state.waited = state.waited.saturating_add(wait);
                     state.last_wait = wait;
                     return Decision::Retry { wait };
@@ -226,8 +269,65 @@ impl Policy {
                 Err(why) => Verdict::GaveUp(why),
             },
         };
-        state.attempts = state.attempts.saturating_add(1);
         Decision::Done(verdict)
+    }
+
+    /// The wait before retry `k` (the attempt just made was attempt `k`) of a call whose last
+    /// outcome was retryable, or why the call must stop. Does not change `state`.
+    #[inline]
+    pub(crate) fn next_wait(
+        &self,
+        k: u32,
+        state: &CallState,
+        outcome: &Outcome,
+        draw: Draw,
+        elapsed: Option<Duration>,
+    ) -> Result<Duration, GiveUp> {
+        if let Some(cap) = self.max_attempts {
+            if k >= cap {
+                return Err(GiveUp::Attempts);
+            }
+        }
+        let left = self.budget.saturating_sub(state.waited);
+        // What a wait may take before the next attempt could no longer end by the deadline.
+        let room = match (self.deadline, elapsed) {
+            (Some(d), Some(e)) => match d.checked_sub(e) {
+                Some(rest) => match rest.checked_sub(self.min_attempt) {
+                    Some(until) => until.min(left),
+                    // Past the deadline even with no wait: not even a zero wait may start.
+                    None => return Err(GiveUp::Deadline),
+                },
+                None => return Err(GiveUp::Deadline),
+            },
+            _ => left,
+        };
+        let backoff = self.backoff.wait(k, state.last_wait, draw);
+        let wait = match outcome.retry_after() {
+            None => backoff,
+            Some(asked) => {
+                // A server that asks for longer than the call can afford gets an answer now,
+                // with what it asked, so the caller can reschedule instead of holding the run.
+                let beyond_max = match self.max_retry_after {
+                    Some(m) => asked.as_millis() > m.as_millis(),
+                    None => false,
+                };
+                if asked > room || beyond_max {
+                    return Err(GiveUp::RetryAfterTooLong { asked });
+                }
+                let raised = match self.retry_after_mode {
+                    RetryAfterMode::Max => asked,
+                    // The spread past the server's value is ours: trimmed to what the call can
+                    // still wait, so it never turns a Retry-After that fits into a give-up.
+                    RetryAfterMode::Spread => asked.saturating_add(draw.scale(self.backoff.ceiling(k))).min(room),
+                };
+                raised.max(backoff)
+            }
+        };
+        if wait > room {
+            // Don't start a sleep the budget cannot pay for, or the caller won't wait out.
+            return Err(if wait > left { GiveUp::Budget } else { GiveUp::Deadline });
+        }
+        Ok(wait)
     }
 }
 

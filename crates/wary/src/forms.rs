@@ -1,0 +1,344 @@
+//! The flat forms a record and a policy take on a line: the device line and the JSON line read
+//! through the same fields, so the two formats cannot drift apart.
+
+use crate::backoff::Draw;
+use crate::classify::{Class, Failure, Operation, Outcome};
+use crate::decide::{GiveUp, Verdict};
+use crate::error::LineError;
+use crate::key::Key;
+use crate::ledger::Record;
+use crate::time::Duration;
+
+/// A record's fields as names and numbers, before they are checked.
+pub(crate) struct Fields<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) attempt: u32,
+    pub(crate) op: &'a str,
+    pub(crate) outcome: &'a str,
+    pub(crate) status: Option<u16>,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) class: &'a str,
+    pub(crate) draw: Option<Draw>,
+    pub(crate) wait: Duration,
+    pub(crate) attempt_time: Duration,
+    pub(crate) total_time: Duration,
+    pub(crate) verdict: Option<&'a str>,
+    pub(crate) reason: Option<&'a str>,
+    pub(crate) asked: Option<Duration>,
+    pub(crate) policy: u32,
+}
+
+impl Fields<'_> {
+    pub(crate) fn into_record(self) -> Result<Record, LineError> {
+        let outcome = match self.outcome {
+            "ok" => Outcome::Ok,
+            "status" => Outcome::Failure(Failure::Status {
+                code: self.status.ok_or(LineError::Missing("status"))?,
+                retry_after: self.retry_after,
+            }),
+            other => Outcome::Failure(Failure::from_name(other).ok_or(LineError::Bad("outcome"))?),
+        };
+        let verdict = match self.verdict {
+            None => None,
+            Some(name) => {
+                let reason = match self.reason {
+                    Some(r) => Some(
+                        GiveUp::from_name(r, self.asked.unwrap_or(Duration::ZERO)).ok_or(LineError::Bad("reason"))?,
+                    ),
+                    None => None,
+                };
+                Some(Verdict::from_name(name, reason).ok_or(LineError::Bad("verdict"))?)
+            }
+        };
+        Ok(Record {
+            key: Key::from_hex(self.key).ok_or(LineError::Bad("key"))?,
+            attempt: self.attempt,
+            op: Operation::from_name(self.op).ok_or(LineError::Bad("op"))?,
+            outcome,
+            class: Class::from_name(self.class).ok_or(LineError::Bad("class"))?,
+            draw: self.draw,
+            wait: self.wait,
+            attempt_time: self.attempt_time,
+            total_time: self.total_time,
+            verdict,
+            policy: self.policy,
+        })
+    }
+}
+
+#[cfg(feature = "serde")]
+pub(crate) use with_serde::{PolicyForm, RecordForm};
+
+#[cfg(feature = "serde")]
+mod with_serde {
+    use core::fmt;
+
+    use heapless::String;
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::backoff::{Backoff, Jitter};
+    use crate::classify::{Rule, Table, Transport};
+    use crate::error::{PolicyError, TableError};
+    use crate::ledger::LEDGER_VERSION;
+    use crate::policy::{Policy, RetryAfterMode};
+    use crate::retry_after::Rules;
+
+    /// Why a line's form was refused.
+    #[derive(Debug)]
+    pub(crate) enum FormError {
+        Line(LineError),
+        Policy(PolicyError),
+        Table(TableError),
+    }
+
+    impl fmt::Display for FormError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                FormError::Line(e) => e.fmt(f),
+                FormError::Policy(e) => write!(f, "invalid policy: {e}"),
+                FormError::Table(e) => write!(f, "invalid table: {e}"),
+            }
+        }
+    }
+
+    type Name = String<24>;
+
+    fn name(s: &str) -> Name {
+        // Every name this crate writes is shorter than the capacity.
+        String::try_from(s).unwrap_or_default()
+    }
+
+    /// The hex of a fingerprint.
+    mod hex32 {
+        use core::fmt::Write;
+
+        pub(crate) fn serialize<S: serde::Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+            let mut out = heapless::String::<8>::new();
+            // Eight hex digits always fit.
+            let _ = write!(out, "{v:08x}");
+            s.serialize_str(&out)
+        }
+
+        pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+            let s = <heapless::String<8> as serde::Deserialize>::deserialize(d)?;
+            u32::from_str_radix(&s, 16).map_err(|_| serde::de::Error::custom("a fingerprint is 8 hex digits"))
+        }
+    }
+
+    /// A record as one JSON object: flat, with every duration in milliseconds, and the ledger
+    /// format's version as `v`.
+    #[derive(Serialize, Deserialize)]
+    pub(crate) struct RecordForm {
+        v: u32,
+        key: Key,
+        attempt: u32,
+        op: Operation,
+        outcome: Name,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<Duration>,
+        class: Class,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        draw: Option<Draw>,
+        wait_ms: Duration,
+        attempt_ms: Duration,
+        total_ms: Duration,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verdict: Option<Name>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<Name>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        asked_ms: Option<Duration>,
+        #[serde(with = "hex32")]
+        policy: u32,
+    }
+
+    impl From<Record> for RecordForm {
+        fn from(r: Record) -> RecordForm {
+            let (verdict, reason, asked_ms) = match r.verdict {
+                None => (None, None, None),
+                Some(Verdict::GaveUp(g)) => (
+                    Some(name("gave_up")),
+                    Some(name(g.name())),
+                    match g {
+                        GiveUp::RetryAfterTooLong { asked } => Some(asked),
+                        _ => None,
+                    },
+                ),
+                Some(v) => (Some(name(v.name())), None, None),
+            };
+            RecordForm {
+                v: LEDGER_VERSION,
+                key: r.key,
+                attempt: r.attempt,
+                op: r.op,
+                outcome: name(r.outcome.name()),
+                status: r.outcome.code(),
+                retry_after_ms: r.outcome.retry_after(),
+                class: r.class,
+                draw: r.draw,
+                wait_ms: r.wait,
+                attempt_ms: r.attempt_time,
+                total_ms: r.total_time,
+                verdict,
+                reason,
+                asked_ms,
+                policy: r.policy,
+            }
+        }
+    }
+
+    impl TryFrom<RecordForm> for Record {
+        type Error = FormError;
+        fn try_from(f: RecordForm) -> Result<Record, FormError> {
+            if f.v != LEDGER_VERSION {
+                return Err(FormError::Line(LineError::Version { found: f.v, expected: LEDGER_VERSION }));
+            }
+            let key = f.key.to_hex();
+            Fields {
+                key: &key,
+                attempt: f.attempt,
+                op: f.op.name(),
+                outcome: &f.outcome,
+                status: f.status,
+                retry_after: f.retry_after_ms,
+                class: f.class.name(),
+                draw: f.draw,
+                wait: f.wait_ms,
+                attempt_time: f.attempt_ms,
+                total_time: f.total_ms,
+                verdict: f.verdict.as_deref(),
+                reason: f.reason.as_deref(),
+                asked: f.asked_ms,
+                policy: f.policy,
+            }
+            .into_record()
+            .map_err(FormError::Line)
+        }
+    }
+
+    /// A table as data: its exact status rules, its class rules, its transport rules.
+    #[derive(Serialize, Deserialize)]
+    struct TableForm {
+        exact: heapless::Vec<(u16, Rule), 200>,
+        client_errors: Rule,
+        server_errors: Rule,
+        other_statuses: Rule,
+        transport: TransportForm,
+        reads_only: bool,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct TransportForm {
+        connect_timeout: Rule,
+        response_timeout: Rule,
+        refused: Rule,
+        reset: Rule,
+        tls: Rule,
+        bad_body: Rule,
+        stream_broken_before: Rule,
+    }
+
+    impl From<&Table> for TableForm {
+        fn from(t: &Table) -> TableForm {
+            let r = |k| t.transport_rule(k);
+            TableForm {
+                exact: t.exact_rules().collect(),
+                client_errors: t.client_errors(),
+                server_errors: t.server_errors(),
+                other_statuses: t.other_statuses(),
+                transport: TransportForm {
+                    connect_timeout: r(Transport::ConnectTimeout),
+                    response_timeout: r(Transport::ResponseTimeout),
+                    refused: r(Transport::Refused),
+                    reset: r(Transport::Reset),
+                    tls: r(Transport::Tls),
+                    bad_body: r(Transport::BadBody),
+                    stream_broken_before: r(Transport::StreamBefore),
+                },
+                reads_only: t.is_reads_only(),
+            }
+        }
+    }
+
+    impl TryFrom<TableForm> for Table {
+        type Error = TableError;
+        fn try_from(f: TableForm) -> Result<Table, TableError> {
+            let x = &f.transport;
+            let mut t = Table::new(f.client_errors, f.server_errors, f.other_statuses)
+                .with_transport(Transport::ConnectTimeout, x.connect_timeout)
+                .with_transport(Transport::ResponseTimeout, x.response_timeout)
+                .with_transport(Transport::Refused, x.refused)
+                .with_transport(Transport::Reset, x.reset)
+                .with_transport(Transport::Tls, x.tls)
+                .with_transport(Transport::BadBody, x.bad_body)
+                .with_transport(Transport::StreamBefore, x.stream_broken_before)
+                .reads_only(f.reads_only);
+            for (code, rule) in f.exact {
+                t = t.with_status(code, rule)?;
+            }
+            Ok(t)
+        }
+    }
+
+    /// A policy's every setting, durations in milliseconds.
+    #[derive(Serialize, Deserialize)]
+    pub(crate) struct PolicyForm {
+        base_ms: Duration,
+        cap_ms: Duration,
+        jitter: Jitter,
+        budget_ms: Duration,
+        #[serde(default)]
+        deadline_ms: Option<Duration>,
+        #[serde(default)]
+        max_attempts: Option<u32>,
+        #[serde(default)]
+        min_attempt_ms: Duration,
+        #[serde(default)]
+        max_retry_after_ms: Option<Duration>,
+        retry_after_mode: RetryAfterMode,
+        retry_after_rules: Rules,
+        table: TableForm,
+    }
+
+    impl From<Policy> for PolicyForm {
+        fn from(p: Policy) -> PolicyForm {
+            PolicyForm {
+                base_ms: p.backoff.base,
+                cap_ms: p.backoff.cap,
+                jitter: p.backoff.jitter,
+                budget_ms: p.budget,
+                deadline_ms: p.deadline,
+                max_attempts: p.max_attempts,
+                min_attempt_ms: p.min_attempt,
+                max_retry_after_ms: p.max_retry_after,
+                retry_after_mode: p.retry_after_mode,
+                retry_after_rules: p.retry_after_rules,
+                table: TableForm::from(&p.table),
+            }
+        }
+    }
+
+    impl TryFrom<PolicyForm> for Policy {
+        type Error = FormError;
+        fn try_from(f: PolicyForm) -> Result<Policy, FormError> {
+            let table = Table::try_from(f.table).map_err(FormError::Table)?;
+            Policy {
+                table,
+                backoff: Backoff::new(f.base_ms, f.cap_ms, f.jitter),
+                budget: f.budget_ms,
+                deadline: f.deadline_ms,
+                max_attempts: f.max_attempts,
+                min_attempt: f.min_attempt_ms,
+                max_retry_after: f.max_retry_after_ms,
+                retry_after_mode: f.retry_after_mode,
+                retry_after_rules: f.retry_after_rules,
+            }
+            .to_builder()
+            .build()
+            .map_err(FormError::Policy)
+        }
+    }
+}
