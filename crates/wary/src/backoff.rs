@@ -150,10 +150,10 @@ impl Backoff {
     pub const fn ceiling(&self, k: u32) -> Duration {
         let shift = k.saturating_sub(1);
         let base = self.base.as_millis();
-        // base·2^shift fits 32 bits exactly when base has more leading zeros than the shift.
+        // base·2^shift fits 32 bits exactly when base has at least `shift` leading zeros.
         let grown = if base == 0 {
             0
-        } else if shift < base.leading_zeros() {
+        } else if shift <= base.leading_zeros() {
             base << shift
         } else {
             u32::MAX
@@ -260,7 +260,8 @@ mod tests {
         // A percent variant built out of range counts as 99, never more than the value.
         assert_eq!(Draw::Percent(200).scale(ms(1000)), ms(990));
         // The split arithmetic agrees with wide arithmetic everywhere, the edges included.
-        for x in [0u64, 1, 99, 100, 101, 12_345, (1 << 31) + 7, u64::from(u32::MAX) - 1, u64::from(u32::MAX)] {
+        for x in [0u64, 1, 99, 100, 101, 12_345, (1 << 31) + 7, u64::from(u32::MAX) - 1, u64::from(u32::MAX)]
+        {
             for p in [0u8, 1, 37, 50, 99] {
                 let want = x * u64::from(p) / 100;
                 assert_eq!(pct(p).scale(ms(x)), ms(want), "{x} · {p}%");
@@ -289,7 +290,8 @@ mod tests {
         assert_eq!(one.ceiling(33), Duration::MAX);
         assert_eq!(b(2, u64::MAX, Jitter::None).ceiling(32), Duration::MAX);
         assert_eq!(b(2, u64::MAX, Jitter::None).ceiling(31), ms(1 << 31));
-        assert_eq!(b(3, u64::MAX, Jitter::None).ceiling(31), Duration::MAX);
+        assert_eq!(b(3, u64::MAX, Jitter::None).ceiling(31), ms(3 << 30));
+        assert_eq!(b(3, u64::MAX, Jitter::None).ceiling(32), Duration::MAX);
     }
 
     #[test]

@@ -650,7 +650,9 @@ impl Table {
 
     /// The exact status rules, by ascending status.
     pub fn exact_rules(&self) -> impl Iterator<Item = (u16, Rule)> + '_ {
-        (0..SPAN).filter(|i| self.is_exact(*i)).map(|i| (FIRST.saturating_add(i), self.status_rule(FIRST.saturating_add(i))))
+        (0..SPAN)
+            .filter(|i| self.is_exact(*i))
+            .map(|i| (FIRST.saturating_add(i), self.status_rule(FIRST.saturating_add(i))))
     }
 
     /// The rule for a failure other than a status.
@@ -836,7 +838,10 @@ mod tests {
         let all = all.with_status(599, Rule::Fail).unwrap();
         assert_eq!(row(&all, Outcome::status(599)), [F, F, F]);
         // Exact rules survive a change of the class rule; the others follow it.
-        let t = Table::DEFAULT.with_status(418, Rule::RetryAny).unwrap().with_client_errors(Rule::RetryIdempotent);
+        let t = Table::DEFAULT
+            .with_status(418, Rule::RetryAny)
+            .unwrap()
+            .with_client_errors(Rule::RetryIdempotent);
         assert_eq!(row(&t, Outcome::status(418)), [R, R, R]);
         assert_eq!(row(&t, Outcome::status(400)), [R, R, U]);
         assert_eq!(row(&t, Outcome::status(429)), [R, R, R]);
@@ -859,7 +864,7 @@ mod tests {
         assert_eq!(Table::DEFAULT.operation("PUT", false), Operation::Read);
         // So a PUT that timed out under strict is not resent.
         let put = Table::STRICT.operation("PUT", false);
-        assert_eq!(Table::STRICT.classify(put, &Failure::ResponseTimeout), Class::Unknown);
+        assert_eq!(Table::STRICT.classify(put, &Failure::ResponseTimeout.into()), Class::Unknown);
     }
 
     #[test]
@@ -935,14 +940,22 @@ mod more_tests {
         let (o, _) = Outcome::from_response(429, [b"31536000".as_slice()], None, None, r);
         assert_eq!(o.retry_after(), Some(Duration::MAX));
         // Strict rules refuse a date; the status stays, with no wait.
-        let (o, reading) =
-            Outcome::from_response(503, [b"Sun, 06 Nov 1994 08:49:40 GMT".as_slice()], None, Some(0), &Rules::STRICT);
+        let (o, reading) = Outcome::from_response(
+            503,
+            [b"Sun, 06 Nov 1994 08:49:40 GMT".as_slice()],
+            None,
+            Some(0),
+            &Rules::STRICT,
+        );
         assert_eq!((o, reading.unreadable), (Outcome::status(503), 0));
         assert_eq!(Outcome::Ok.into_result(), Ok(()));
         assert_eq!(Outcome::status(500).into_result(), Err(Failure::status(500)));
         assert_eq!(Outcome::from(&Err::<(), _>(Failure::Reset)), Outcome::Failure(Failure::Reset));
         assert_eq!(Outcome::from(&Ok::<u8, Failure>(1)), Outcome::Ok);
-        assert_eq!((Outcome::Ok.name(), Outcome::status(1).name(), Outcome::status(404).code()), ("ok", "status", Some(404)));
+        assert_eq!(
+            (Outcome::Ok.name(), Outcome::status(1).name(), Outcome::status(404).code()),
+            ("ok", "status", Some(404))
+        );
     }
 
     #[test]

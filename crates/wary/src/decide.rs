@@ -318,7 +318,9 @@ impl Policy {
                     RetryAfterMode::Max => asked,
                     // The spread past the server's value is ours: trimmed to what the call can
                     // still wait, so it never turns a Retry-After that fits into a give-up.
-                    RetryAfterMode::Spread => asked.saturating_add(draw.scale(self.backoff.ceiling(k))).min(room),
+                    RetryAfterMode::Spread => {
+                        asked.saturating_add(draw.scale(self.backoff.ceiling(k))).min(room)
+                    }
                 };
                 raised.max(backoff)
             }
@@ -334,14 +336,35 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Preset;
+    use crate::{Failure, Preset};
 
-    fn decide_all(p: &Policy, op: Operation, outcomes: &[Outcome]) -> (Vec<u64>, Verdict) {
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    fn too_long(asked: u64) -> GiveUp {
+        GiveUp::RetryAfterTooLong { asked: ms(asked) }
+    }
+
+    /// [`Policy::next_wait`] for the next retry of `s`, in milliseconds, `elapsed` in ms too.
+    fn nw(p: &Policy, s: &CallState, o: &Outcome, d: Draw, elapsed: Option<u64>) -> Result<u32, GiveUp> {
+        p.next_wait(s.attempts().saturating_add(1), s, o, d, elapsed.map(ms)).map(Duration::as_millis)
+    }
+
+    fn retry(wait: u64) -> Decision {
+        Decision::Retry { wait: ms(wait) }
+    }
+
+    fn decide_all(p: &Policy, op: Operation, outcomes: &[Outcome]) -> (Vec<u32>, Verdict) {
         let mut s = CallState::new();
         let mut waits = Vec::new();
         for o in outcomes {
             match p.decide(&mut s, op, o, Draw::ZERO, None) {
-                Decision::Retry { wait } => waits.push(wait),
+                Decision::Retry { wait } => waits.push(wait.as_millis()),
                 Decision::Done(v) => return (waits, v),
             }
         }
@@ -352,7 +375,7 @@ mod tests {
     fn waits_that_add_up_to_the_budget_exactly_fit_then_the_attempt_cap_ends_the_call() {
         // 100 + 200 ms = 300 ms fits a 300 ms budget exactly: no float error stops it early.
         let p = Policy::builder(Preset::Strict).max_attempts(10).build().unwrap();
-        let o = [Outcome::ResponseTimeout; 4];
+        let o = [Outcome::Failure(Failure::ResponseTimeout); 4];
         assert_eq!(decide_all(&p, Operation::Read, &o), (vec![100, 200], Verdict::GaveUp(GiveUp::Budget)));
         let p = Policy::builder(Preset::Strict).build().unwrap();
         assert_eq!(decide_all(&p, Operation::Read, &o), (vec![100, 200], Verdict::GaveUp(GiveUp::Attempts)));
@@ -360,51 +383,43 @@ mod tests {
 
     #[test]
     fn a_retry_after_past_the_budget_stops_before_any_wait() {
-        let p = Policy::builder(Preset::Strict).budget(500).build().unwrap();
-        let o = [Outcome::status_after(503, 2), Outcome::Ok];
-        assert_eq!(
-            decide_all(&p, Operation::Read, &o),
-            (vec![], Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 2000 }))
-        );
+        let p = Policy::builder(Preset::Strict).budget(ms(500)).build().unwrap();
+        let o = [Outcome::status_after(503, secs(2)), Outcome::Ok];
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![], Verdict::GaveUp(too_long(2000))));
     }
 
     #[test]
     fn strict_posts_and_bad_data_are_not_retried() {
         let p = Policy::builder(Preset::Strict).build().unwrap();
-        assert_eq!(decide_all(&p, Operation::Write, &[Outcome::ResponseTimeout]), (vec![], Verdict::Unknown));
+        assert_eq!(
+            decide_all(&p, Operation::Write, &[Outcome::Failure(Failure::ResponseTimeout)]),
+            (vec![], Verdict::Unknown)
+        );
         assert_eq!(decide_all(&p, Operation::Write, &[Outcome::status(429)]), (vec![], Verdict::Failed));
-        assert_eq!(decide_all(&p, Operation::Read, &[Outcome::BadBody]), (vec![], Verdict::Failed));
+        assert_eq!(
+            decide_all(&p, Operation::Read, &[Outcome::Failure(Failure::BadBody)]),
+            (vec![], Verdict::Failed)
+        );
     }
 
     #[test]
     fn a_retry_after_past_max_retry_after_fails_at_once() {
         // max_delay 20 s, Retry-After 120 s: no sleep at all.
-        let p = Policy::builder(Preset::Default).max_attempts(5).max_retry_after(20_000).build().unwrap();
-        let o = [Outcome::status_after(429, 120), Outcome::Ok];
-        assert_eq!(
-            decide_all(&p, Operation::Read, &o),
-            (vec![], Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 120_000 }))
-        );
+        let p = Policy::builder(Preset::Default).max_attempts(5).max_retry_after(secs(20)).build().unwrap();
+        let o = [Outcome::status_after(429, secs(120)), Outcome::Ok];
+        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![], Verdict::GaveUp(too_long(120_000))));
     }
 
     #[test]
     fn deadline_counts_attempt_time() {
-        let p = Policy::builder(Preset::Exercise)
-            .tick_hz(1)
-            .base(2)
-            .cap(60)
-            .budget(120)
-            .deadline(10)
-            .min_attempt(3)
-            .build()
-            .unwrap();
+        let p = exact().deadline(ms(10)).min_attempt(ms(3)).build().unwrap();
         let mut s = CallState::new();
         let o = Outcome::status(503);
-        // 4 ticks elapsed, wait 1, then an attempt of at least 3: ends at 8 ≤ 10.
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(4)), Decision::Retry { wait: 1 });
+        // 4 ms elapsed, wait 1, then an attempt of at least 3: ends at 8 ≤ 10.
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(4))), retry(1));
         // 6 elapsed, wait 2 + attempt 3 = 11 > 10: not started.
         assert_eq!(
-            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(6)),
+            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(6))),
             Decision::Done(Verdict::GaveUp(GiveUp::Deadline))
         );
     }
@@ -414,49 +429,49 @@ mod tests {
         let p = Policy::builder(Preset::Default)
             .jitter(crate::Jitter::Full)
             .max_attempts(5)
-            .deadline(100)
+            .deadline(ms(100))
             .build()
             .unwrap();
         let mut s = CallState::new();
         let o = Outcome::status(503);
         // A draw of 0 makes a wait of 0, which must not slip past a deadline already gone.
         assert_eq!(
-            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(150)),
+            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(150))),
             Decision::Done(Verdict::GaveUp(GiveUp::Deadline))
         );
         let mut s = CallState::new();
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(100)), Decision::Retry { wait: 0 });
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(100))), retry(0));
     }
 
     #[test]
     fn the_spread_never_turns_a_retry_after_that_fits_into_a_give_up() {
         // Budget 2,050 ms: the server's 2 s fits; its spread (up to the 100 ms ceiling) is trimmed.
-        let p = Policy::builder(Preset::Default).budget(2_050).build().unwrap();
+        let p = Policy::builder(Preset::Default).budget(ms(2_050)).build().unwrap();
         let s = CallState::new();
-        let o = Outcome::status_after(429, 2);
-        assert_eq!(p.next_wait(&s, &o, Draw::unit(u32::MAX), None), Ok(2_050));
-        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, None), Ok(2_000));
+        let o = Outcome::status_after(429, secs(2));
+        assert_eq!(nw(&p, &s, &o, Draw::TOP, None), Ok(2_050));
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, None), Ok(2_000));
         // Past the budget the server's own value still gives up at once.
-        let p = Policy::builder(Preset::Default).budget(1_999).build().unwrap();
-        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, None), Err(GiveUp::RetryAfterTooLong { asked: 2_000 }));
+        let p = Policy::builder(Preset::Default).budget(ms(1_999)).build().unwrap();
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, None), Err(too_long(2_000)));
     }
 
     #[test]
     fn a_huge_retry_after_never_overflows_and_gives_up_now() {
         use crate::retry_after::Rules;
-        for value in [&b"1e400"[..], b"99999999999999999999", b"18446744073709551615.5", b"+1e30"] {
-            let secs = Rules::LENIENT.read([value], None, None).unwrap().unwrap();
-            assert_eq!(secs, u64::MAX, "{value:?}");
-            for preset in [Preset::Default, Preset::Exercise] {
+        for value in [&b"1e400"[..], b"99999999999999999999", b"18446744073709551615.5", b"+1e30", b"4294968"]
+        {
+            let (o, _) = Outcome::from_response(503, [value], None, None, &Rules::LENIENT);
+            assert_eq!(o.retry_after(), Some(Duration::MAX), "{value:?}");
+            for preset in [Preset::Default, Preset::Basic] {
                 let p = Policy::builder(preset).build().unwrap();
                 let mut s = CallState::new();
-                let o = Outcome::status_after(503, secs);
-                // Seconds to ticks saturates; the wait is never started.
+                // Seconds to milliseconds saturates; the wait is never started.
                 assert_eq!(
-                    p.decide(&mut s, Operation::Read, &o, Draw::unit(u32::MAX), Some(0)),
-                    Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: u64::MAX }))
+                    p.decide(&mut s, Operation::Read, &o, Draw::TOP, Some(ms(0))),
+                    Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: Duration::MAX }))
                 );
-                assert_eq!(s.waited(), 0);
+                assert_eq!(s.waited(), Duration::ZERO);
             }
         }
     }
@@ -464,69 +479,68 @@ mod tests {
     #[test]
     fn a_loose_retry_after_is_waited_out_in_full() {
         // "1.5" asks for at least 1.5 s: the call waits 2 s, not the backoff's 100 ms.
-        let p = Policy::builder(Preset::Exercise).build().unwrap();
-        let secs = crate::retry_after::Rules::LENIENT.read([b"1.5".as_slice()], None, None).unwrap();
-        let o = Outcome::Status { code: 429, retry_after: secs };
-        assert_eq!(p.next_wait(&CallState::new(), &o, Draw::ZERO, None), Ok(2_000));
+        let p = Policy::builder(Preset::Basic).build().unwrap();
+        let (o, _) = Outcome::from_response(429, [b"1.5".as_slice()], None, None, &crate::Rules::LENIENT);
+        assert_eq!(nw(&p, &CallState::new(), &o, Draw::ZERO, None), Ok(2_000));
     }
 
     #[test]
     fn spread_retry_after_is_never_below_the_server_value() {
         let p = Policy::builder(Preset::Default).build().unwrap();
         let s = CallState::new();
-        let o = Outcome::status_after(429, 2);
-        let low = p.next_wait(&s, &o, Draw::ZERO, None).unwrap();
-        let high = p.next_wait(&s, &o, Draw::unit(u32::MAX), None).unwrap();
+        let o = Outcome::status_after(429, secs(2));
+        let low = nw(&p, &s, &o, Draw::ZERO, None).unwrap();
+        let high = nw(&p, &s, &o, Draw::TOP, None).unwrap();
         assert_eq!(low, 2000);
         assert!(high > low && high < 2000 + 100, "{high}");
     }
 
-    /// Seconds as ticks (`tick_hz(1)`), `max` Retry-After mode: every number below is exact.
+    /// Small numbers of milliseconds, `max` Retry-After mode: every number below is exact.
     fn exact() -> crate::PolicyBuilder {
-        Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
+        Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120))
     }
 
-    fn wait_for(p: &Policy, retry_after: u64, elapsed: Option<u64>) -> Result<u64, GiveUp> {
-        p.next_wait(&CallState::new(), &Outcome::status_after(429, retry_after), Draw::ZERO, elapsed)
+    fn wait_for(p: &Policy, retry_after: u64, elapsed: Option<u64>) -> Result<u32, GiveUp> {
+        nw(p, &CallState::new(), &Outcome::status_after(429, ms(retry_after)), Draw::ZERO, elapsed)
     }
 
     #[test]
     fn a_retry_after_equal_to_the_budget_left_is_waited_one_more_is_too_long() {
         let p = exact().build().unwrap();
         assert_eq!(wait_for(&p, 120, None), Ok(120));
-        assert_eq!(wait_for(&p, 121, None), Err(GiveUp::RetryAfterTooLong { asked: 121 }));
+        assert_eq!(wait_for(&p, 121, None), Err(too_long(121)));
         assert_eq!(wait_for(&p, 0, None), Ok(1), "a Retry-After of 0 never lowers the backoff");
         // What is left, not the whole budget: after 100 of 120, 20 fits and 21 does not.
         let mut s = CallState::new();
-        let o = Outcome::status_after(429, 100);
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None), Decision::Retry { wait: 100 });
-        let next = |ra| p.next_wait(&s, &Outcome::status_after(429, ra), Draw::ZERO, None);
+        let o = Outcome::status_after(429, ms(100));
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None), retry(100));
+        let next = |ra| nw(&p, &s, &Outcome::status_after(429, ms(ra)), Draw::ZERO, None);
         assert_eq!(next(20), Ok(20));
-        assert_eq!(next(21), Err(GiveUp::RetryAfterTooLong { asked: 21 }));
+        assert_eq!(next(21), Err(too_long(21)));
     }
 
     #[test]
     fn a_backoff_wait_equal_to_the_budget_left_is_waited_one_more_gives_up() {
         // Ceilings 2, 4, 8 with no jitter: budget 14 holds all three exactly, 13 only two.
-        let p = exact().jitter(crate::Jitter::None).budget(14).build().unwrap();
+        let p = exact().jitter(crate::Jitter::None).budget(ms(14)).build().unwrap();
         let o = [Outcome::status(503); 5];
         assert_eq!(decide_all(&p, Operation::Read, &o), (vec![2, 4, 8], Verdict::GaveUp(GiveUp::Budget)));
-        let p = exact().jitter(crate::Jitter::None).budget(13).build().unwrap();
+        let p = exact().jitter(crate::Jitter::None).budget(ms(13)).build().unwrap();
         assert_eq!(decide_all(&p, Operation::Read, &o), (vec![2, 4], Verdict::GaveUp(GiveUp::Budget)));
     }
 
     #[test]
     fn max_retry_after_allows_its_own_value_and_refuses_one_more() {
-        let p = exact().max_retry_after(30).build().unwrap();
+        let p = exact().max_retry_after(ms(30)).build().unwrap();
         assert_eq!(wait_for(&p, 29, None), Ok(29));
         assert_eq!(wait_for(&p, 30, None), Ok(30));
-        assert_eq!(wait_for(&p, 31, None), Err(GiveUp::RetryAfterTooLong { asked: 31 }));
+        assert_eq!(wait_for(&p, 31, None), Err(too_long(31)));
         // The budget still holds 31: the limit alone refused it.
         assert_eq!(wait_for(&exact().build().unwrap(), 31, None), Ok(31));
         // Without a Retry-After the limit does not apply to the backoff's own waits.
-        let p = exact().max_retry_after(0).jitter(crate::Jitter::None).build().unwrap();
-        assert_eq!(p.next_wait(&CallState::new(), &Outcome::status(503), Draw::ZERO, None), Ok(2));
-        assert_eq!(wait_for(&p, 1, None), Err(GiveUp::RetryAfterTooLong { asked: 1 }));
+        let p = exact().max_retry_after(ms(0)).jitter(crate::Jitter::None).build().unwrap();
+        assert_eq!(nw(&p, &CallState::new(), &Outcome::status(503), Draw::ZERO, None), Ok(2));
+        assert_eq!(wait_for(&p, 1, None), Err(too_long(1)));
         assert_eq!(wait_for(&p, 0, None), Ok(2));
     }
 
@@ -534,51 +548,58 @@ mod tests {
     fn a_retry_after_past_the_deadline_is_too_long_at_once() {
         // Deadline 100, 10 elapsed, attempts take at least 5: a wait of 85 ends the next attempt
         // exactly at the deadline; 86 would not.
-        let p = exact().budget(1_000).deadline(100).min_attempt(5).build().unwrap();
+        let p = exact().budget(ms(1_000)).deadline(ms(100)).min_attempt(ms(5)).build().unwrap();
         assert_eq!(wait_for(&p, 85, Some(10)), Ok(85));
-        assert_eq!(wait_for(&p, 86, Some(10)), Err(GiveUp::RetryAfterTooLong { asked: 86 }));
+        assert_eq!(wait_for(&p, 86, Some(10)), Err(too_long(86)));
         // The budget could hold it; only the deadline refused it.
         assert_eq!(wait_for(&p, 86, Some(0)), Ok(86));
         // The backoff's own wait against the deadline: equal fits, past it gives up.
-        let p = exact().jitter(crate::Jitter::None).budget(1_000).deadline(100).build().unwrap();
+        let p = exact().jitter(crate::Jitter::None).budget(ms(1_000)).deadline(ms(100)).build().unwrap();
         let s = CallState::new();
         let o = Outcome::status(503);
-        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(98)), Ok(2));
-        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(99)), Err(GiveUp::Deadline));
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(98)), Ok(2));
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(99)), Err(GiveUp::Deadline));
         // Exactly at the deadline with no attempt time, a zero wait is still not past it.
-        let p = exact().base(1).cap(1).max_attempts(3).budget(1_000).deadline(100).build().unwrap();
-        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(100)), Ok(0));
-        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(101)), Err(GiveUp::Deadline));
-        let p = exact().budget(1_000).deadline(100).min_attempt(5).build().unwrap();
-        assert_eq!(p.next_wait(&s, &o, Draw::ZERO, Some(96)), Err(GiveUp::Deadline));
+        let p = exact()
+            .base(ms(1))
+            .cap(ms(1))
+            .max_attempts(3)
+            .budget(ms(1_000))
+            .deadline(ms(100))
+            .build()
+            .unwrap();
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(100)), Ok(0));
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(101)), Err(GiveUp::Deadline));
+        let p = exact().budget(ms(1_000)).deadline(ms(100)).min_attempt(ms(5)).build().unwrap();
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(96)), Err(GiveUp::Deadline));
         // Without a clock the deadline cannot be checked: only the budget applies.
         assert_eq!(wait_for(&p, 500, None), Ok(500));
     }
 
     #[test]
     fn the_spread_is_trimmed_to_the_budget_and_to_the_deadline_never_past_either() {
-        // Spread mode, in exact ticks: the ceiling of retry 1 is 10, a top draw adds 9.
-        let spread = || Policy::builder(Preset::Default).tick_hz(1).base(10).cap(10).budget(1_000);
-        let top = Draw::unit(u32::MAX);
+        // Spread mode, in exact milliseconds: the ceiling of retry 1 is 10, a top draw adds 9.
+        let spread = || Policy::builder(Preset::Default).base(ms(10)).cap(ms(10)).budget(ms(1_000));
+        let top = Draw::TOP;
         let at = |p: &Policy, ra: u64, elapsed| {
-            p.next_wait(&CallState::new(), &Outcome::status_after(429, ra), top, elapsed)
+            nw(p, &CallState::new(), &Outcome::status_after(429, ms(ra)), top, elapsed)
         };
         let p = spread().build().unwrap();
         assert_eq!(at(&p, 50, None), Ok(59), "room to spare: the whole spread");
         // Trimmed to the budget left.
-        let p = spread().budget(55).build().unwrap();
+        let p = spread().budget(ms(55)).build().unwrap();
         assert_eq!(at(&p, 50, None), Ok(55));
         assert_eq!(at(&p, 55, None), Ok(55));
         // Trimmed to the deadline (100, nothing elapsed), even with budget to spare.
-        let p = spread().deadline(100).build().unwrap();
+        let p = spread().deadline(ms(100)).build().unwrap();
         assert_eq!(at(&p, 95, Some(0)), Ok(100));
         assert_eq!(at(&p, 100, Some(0)), Ok(100));
         assert_eq!(at(&p, 50, Some(0)), Ok(59));
-        assert_eq!(at(&p, 101, Some(0)), Err(GiveUp::RetryAfterTooLong { asked: 101 }));
+        assert_eq!(at(&p, 101, Some(0)), Err(too_long(101)));
         // Whichever is nearer: the deadline's 40 left, then the budget's 30.
-        let p = spread().budget(30).deadline(100).build().unwrap();
+        let p = spread().budget(ms(30)).deadline(ms(100)).build().unwrap();
         assert_eq!(at(&p, 25, Some(60)), Ok(30));
-        let p = spread().budget(50).deadline(100).build().unwrap();
+        let p = spread().budget(ms(50)).deadline(ms(100)).build().unwrap();
         assert_eq!(at(&p, 35, Some(60)), Ok(40));
     }
 
@@ -599,54 +620,85 @@ mod tests {
         for _ in 0..3 {
             p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None);
         }
-        assert_eq!((s.attempts(), s.waited(), s.last_wait()), (3, 14, 8));
+        assert_eq!((s.attempts(), s.waited(), s.last_wait()), (3, ms(14), ms(8)));
         assert_eq!(
             p.decide(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None),
             Decision::Done(Verdict::Ok)
         );
-        assert_eq!((s.attempts(), s.waited(), s.last_wait()), (4, 14, 8));
+        assert_eq!((s.attempts(), s.waited(), s.last_wait()), (4, ms(14), ms(8)));
         // Decorrelated jitter grows from the last wait the state holds.
         let p = exact().jitter(crate::Jitter::Decorrelated).build().unwrap();
         let mut s = CallState::new();
-        let top = Draw::unit(u32::MAX);
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), Decision::Retry { wait: 5 });
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), Decision::Retry { wait: 14 });
+        let top = Draw::TOP;
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), retry(5));
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), retry(14));
     }
 
     #[test]
     fn the_fleet_charges_failures_refunds_successes_and_throttles_retries() {
         let fleet = crate::FleetBudget::new(4, 1000).unwrap();
         let p = exact().build().unwrap();
-        let mut s = CallState::new();
         let o = Outcome::status(503);
-        let (c, d) = p.decide_with_fleet(&mut s, Operation::Read, &o, Draw::ZERO, None, Some(&fleet));
-        assert_eq!((c, d), (Class::Retry, Decision::Retry { wait: 1 }));
+        let decide =
+            |op, o: &Outcome, s: &mut CallState| p.decide_with_fleet(s, op, o, Draw::ZERO, None, &fleet);
+        let mut s = CallState::new();
+        assert_eq!(decide(Operation::Read, &o, &mut s), retry(1));
         assert_eq!(fleet.tokens_milli(), 3000);
-        let (_, d) = p.decide_with_fleet(&mut s, Operation::Read, &o, Draw::ZERO, None, Some(&fleet));
-        assert_eq!(d, Decision::Done(Verdict::GaveUp(GiveUp::Throttled)));
+        assert_eq!(decide(Operation::Read, &o, &mut s), Decision::Done(Verdict::GaveUp(GiveUp::Throttled)));
         assert_eq!(fleet.tokens_milli(), 2000);
         let mut s = CallState::new();
-        let (c, d) =
-            p.decide_with_fleet(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None, Some(&fleet));
-        assert_eq!((c, d), (Class::Ok, Decision::Done(Verdict::Ok)));
+        assert_eq!(decide(Operation::Read, &Outcome::Ok, &mut s), Decision::Done(Verdict::Ok));
         assert_eq!(fleet.tokens_milli(), 3000);
         // An unknown write costs a token too (the server may be in trouble); a 400 does not.
         let mut s = CallState::new();
-        let (c, _) = p.decide_with_fleet(&mut s, Operation::Write, &o, Draw::ZERO, None, Some(&fleet));
-        assert_eq!((c, fleet.tokens_milli()), (Class::Unknown, 2000));
+        assert_eq!(decide(Operation::Write, &o, &mut s), Decision::Done(Verdict::Unknown));
+        assert_eq!(fleet.tokens_milli(), 2000);
         let mut s = CallState::new();
-        let (c, _) = p.decide_with_fleet(
-            &mut s,
-            Operation::Read,
-            &Outcome::status(400),
-            Draw::ZERO,
-            None,
-            Some(&fleet),
-        );
-        assert_eq!((c, fleet.tokens_milli()), (Class::Failed, 2000));
+        assert_eq!(decide(Operation::Read, &Outcome::status(400), &mut s), Decision::Done(Verdict::Failed));
+        assert_eq!(fleet.tokens_milli(), 2000);
+        // Nor does a cancel.
+        let mut s = CallState::new();
+        let cancelled = Outcome::Failure(Failure::Cancelled);
+        assert_eq!(decide(Operation::Read, &cancelled, &mut s), Decision::Done(Verdict::Cancelled));
+        assert_eq!(fleet.tokens_milli(), 2000);
         // With no fleet, nothing throttles.
         let mut s = CallState::new();
-        let (_, d) = p.decide_with_fleet(&mut s, Operation::Read, &o, Draw::ZERO, None, None);
-        assert_eq!(d, Decision::Retry { wait: 1 });
+        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None), retry(1));
+    }
+
+    #[test]
+    fn verdicts_and_reasons_have_names_and_text() {
+        for g in [
+            GiveUp::Budget,
+            GiveUp::Deadline,
+            GiveUp::Attempts,
+            GiveUp::RetryAfterTooLong { asked: ms(5) },
+            GiveUp::Throttled,
+            GiveUp::OutcomesExhausted,
+        ] {
+            assert_eq!(GiveUp::from_name(g.name(), ms(5)), Some(g));
+            assert_eq!(Verdict::from_name("gave_up", Some(g)), Some(Verdict::GaveUp(g)));
+        }
+        for v in [Verdict::Ok, Verdict::Failed, Verdict::Unknown, Verdict::Cancelled] {
+            assert_eq!(Verdict::from_name(v.name(), None), Some(v));
+            assert_eq!(Verdict::from_name(v.name(), Some(GiveUp::Budget)), None);
+            assert_eq!(format!("{v}"), v.name());
+        }
+        assert_eq!(Verdict::from_name("gave_up", None), None);
+        assert_eq!(GiveUp::from_name("soon", ms(1)), None);
+        assert_eq!(format!("{}", Verdict::GaveUp(GiveUp::Budget)), "gave_up (budget)");
+        assert_eq!(
+            format!("{}", GiveUp::RetryAfterTooLong { asked: secs(5) }),
+            "retry_after_too_long, asked 5000 ms"
+        );
+        assert_eq!(
+            format!("{}", GiveUp::RetryAfterTooLong { asked: Duration::MAX }),
+            "retry_after_too_long, asked longer than 49 days"
+        );
+    }
+
+    #[test]
+    fn the_per_call_state_is_twelve_bytes() {
+        assert_eq!(core::mem::size_of::<CallState>(), 12);
     }
 }

@@ -43,7 +43,8 @@ impl Fields<'_> {
             Some(name) => {
                 let reason = match self.reason {
                     Some(r) => Some(
-                        GiveUp::from_name(r, self.asked.unwrap_or(Duration::ZERO)).ok_or(LineError::Bad("reason"))?,
+                        GiveUp::from_name(r, self.asked.unwrap_or(Duration::ZERO))
+                            .ok_or(LineError::Bad("reason"))?,
                     ),
                     None => None,
                 };
@@ -340,5 +341,145 @@ mod with_serde {
             .build()
             .map_err(FormError::Policy)
         }
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use crate::{
+        Class, Decision, Draw, Duration, Failure, GiveUp, Jitter, Key, Operation, Outcome, Policy, Preset,
+        Record, RetryAfterMode, Rule, Rules, Table, Transport, Verdict,
+    };
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_policy_written_out_reads_back_exactly_status_rules_included() {
+        let custom = Table::DEFAULT
+            .with_status(409, Rule::RetryIdempotent)
+            .unwrap()
+            .with_status(503, Rule::RetryAny)
+            .unwrap()
+            .with_transport(Transport::Tls, Rule::RetryAny)
+            .with_other_statuses(Rule::RetryIdempotent)
+            .reads_only(true);
+        let policies = [
+            Policy::builder(Preset::Default).build().unwrap(),
+            Policy::builder(Preset::Basic).build().unwrap(),
+            Policy::builder(Preset::Strict).build().unwrap(),
+            Policy::builder(Preset::Default)
+                .table(custom)
+                .jitter(Jitter::Full)
+                .max_attempts(4)
+                .deadline(ms(9_000))
+                .min_attempt(ms(250))
+                .max_retry_after(ms(20_000))
+                .retry_after_mode(RetryAfterMode::Max)
+                .retry_after_rules(Rules::STRICT)
+                .build()
+                .unwrap(),
+        ];
+        for p in policies {
+            let json = serde_json::to_string(&p).unwrap();
+            let back: Policy = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, p, "{json}");
+            assert_eq!(back.fingerprint(), p.fingerprint());
+        }
+        let json =
+            serde_json::to_value(Policy::builder(Preset::Default).table(custom).build().unwrap()).unwrap();
+        assert_eq!(json["table"]["exact"][0], serde_json::json!([408, "retry_any"]));
+        assert_eq!(json["table"]["exact"][2], serde_json::json!([429, "retry_any"]));
+        assert_eq!(json["table"]["exact"][1], serde_json::json!([409, "retry_idempotent"]));
+        assert_eq!(json["table"]["transport"]["tls"], "retry_any");
+        assert_eq!(json["base_ms"], 100);
+        assert_eq!(json["jitter"], "equal");
+    }
+
+    #[test]
+    fn a_policy_read_back_is_checked_like_a_built_one() {
+        let mut json = serde_json::to_value(Policy::builder(Preset::Default).build().unwrap()).unwrap();
+        json["budget_ms"] = 0.into();
+        let e = serde_json::from_value::<Policy>(json.clone()).unwrap_err().to_string();
+        assert!(e.contains("budget must be at least 1 ms"), "{e}");
+        json["budget_ms"] = 100.into();
+        json["table"]["exact"] = serde_json::json!([[302, "fail"]]);
+        let e = serde_json::from_value::<Policy>(json.clone()).unwrap_err().to_string();
+        assert!(e.contains("400..=599"), "{e}");
+        json["table"]["exact"] = serde_json::json!([]);
+        json["jitter"] = "gaussian".into();
+        assert!(serde_json::from_value::<Policy>(json).is_err());
+    }
+
+    #[test]
+    fn a_record_is_one_flat_versioned_line_and_reads_back() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let key = Key::from_parts(1, 2, 3);
+        let asked = GiveUp::RetryAfterTooLong { asked: ms(90_000) };
+        let records = [
+            Record::decided(
+                &p,
+                key,
+                1,
+                Operation::KeyedWrite,
+                Outcome::status_after(503, ms(2_000)),
+                Draw::unit(77),
+                Decision::Retry { wait: ms(2_010) },
+                ms(12),
+                ms(12),
+            ),
+            Record::decided(
+                &p,
+                key,
+                2,
+                Operation::KeyedWrite,
+                Outcome::status_after(429, ms(90_000)),
+                Draw::Percent(5),
+                Decision::Done(Verdict::GaveUp(asked)),
+                ms(3),
+                ms(2_025),
+            ),
+            Record::decided(
+                &p,
+                key,
+                1,
+                Operation::Write,
+                Failure::Reset.into(),
+                Draw::ZERO,
+                Decision::Done(Verdict::Unknown),
+                ms(1),
+                ms(1),
+            ),
+            Record::cancelled(&p, key, 2, Operation::Read, ms(40)),
+        ];
+        for r in records {
+            let json = serde_json::to_string(&r).unwrap();
+            assert!(json.starts_with("{\"v\":2,"), "{json}");
+            let back: Record = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, r, "{json}");
+        }
+        let v = serde_json::to_value(records[1]).unwrap();
+        assert_eq!(v["outcome"], "status");
+        assert_eq!(v["status"], 429);
+        assert_eq!(v["retry_after_ms"], 90_000);
+        assert_eq!(v["verdict"], "gave_up");
+        assert_eq!(v["reason"], "retry_after_too_long");
+        assert_eq!(v["asked_ms"], 90_000);
+        assert_eq!(v["draw"], serde_json::json!({"percent": 5}));
+        assert_eq!(v["class"], "retry");
+        assert_eq!(v["key"], key.to_hex().as_str());
+        assert_eq!(v["policy"], format!("{:08x}", p.fingerprint()));
+        // The first record's class and draw: a retry keeps the draw that decided its wait.
+        assert_eq!((records[0].class, records[0].draw), (Class::Retry, Some(Draw::unit(77))));
+        // An unknown keeps no draw: no wait was computed.
+        assert_eq!(records[2].draw, None);
+        let mut old = v.clone();
+        old["v"] = 1.into();
+        let e = serde_json::from_value::<Record>(old).unwrap_err().to_string();
+        assert!(e.contains("version 1"), "{e}");
+        let mut bad = v;
+        bad["op"] = "peek".into();
+        assert!(serde_json::from_value::<Record>(bad).is_err());
     }
 }

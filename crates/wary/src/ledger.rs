@@ -40,7 +40,10 @@ pub const DEVICE_TAG: &str = "wary-ledger v2";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(try_from = "crate::forms::RecordForm", into = "crate::forms::RecordForm"))]
+#[cfg_attr(
+    feature = "serde",
+    serde(try_from = "crate::forms::RecordForm", into = "crate::forms::RecordForm")
+)]
 pub struct Record {
     /// The call's idempotency key (also identifies reads' calls).
     pub key: Key,
@@ -104,7 +107,13 @@ impl Record {
     }
 
     /// The last record of a call cancelled after `attempts` attempts.
-    pub fn cancelled(policy: &Policy, key: Key, attempts: u32, op: Operation, total_time: Duration) -> Record {
+    pub fn cancelled(
+        policy: &Policy,
+        key: Key,
+        attempts: u32,
+        op: Operation,
+        total_time: Duration,
+    ) -> Record {
         Record {
             key,
             attempt: attempts,
@@ -202,8 +211,22 @@ impl<const N: usize, const B: usize> Sink for Ledger<N, B> {
 /// none), policy fingerprint (decimal). Numbers and names only: never payload bytes,
 /// credentials or error text.
 pub const DEVICE_FIELDS: [&str; 16] = [
-    "key", "attempt", "op", "outcome", "status", "retry_after_ms", "class", "draw_kind", "draw", "wait_ms",
-    "attempt_ms", "total_ms", "verdict", "reason", "asked_ms", "policy",
+    "key",
+    "attempt",
+    "op",
+    "outcome",
+    "status",
+    "retry_after_ms",
+    "class",
+    "draw_kind",
+    "draw",
+    "wait_ms",
+    "attempt_ms",
+    "total_ms",
+    "verdict",
+    "reason",
+    "asked_ms",
+    "policy",
 ];
 
 /// Logs one record as a device line (see [`DEVICE_FIELDS`]).
@@ -280,8 +303,24 @@ pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
     if fields.next().is_some() {
         return Err(LineError::TooManyFields);
     }
-    let [key, attempt, op, outcome, status, retry_after, class, draw_kind, draw, wait, attempt_ms, total, verdict, reason, asked, policy] =
-        values;
+    let [
+        key,
+        attempt,
+        op,
+        outcome,
+        status,
+        retry_after,
+        class,
+        draw_kind,
+        draw,
+        wait,
+        attempt_ms,
+        total,
+        verdict,
+        reason,
+        asked,
+        policy,
+    ] = values;
     fn num<T: core::str::FromStr>(s: &str, name: &'static str) -> Result<T, LineError> {
         s.parse().map_err(|_| LineError::Bad(name))
     }
@@ -463,10 +502,17 @@ mod tests {
         assert_eq!((r.attempt, r.op, r.class), (3, Operation::KeyedWrite, Class::Retry));
         assert_eq!(r.outcome, Outcome::status_after(429, Duration::from_millis(2000)));
         assert_eq!(r.draw, Some(Draw::Percent(50)));
-        assert_eq!((r.wait, r.attempt_time, r.total_time), (Duration::ZERO, Duration::from_millis(12), Duration::from_millis(900)));
-        assert_eq!(r.verdict, Some(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: Duration::from_millis(2000) })));
+        assert_eq!(
+            (r.wait, r.attempt_time, r.total_time),
+            (Duration::ZERO, Duration::from_millis(12), Duration::from_millis(900))
+        );
+        assert_eq!(
+            r.verdict,
+            Some(Verdict::GaveUp(crate::GiveUp::RetryAfterTooLong { asked: Duration::from_millis(2000) }))
+        );
         assert_eq!(r.policy, 0x1234_5678);
-        let ok = "wary-ledger v2 0a386001000000010000000000000002 1 read reset -1 -1 retry none 0 0 1 1 - - -1 7";
+        let ok =
+            "wary-ledger v2 0a386001000000010000000000000002 1 read reset 0 -1 retry none 0 0 1 1 - - -1 7";
         assert!(parse_device_line(ok).is_ok());
         assert_eq!(parse_device_line("hello"), Err(LineError::NotALedgerLine));
         assert_eq!(
@@ -480,7 +526,7 @@ mod tests {
         assert_eq!(parse_device_line(&ok.replace("none 0", "pct 100")), Err(LineError::Bad("draw")));
         assert_eq!(parse_device_line(&ok.replace(" 1 read", " x read")), Err(LineError::Bad("attempt")));
         // A status outcome needs its status.
-        let no_status = ok.replace("reset -1", "status 0");
+        let no_status = ok.replace("reset 0", "status 0");
         assert_eq!(parse_device_line(&no_status), Err(LineError::Missing("status")));
     }
 }

@@ -37,9 +37,13 @@ mod time;
 pub use backoff::{Backoff, Draw, Jitter};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
-pub use error::{DrawError, FleetBudgetError, LineError, PlanError, PolicyError, RetryAfterError, TableError};
+pub use error::{
+    DrawError, FleetBudgetError, LineError, PlanError, PolicyError, RetryAfterError, TableError,
+};
 pub use key::Key;
-pub use ledger::{AttemptStats, DEVICE_FIELDS, DEVICE_TAG, LEDGER_VERSION, Ledger, Record, Sink, parse_device_line};
+pub use ledger::{
+    AttemptStats, DEVICE_FIELDS, DEVICE_TAG, LEDGER_VERSION, Ledger, Record, Sink, parse_device_line,
+};
 pub use plan::{Plan, plan, plan_static};
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
 pub use retry_after::{

@@ -13,12 +13,12 @@
 //!
 //! ```
 //! use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, plan};
-//! let s = Duration::from_secs;
-//! let p = Policy::builder(Preset::Basic).base(s(2)).cap(s(60)).budget(s(120)).build().unwrap();
+//! let ms = Duration::from_millis;
+//! let p = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap();
 //! let outcomes = [Outcome::status(503); 10];
 //! let draws = [Draw::percent(99).unwrap(); 9];
 //! let r = plan::<8>(&p, Operation::Read, &outcomes, &draws).unwrap();
-//! let waits: Vec<u32> = r.waits.iter().map(|w| w.as_secs()).collect();
+//! let waits: Vec<u32> = r.waits.iter().map(|w| w.as_millis()).collect();
 //! assert_eq!(waits, [1, 3, 7, 15, 31, 59]);
 //! assert_eq!(r.verdict.name(), "gave_up");
 //! ```

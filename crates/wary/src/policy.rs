@@ -93,7 +93,10 @@ impl RetryAfterMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(try_from = "crate::forms::PolicyForm", into = "crate::forms::PolicyForm"))]
+#[cfg_attr(
+    feature = "serde",
+    serde(try_from = "crate::forms::PolicyForm", into = "crate::forms::PolicyForm")
+)]
 pub struct Policy {
     pub(crate) table: Table,
     pub(crate) backoff: Backoff,
@@ -460,71 +463,78 @@ pub trait StaticPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Rule, Transport};
 
-    /// The fingerprint of the exercise policy in this encoding; a change here breaks replays of
+    /// The fingerprint of [`basic`]'s policy in this encoding; a change here breaks replays of
     /// ledgers made before it.
-    const FINGERPRINT_EXERCISE: u32 = 0x5924_342a;
+    const FINGERPRINT_BASIC: u32 = 0xe6a2_674b;
 
-    fn exercise() -> PolicyBuilder {
-        Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The largest duration a policy accepts: one below the saturated [`Duration::MAX`].
+    const LONGEST: u64 = u32::MAX as u64 - 1;
+
+    fn basic() -> PolicyBuilder {
+        Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120))
     }
 
     #[test]
     fn the_budget_bounds_the_attempts_seven_retries_of_base_2_cap_60_in_120() {
         // Draws of 0: 1, 2, 4, 8, 16, 30, 30 = 91; the next 30 would pass 120.
-        assert_eq!(exercise().build().unwrap().max_retries(), Some(7));
-        assert_eq!(exercise().budget(91).build().unwrap().max_retries(), Some(7));
-        assert_eq!(exercise().budget(90).build().unwrap().max_retries(), Some(6));
-        assert_eq!(exercise().budget(121).build().unwrap().max_retries(), Some(8));
-        assert_eq!(exercise().max_attempts(4).build().unwrap().max_retries(), Some(3));
-        // Once at the cap, the count is a division, not a loop over 2⁴⁸ retries.
-        let big = exercise().budget(30_000_031).build().unwrap();
+        assert_eq!(basic().build().unwrap().max_retries(), Some(7));
+        assert_eq!(basic().budget(ms(91)).build().unwrap().max_retries(), Some(7));
+        assert_eq!(basic().budget(ms(90)).build().unwrap().max_retries(), Some(6));
+        assert_eq!(basic().budget(ms(121)).build().unwrap().max_retries(), Some(8));
+        assert_eq!(basic().max_attempts(4).build().unwrap().max_retries(), Some(3));
+        // Once at the cap, the count is a division, not a loop over a million retries.
+        let big = basic().budget(ms(30_000_031)).build().unwrap();
         assert_eq!(big.max_retries(), Some(5 + 1_000_000));
-        // More retries than a u32 holds saturate.
-        let huge = exercise().budget(MAX_TICKS).build().unwrap();
-        assert_eq!(huge.max_retries(), Some(u32::MAX));
+        // The longest budget: 31 ms for the first five, then (4294967294 − 31) / 30 at the cap.
+        let huge = basic().budget(ms(LONGEST)).build().unwrap();
+        assert_eq!(huge.max_retries(), Some(5 + 143_165_575));
     }
 
     #[test]
     fn deadline_with_attempt_time_bounds_too() {
-        let p = exercise().deadline(20).min_attempt(2).build().unwrap();
+        let p = basic().deadline(ms(20)).min_attempt(ms(2)).build().unwrap();
         // Costs 1+2, 2+2, 4+2, 8+2 = 21 > 20: three retries.
         assert_eq!(p.max_retries(), Some(3));
     }
 
     #[test]
     fn bad_policies_are_refused_when_built() {
-        assert_eq!(exercise().base(0).build(), Err(PolicyError::ZeroBase));
-        assert_eq!(exercise().cap(1).build(), Err(PolicyError::CapBelowBase));
-        assert_eq!(exercise().budget(0).build(), Err(PolicyError::ZeroBudget));
-        assert_eq!(exercise().deadline(0).build(), Err(PolicyError::ZeroDeadline));
-        assert_eq!(exercise().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
-        assert_eq!(exercise().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
-        assert_eq!(exercise().deadline(5).min_attempt(6).build(), Err(PolicyError::AttemptPastDeadline));
-        assert_eq!(exercise().budget(MAX_TICKS + 1).build(), Err(PolicyError::TooLarge));
-        assert_eq!(exercise().cap(u64::MAX).build(), Err(PolicyError::TooLarge));
-        assert_eq!(exercise().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
-        // Equal jitter with a cap of 1 tick: every wait can be 0.
-        assert_eq!(exercise().base(1).cap(1).build(), Err(PolicyError::Unbounded));
-        assert!(exercise().jitter(Jitter::Full).max_attempts(5).build().is_ok());
-        assert!(exercise().jitter(Jitter::Decorrelated).build().is_ok());
+        assert_eq!(basic().base(ms(0)).build(), Err(PolicyError::ZeroBase));
+        assert_eq!(basic().cap(ms(1)).build(), Err(PolicyError::CapBelowBase));
+        assert_eq!(basic().budget(ms(0)).build(), Err(PolicyError::ZeroBudget));
+        assert_eq!(basic().deadline(ms(0)).build(), Err(PolicyError::ZeroDeadline));
+        assert_eq!(basic().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
+        assert_eq!(basic().deadline(ms(5)).min_attempt(ms(6)).build(), Err(PolicyError::AttemptPastDeadline));
+        assert_eq!(basic().budget(ms(LONGEST + 1)).build(), Err(PolicyError::TooLarge));
+        assert_eq!(basic().cap(ms(u64::MAX)).build(), Err(PolicyError::TooLarge));
+        assert_eq!(basic().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
+        // Equal jitter with a cap of 1 ms: every wait can be 0.
+        assert_eq!(basic().base(ms(1)).cap(ms(1)).build(), Err(PolicyError::Unbounded));
+        assert!(basic().jitter(Jitter::Full).max_attempts(5).build().is_ok());
+        assert!(basic().jitter(Jitter::Decorrelated).build().is_ok());
     }
 
     #[test]
     fn fingerprint_changes_with_any_setting() {
-        let a = exercise().build().unwrap();
-        assert_eq!(a.fingerprint(), exercise().build().unwrap().fingerprint());
-        assert_ne!(a.fingerprint(), exercise().budget(121).build().unwrap().fingerprint());
-        assert_ne!(a.fingerprint(), exercise().jitter(Jitter::None).build().unwrap().fingerprint());
-        let t = Table::EXERCISE.with_status(503, crate::Rule::RetryAny).unwrap();
-        assert_ne!(a.fingerprint(), exercise().table(t).build().unwrap().fingerprint());
+        let a = basic().build().unwrap();
+        assert_eq!(a.fingerprint(), basic().build().unwrap().fingerprint());
+        assert_ne!(a.fingerprint(), basic().budget(ms(121)).build().unwrap().fingerprint());
+        assert_ne!(a.fingerprint(), basic().jitter(Jitter::None).build().unwrap().fingerprint());
+        let t = Table::BASIC.with_status(503, Rule::RetryAny).unwrap();
+        assert_ne!(a.fingerprint(), basic().table(t).build().unwrap().fingerprint());
         // Pinned: the encoding is fixed, so a device's ledger replays on any host.
-        assert_eq!(a.fingerprint(), FINGERPRINT_EXERCISE);
+        assert_eq!(a.fingerprint(), FINGERPRINT_BASIC);
     }
 
     #[test]
     fn presets_build() {
-        for preset in [Preset::Default, Preset::Exercise, Preset::Strict] {
+        for preset in Preset::ALL {
             let p = Policy::builder(preset).build().unwrap();
             assert!(p.max_retries().is_some(), "{preset:?}");
             assert_eq!(Preset::from_name(preset.name()), Some(preset));
@@ -536,93 +546,111 @@ mod tests {
     #[test]
     fn a_deadline_bounds_the_retries_when_it_is_nearer_than_the_budget() {
         // Shortest waits 1, 2, 4, 8, 16: sums 1, 3, 7, 15, 31.
-        assert_eq!(exercise().budget(20).deadline(15).build().unwrap().max_retries(), Some(4));
-        assert_eq!(exercise().budget(20).deadline(14).build().unwrap().max_retries(), Some(3));
-        assert_eq!(exercise().budget(20).deadline(19).build().unwrap().max_retries(), Some(4));
+        assert_eq!(basic().budget(ms(20)).deadline(ms(15)).build().unwrap().max_retries(), Some(4));
+        assert_eq!(basic().budget(ms(20)).deadline(ms(14)).build().unwrap().max_retries(), Some(3));
+        assert_eq!(basic().budget(ms(20)).deadline(ms(19)).build().unwrap().max_retries(), Some(4));
         // Attempt time counts against a deadline no farther than the budget…
-        assert_eq!(exercise().budget(20).deadline(20).min_attempt(2).build().unwrap().max_retries(), Some(3));
+        assert_eq!(
+            basic().budget(ms(20)).deadline(ms(20)).min_attempt(ms(2)).build().unwrap().max_retries(),
+            Some(3)
+        );
         // …and not when the budget is the nearer limit.
-        assert_eq!(exercise().budget(20).deadline(21).min_attempt(2).build().unwrap().max_retries(), Some(4));
+        assert_eq!(
+            basic().budget(ms(20)).deadline(ms(21)).min_attempt(ms(2)).build().unwrap().max_retries(),
+            Some(4)
+        );
         // At the cap the count is a division: (211 − 91) / 30 = 4 more after the first seven.
-        assert_eq!(exercise().budget(211).build().unwrap().max_retries(), Some(11));
-        assert_eq!(exercise().budget(210).build().unwrap().max_retries(), Some(10));
+        assert_eq!(basic().budget(ms(211)).build().unwrap().max_retries(), Some(11));
+        assert_eq!(basic().budget(ms(210)).build().unwrap().max_retries(), Some(10));
         // Decorrelated jitter's shortest wait is the base every time: no division at the cap.
-        let d = exercise().jitter(Jitter::Decorrelated).budget(10).build().unwrap();
+        let d = basic().jitter(Jitter::Decorrelated).budget(ms(10)).build().unwrap();
         assert_eq!(d.max_retries(), Some(5));
         // The attempt cap and the budget: whichever is less.
-        assert_eq!(exercise().max_attempts(20).build().unwrap().max_retries(), Some(7));
-        assert_eq!(exercise().max_attempts(8).build().unwrap().max_retries(), Some(7));
-        assert_eq!(exercise().max_attempts(7).build().unwrap().max_retries(), Some(6));
-        // A cap reached only at retry 49: 0 + 1 + … + 2⁴⁶ = 2⁴⁷ − 1 before it, then one 2⁴⁷.
-        let slow = exercise().base(1).cap(MAX_TICKS).budget(MAX_TICKS).build().unwrap();
-        assert_eq!(slow.max_retries(), Some(49));
-        // Decorrelated waits of the base each time, counted past 64 retries.
-        let many = exercise().jitter(Jitter::Decorrelated).base(1).cap(100).budget(1_000).build().unwrap();
+        assert_eq!(basic().max_attempts(20).build().unwrap().max_retries(), Some(7));
+        assert_eq!(basic().max_attempts(8).build().unwrap().max_retries(), Some(7));
+        assert_eq!(basic().max_attempts(7).build().unwrap().max_retries(), Some(6));
+        // A cap reached only at retry 33: 0 + 1 + … + 2³⁰ = 2³¹ − 1 before it, then one 2³¹ − 1.
+        let slow = basic().base(ms(1)).cap(ms(LONGEST)).budget(ms(LONGEST)).build().unwrap();
+        assert_eq!(slow.max_retries(), Some(33));
+        // Decorrelated waits of the base each time, counted past 33 retries.
+        let many =
+            basic().jitter(Jitter::Decorrelated).base(ms(1)).cap(ms(100)).budget(ms(1_000)).build().unwrap();
         assert_eq!(many.max_retries(), Some(1_000));
-        // …and divided, not walked, however large the budget: 2⁴⁸ retries saturate a u32.
-        let huge =
-            exercise().jitter(Jitter::Decorrelated).base(1).cap(100).budget(MAX_TICKS).build().unwrap();
-        assert_eq!(huge.max_retries(), Some(u32::MAX));
+        // …and divided, not walked, however large the budget: one retry per millisecond.
+        let huge = basic()
+            .jitter(Jitter::Decorrelated)
+            .base(ms(1))
+            .cap(ms(100))
+            .budget(ms(LONGEST))
+            .build()
+            .unwrap();
+        assert_eq!(huge.max_retries(), Some(u32::MAX - 1));
     }
 
     #[test]
     fn each_limit_of_the_builder_is_inclusive_and_each_duration_is_checked_on_its_own() {
         // An attempt as long as the whole deadline still fits.
-        assert!(exercise().deadline(10).min_attempt(10).build().is_ok());
-        assert_eq!(exercise().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
+        assert!(basic().deadline(ms(10)).min_attempt(ms(10)).build().is_ok());
+        assert_eq!(
+            basic().deadline(ms(10)).min_attempt(ms(11)).build(),
+            Err(PolicyError::AttemptPastDeadline)
+        );
         assert!(
-            exercise()
-                .cap(MAX_TICKS)
-                .budget(MAX_TICKS)
-                .deadline(MAX_TICKS)
-                .min_attempt(MAX_TICKS)
-                .max_retry_after(MAX_TICKS)
+            basic()
+                .cap(ms(LONGEST))
+                .budget(ms(LONGEST))
+                .deadline(ms(LONGEST))
+                .min_attempt(ms(LONGEST))
+                .max_retry_after(ms(LONGEST))
                 .build()
                 .is_ok()
         );
         for too_large in [
-            exercise().cap(MAX_TICKS + 1),
-            exercise().budget(MAX_TICKS + 1),
-            exercise().deadline(MAX_TICKS + 1),
-            exercise().min_attempt(MAX_TICKS + 1),
-            exercise().max_retry_after(MAX_TICKS + 1),
+            basic().cap(ms(LONGEST + 1)),
+            basic().budget(ms(LONGEST + 1)),
+            basic().deadline(ms(LONGEST + 1)),
+            basic().min_attempt(ms(LONGEST + 1)),
+            basic().max_retry_after(ms(LONGEST + 1)),
         ] {
             assert_eq!(too_large.build(), Err(PolicyError::TooLarge));
         }
-        assert!(exercise().max_attempts(1).build().is_ok());
-        assert!(exercise().base(60).cap(60).build().is_ok());
+        assert!(basic().max_attempts(1).build().is_ok());
+        assert!(basic().base(ms(60)).cap(ms(60)).build().is_ok());
     }
 
     #[test]
     fn a_plan_fits_a_capacity_that_holds_every_retry() {
-        let p = exercise().build().unwrap();
+        let p = basic().build().unwrap();
         assert!(p.fits(7) && p.fits(8) && !p.fits(6));
     }
 
     #[test]
     fn accessors_return_what_was_set() {
-        let p = exercise()
-            .deadline(500)
-            .min_attempt(3)
+        let p = basic()
+            .deadline(ms(500))
+            .min_attempt(ms(3))
             .max_attempts(9)
-            .max_retry_after(40)
+            .max_retry_after(ms(40))
             .retry_after_mode(RetryAfterMode::Spread)
             .retry_after_rules(Rules::STRICT)
             .build()
             .unwrap();
-        assert_eq!((p.backoff().base, p.backoff().cap, p.budget()), (2, 60, 120));
-        assert_eq!((p.deadline(), p.min_attempt(), p.max_attempts()), (Some(500), 3, Some(9)));
-        assert_eq!((p.max_retry_after(), p.retry_after_mode()), (Some(40), RetryAfterMode::Spread));
-        assert_eq!((*p.retry_after_rules(), p.tick_hz(), p.secs_to_ticks(7)), (Rules::STRICT, 1, 7));
-        assert_eq!(*p.table(), Table::EXERCISE);
-        let ms = Policy::builder(Preset::Default).build().unwrap();
-        assert_eq!((ms.tick_hz(), ms.secs_to_ticks(7), ms.secs_to_ticks(u64::MAX)), (1000, 7000, u64::MAX));
-        let p = exercise().unlimited_attempts().build().unwrap();
-        assert_eq!(p.max_attempts(), None);
+        assert_eq!((p.backoff().base, p.backoff().cap, p.budget()), (ms(2), ms(60), ms(120)));
+        assert_eq!((p.deadline(), p.min_attempt(), p.max_attempts()), (Some(ms(500)), ms(3), Some(9)));
+        assert_eq!((p.max_retry_after(), p.retry_after_mode()), (Some(ms(40)), RetryAfterMode::Spread));
+        assert_eq!(*p.retry_after_rules(), Rules::STRICT);
+        assert_eq!(*p.table(), Table::BASIC);
+        assert_eq!(p.to_builder().build(), Ok(p));
+        let p = p.to_builder().unlimited_attempts().no_deadline().no_max_retry_after().build().unwrap();
+        assert_eq!((p.max_attempts(), p.deadline(), p.max_retry_after()), (None, None, None));
+        for mode in RetryAfterMode::ALL {
+            assert_eq!(RetryAfterMode::from_name(mode.name()), Some(mode));
+        }
         assert_eq!(RetryAfterMode::Max.name(), "max");
         assert_eq!(RetryAfterMode::Spread.name(), "spread");
-        for preset in ["", "Default", "exercises"] {
+        for preset in ["", "Default", "exercise", "basics"] {
             assert_eq!(Preset::from_name(preset), None);
+            assert_eq!(RetryAfterMode::from_name(preset), None);
         }
     }
 
@@ -630,27 +658,31 @@ mod tests {
     fn every_setting_changes_the_fingerprint() {
         use crate::retry_after::Duplicates;
         let variants = [
-            exercise(),
-            exercise().tick_hz(2),
-            exercise().base(3),
-            exercise().cap(61),
-            exercise().jitter(Jitter::None),
-            exercise().jitter(Jitter::Decorrelated),
-            exercise().jitter(Jitter::Full).max_attempts(3),
-            exercise().budget(121),
-            exercise().deadline(120),
-            exercise().deadline(121),
-            exercise().max_attempts(3),
-            exercise().max_attempts(4),
-            exercise().min_attempt(1),
-            exercise().max_retry_after(30),
-            exercise().max_retry_after(31),
-            exercise().retry_after_mode(RetryAfterMode::Spread),
-            exercise().retry_after_rules(Rules { accept_dates: false, ..Rules::LENIENT }),
-            exercise().retry_after_rules(Rules { duplicates: Duplicates::Reject, ..Rules::LENIENT }),
-            exercise().table(Table::DEFAULT),
-            exercise().table(Table::EXERCISE.with_status(409, crate::Rule::RetryAny).unwrap()),
-            exercise().table(Table::EXERCISE.with_status(409, crate::Rule::Fail).unwrap()),
+            basic(),
+            basic().table(Table::BASIC.with_transport(Transport::Tls, Rule::RetryAny)),
+            basic().table(Table::BASIC.with_other_statuses(Rule::RetryIdempotent)),
+            basic().table(Table::BASIC.reads_only(true)),
+            basic().table(Table::BASIC.with_client_errors(Rule::RetryIdempotent)),
+            basic().base(ms(3)),
+            basic().cap(ms(61)),
+            basic().jitter(Jitter::None),
+            basic().jitter(Jitter::Decorrelated),
+            basic().jitter(Jitter::Full).max_attempts(3),
+            basic().budget(ms(121)),
+            basic().deadline(ms(120)),
+            basic().deadline(ms(121)),
+            basic().max_attempts(3),
+            basic().max_attempts(4),
+            basic().min_attempt(ms(1)),
+            basic().max_retry_after(ms(30)),
+            basic().max_retry_after(ms(31)),
+            basic().retry_after_mode(RetryAfterMode::Spread),
+            basic().retry_after_rules(Rules { accept_dates: false, ..Rules::LENIENT }),
+            basic().retry_after_rules(Rules { duplicates: Duplicates::Reject, ..Rules::LENIENT }),
+            basic().table(Table::DEFAULT),
+            basic().table(Table::BASIC.with_status(409, Rule::RetryAny).unwrap()),
+            basic().table(Table::BASIC.with_status(409, Rule::Fail).unwrap()),
+            basic().table(Table::BASIC.with_status(410, Rule::Fail).unwrap()),
         ];
         let prints: Vec<u32> = variants.iter().map(|b| b.build().unwrap().fingerprint()).collect();
         let distinct: std::collections::HashSet<u32> = prints.iter().copied().collect();

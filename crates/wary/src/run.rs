@@ -201,7 +201,13 @@ pub struct Stopped {
 impl core::fmt::Display for Stopped {
     /// `gave_up (budget) after 3 attempts, the last a status 503`: names and numbers only.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{} after {} attempt{}", self.verdict, self.attempts, if self.attempts == 1 { "" } else { "s" })?;
+        write!(
+            f,
+            "{} after {} attempt{}",
+            self.verdict,
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" }
+        )?;
         match self.last {
             Some(Failure::Status { code, .. }) => write!(f, ", the last a status {code}"),
             Some(other) => write!(f, ", the last a {}", other.name()),
@@ -310,7 +316,17 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                 Some(fleet) => policy.decide_with_fleet(&mut state, op, &outcome, draw, Some(elapsed), fleet),
                 None => policy.decide(&mut state, op, &outcome, draw, Some(elapsed)),
             };
-            let record = Record::decided(policy, key, number, op, outcome, draw, decision, t1.duration_since(t0), elapsed);
+            let record = Record::decided(
+                policy,
+                key,
+                number,
+                op,
+                outcome,
+                draw,
+                decision,
+                t1.duration_since(t0),
+                elapsed,
+            );
             match decision {
                 Decision::Retry { wait } => {
                     self.ledger.record(&record);

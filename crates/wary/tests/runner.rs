@@ -11,17 +11,28 @@ use std::task::Poll;
 use embassy_futures::block_on;
 use embassy_futures::join::join;
 use embedded_hal_async::delay::DelayNs;
-use wary::ledger::Ledger;
-use wary::run::{Attempt, CancelToken, Clock, Landed, Probe, Runner};
-use wary::{FleetBudget, GiveUp, Jitter, Key, Operation, Outcome, Policy, Preset, Verdict};
+use wary::{
+    Attempt, CancelToken, Clock, Duration, Failure, FleetBudget, GiveUp, Instant, Jitter, Key, Landed,
+    Ledger, Operation, Outcome, Policy, Preset, Probe, Runner, Verdict,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
 
 /// Milliseconds that only sleeps and attempts advance.
 #[derive(Default)]
 struct FakeClock(Cell<u64>);
 
 impl Clock for FakeClock {
-    fn now(&self) -> u64 {
-        self.0.get()
+    fn now(&self) -> Instant {
+        Instant::from_millis(self.0.get())
+    }
+}
+
+impl Clock for &FakeClock {
+    fn now(&self) -> Instant {
+        (**self).now()
     }
 }
 
@@ -49,6 +60,14 @@ impl DelayNs for Sleeps<'_> {
     }
     async fn delay_us(&mut self, us: u32) {
         let ms = u64::from(us) / 1000;
+        self.log.borrow_mut().push(ms);
+        self.clock.advance(ms);
+        if let Some(c) = self.cancel_during {
+            c.cancel();
+        }
+    }
+    async fn delay_ms(&mut self, ms: u32) {
+        let ms = u64::from(ms);
         self.log.borrow_mut().push(ms);
         self.clock.advance(ms);
         if let Some(c) = self.cancel_during {
@@ -112,12 +131,15 @@ struct Scripted<'a> {
 }
 
 impl Scripted<'_> {
-    fn attempt(&self, a: Attempt) -> impl Future<Output = Result<u32, Outcome>> + use<'_> {
+    fn attempt(&self, a: Attempt) -> impl Future<Output = Result<u32, Failure>> + use<'_> {
         self.sends.borrow_mut().push(a);
         self.clock.advance(self.attempt_ms);
         let i = (a.number - 1) as usize;
         let o = *self.outcomes.get(i).unwrap_or(&Outcome::Ok);
-        core::future::ready(if o == Outcome::Ok { Ok(a.number) } else { Err(o) })
+        core::future::ready(match o {
+            Outcome::Ok => Ok(a.number),
+            Outcome::Failure(f) => Err(f),
+        })
     }
 }
 
@@ -132,7 +154,7 @@ impl Harness {
         Harness { clock: FakeClock::default(), sleeps: RefCell::default(), sends: RefCell::default() }
     }
 
-    fn run(&self, policy: &Policy, op: Operation, outcomes: &[Outcome]) -> Result<u32, wary::run::Stopped> {
+    fn run(&self, policy: &Policy, op: Operation, outcomes: &[Outcome]) -> Result<u32, wary::Stopped> {
         let delay = Sleeps { clock: &self.clock, log: &self.sleeps, cancel_during: None };
         let mut runner = Runner::new(policy, delay, &self.clock, Xorshift(42));
         let s = Scripted { outcomes, sends: &self.sends, clock: &self.clock, attempt_ms: 0 };
@@ -166,9 +188,9 @@ fn an_unkeyed_post_that_fails_makes_one_send() {
 #[test]
 fn a_retry_after_of_2s_with_a_half_second_budget_stops_before_sleeping() {
     let h = Harness::new();
-    let p = Policy::builder(Preset::Strict).budget(500).build().unwrap();
-    let r = h.run(&p, Operation::Read, &[Outcome::status_after(503, 2), Outcome::Ok]);
-    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 2000 }));
+    let p = Policy::builder(Preset::Strict).budget(ms(500)).build().unwrap();
+    let r = h.run(&p, Operation::Read, &[Outcome::status_after(503, Duration::from_secs(2)), Outcome::Ok]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: ms(2000) }));
     assert_eq!(h.sends(), 1);
     assert!(h.sleeps().is_empty());
 }
@@ -231,11 +253,11 @@ fn a_response_after_a_cancel_is_not_accepted() {
     let r = block_on(runner.call(Operation::Read, KEY, |_| {
         // The cancel arrives while the attempt is in flight.
         token.cancel();
-        core::future::ready(Ok::<u32, Outcome>(200))
+        core::future::ready(Ok::<u32, Failure>(200))
     }));
     let stop = r.unwrap_err();
     assert_eq!(stop.verdict, Verdict::Cancelled);
-    assert_eq!(stop.last, Some(Outcome::Cancelled));
+    assert_eq!(stop.last, Some(Failure::Cancelled));
 }
 
 #[test]
@@ -255,7 +277,7 @@ fn a_cancel_before_the_first_send_sends_nothing() {
 #[test]
 fn invalid_json_in_a_200_is_not_retried() {
     let h = Harness::new();
-    let r = h.run(&strict(), Operation::Read, &[Outcome::BadBody, Outcome::Ok]);
+    let r = h.run(&strict(), Operation::Read, &[Outcome::Failure(Failure::BadBody), Outcome::Ok]);
     assert_eq!(r.unwrap_err().verdict, Verdict::Failed);
     assert_eq!(h.sends(), 1);
 }
@@ -263,7 +285,7 @@ fn invalid_json_in_a_200_is_not_retried() {
 #[test]
 fn waits_that_add_up_exactly_then_the_attempt_cap_ends_the_call() {
     let h = Harness::new();
-    let r = h.run(&strict(), Operation::Read, &[Outcome::ResponseTimeout; 5]);
+    let r = h.run(&strict(), Operation::Read, &[Outcome::Failure(Failure::ResponseTimeout); 5]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Attempts));
     assert_eq!(h.sleeps(), [100, 200]);
     assert_eq!(h.sends(), 3);
@@ -273,7 +295,7 @@ fn waits_that_add_up_exactly_then_the_attempt_cap_ends_the_call() {
 
 fn doubling() -> wary::PolicyBuilder {
     // base 0.2 s, cap 1 s, six attempts.
-    Policy::builder(Preset::Default).base(200).cap(1000).budget(60_000).max_attempts(6)
+    Policy::builder(Preset::Default).base(ms(200)).cap(ms(1000)).budget(ms(60_000)).max_attempts(6)
 }
 
 #[test]
@@ -307,9 +329,9 @@ fn a_permanent_error_is_not_retried() {
 #[test]
 fn a_retry_after_past_max_retry_after_fails_at_once() {
     let h = Harness::new();
-    let p = doubling().max_retry_after(20_000).build().unwrap();
-    let r = h.run(&p, Operation::Read, &[Outcome::status_after(429, 120); 3]);
-    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 120_000 }));
+    let p = doubling().max_retry_after(ms(20_000)).build().unwrap();
+    let r = h.run(&p, Operation::Read, &[Outcome::status_after(429, Duration::from_secs(120)); 3]);
+    assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: ms(120_000) }));
     assert!(h.sleeps().is_empty());
 }
 
@@ -422,7 +444,7 @@ fn cancelled_calls_end_with_a_cancelled_record() {
     let recs: Vec<_> = ledger.records().copied().collect();
     assert_eq!(recs.len(), 2, "the attempt, then the cancel");
     assert_eq!((recs[1].attempt, recs[1].verdict), (1, Some(Verdict::Cancelled)));
-    assert_eq!(recs[1].outcome, Outcome::Cancelled);
+    assert_eq!(recs[1].outcome, Outcome::Failure(Failure::Cancelled));
     assert_eq!(ledger.stats().calls(), 1);
     assert_eq!(ledger.stats().attempts(), 1, "the cancel sent nothing");
 }
@@ -442,7 +464,7 @@ impl Probe<u32> for &FixedProbe {
     }
 }
 
-fn run_probe(answer: Landed<u32>, outcomes: &[Outcome]) -> (Result<u32, wary::run::Stopped>, usize, u32) {
+fn run_probe(answer: Landed<u32>, outcomes: &[Outcome]) -> (Result<u32, wary::Stopped>, usize, u32) {
     let h = Harness::new();
     let probe = FixedProbe { answer, asked: Cell::new(0) };
     let p = Policy::builder(Preset::Default).build().unwrap();
@@ -455,16 +477,17 @@ fn run_probe(answer: Landed<u32>, outcomes: &[Outcome]) -> (Result<u32, wary::ru
 
 #[test]
 fn unknown_that_landed_is_ok_with_no_resend() {
-    let (r, sends, asked) = run_probe(Landed::Yes(77), &[Outcome::ResponseTimeout, Outcome::Ok]);
+    let (r, sends, asked) =
+        run_probe(Landed::Yes(77), &[Outcome::Failure(Failure::ResponseTimeout), Outcome::Ok]);
     assert_eq!((r.unwrap(), sends, asked), (77, 1, 1));
 }
 
 #[test]
 fn unknown_that_did_not_land_is_resent_once() {
-    let (r, sends, _) = run_probe(Landed::No, &[Outcome::ResponseTimeout, Outcome::Ok]);
+    let (r, sends, _) = run_probe(Landed::No, &[Outcome::Failure(Failure::ResponseTimeout), Outcome::Ok]);
     assert_eq!((r.unwrap(), sends), (2, 2));
     // A second ambiguous failure is not resent again.
-    let (r, sends, asked) = run_probe(Landed::No, &[Outcome::ResponseTimeout; 4]);
+    let (r, sends, asked) = run_probe(Landed::No, &[Outcome::Failure(Failure::ResponseTimeout); 4]);
     assert_eq!((r.unwrap_err().verdict, sends, asked), (Verdict::Unknown, 2, 2));
 }
 
@@ -478,18 +501,31 @@ fn unknown_the_probe_cannot_tell_stays_unknown() {
 fn a_stream_that_forwarded_bytes_is_never_retried() {
     let h = Harness::new();
     let p = Policy::builder(Preset::Default).build().unwrap();
-    let r = h.run(&p, Operation::Read, &[Outcome::StreamBroken { forwarded: true }, Outcome::Ok]);
+    let r = h.run(
+        &p,
+        Operation::Read,
+        &[Outcome::Failure(Failure::StreamBroken { forwarded: true }), Outcome::Ok],
+    );
     assert_eq!((r.unwrap_err().verdict, h.sends()), (Verdict::Failed, 1));
     let h = Harness::new();
-    let r = h.run(&p, Operation::Read, &[Outcome::StreamBroken { forwarded: false }, Outcome::Ok]);
+    let r = h.run(
+        &p,
+        Operation::Read,
+        &[Outcome::Failure(Failure::StreamBroken { forwarded: false }), Outcome::Ok],
+    );
     assert_eq!((r.unwrap(), h.sends()), (2, 2));
 }
 
 #[test]
 fn deadline_counts_attempt_time_and_no_sleep_starts_past_it() {
     let h = Harness::new();
-    let p =
-        Policy::builder(Preset::Default).base(100).cap(1000).deadline(1000).min_attempt(300).build().unwrap();
+    let p = Policy::builder(Preset::Default)
+        .base(ms(100))
+        .cap(ms(1000))
+        .deadline(ms(1000))
+        .min_attempt(ms(300))
+        .build()
+        .unwrap();
     let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
     let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(9));
     let s =
@@ -502,11 +538,11 @@ fn deadline_counts_attempt_time_and_no_sleep_starts_past_it() {
     // Each attempt is told how long it has left: the first the whole deadline, later ones less
     // by the attempts and waits before them.
     let sent = h.sends.borrow();
-    assert_eq!(sent[0].remaining, Some(1000));
+    assert_eq!(sent[0].remaining, Some(ms(1000)));
     let mut spent = 300;
     for (a, wait) in sent.iter().skip(1).zip(h.sleeps()) {
         spent += wait;
-        assert_eq!(a.remaining, Some(1000 - spent));
+        assert_eq!(a.remaining, Some(ms(1000 - spent)));
         spent += 300;
     }
     assert!(h.sends() >= 2);
@@ -520,7 +556,7 @@ fn every_attempt_carries_the_same_key_and_the_ledger_has_one_record_each() {
     let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
     let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(11)).ledger(&mut ledger);
     let s = Scripted {
-        outcomes: &[Outcome::status(503), Outcome::status_after(429, 1), Outcome::Ok],
+        outcomes: &[Outcome::status(503), Outcome::status_after(429, Duration::from_secs(1)), Outcome::Ok],
         sends: &h.sends,
         clock: &h.clock,
         attempt_ms: 5,
@@ -531,12 +567,15 @@ fn every_attempt_carries_the_same_key_and_the_ledger_has_one_record_each() {
     assert_eq!(h.sends.borrow().iter().map(|a| a.number).collect::<Vec<_>>(), [1, 2, 3]);
     let recs: Vec<_> = ledger.records().copied().collect();
     assert_eq!(recs.len(), 3);
-    assert_eq!(recs[1].outcome, Outcome::status_after(429, 1));
-    assert!(recs[1].wait >= 1000, "Retry-After raises the wait");
-    assert_eq!(recs.iter().map(|r| r.wait).sum::<u64>(), h.sleeps().iter().sum::<u64>());
+    assert_eq!(recs[1].outcome, Outcome::status_after(429, Duration::from_secs(1)));
+    assert!(recs[1].wait >= ms(1000), "Retry-After raises the wait");
+    assert_eq!(
+        recs.iter().map(|r| u64::from(r.wait.as_millis())).sum::<u64>(),
+        h.sleeps().iter().sum::<u64>()
+    );
     assert_eq!(recs[2].verdict, Some(Verdict::Ok));
     assert!(recs[..2].iter().all(|r| r.verdict.is_none() && r.draw.is_some()));
-    assert_eq!(recs[2].total_ticks, h.clock.now());
+    assert_eq!(recs[2].total_time, h.clock.now().duration_since(Instant::ZERO));
     assert_eq!(recs[0].policy, p.fingerprint());
     assert_eq!(ledger.stats().calls(), 1);
     assert_eq!(ledger.stats().mean_milli(), 3000);
@@ -549,7 +588,7 @@ fn runner_future_is_small() {
     let p = Policy::builder(Preset::Default).build().unwrap();
     let mut runner =
         Runner::new(&p, Sleeps { clock: &clock, log: &log, cancel_during: None }, &clock, Xorshift(1));
-    let fut = runner.call(Operation::Read, KEY, |_| core::future::ready(Ok::<u32, Outcome>(1)));
+    let fut = runner.call(Operation::Read, KEY, |_| core::future::ready(Ok::<u32, Failure>(1)));
     let size = core::mem::size_of_val(&fut);
     println!("runner future for a typical call: {size} bytes");
     assert!(size < 1024, "{size}");
@@ -566,7 +605,7 @@ fn a_resend_after_the_probe_obeys_the_fleet_budget_and_the_deadline() {
     let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
     let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(5)).fleet(&fleet);
     let s = Scripted {
-        outcomes: &[Outcome::ResponseTimeout, Outcome::Ok],
+        outcomes: &[Outcome::Failure(Failure::ResponseTimeout), Outcome::Ok],
         sends: &h.sends,
         clock: &h.clock,
         attempt_ms: 0,
@@ -583,11 +622,11 @@ fn a_resend_after_the_probe_obeys_the_fleet_budget_and_the_deadline() {
             core::future::ready(Landed::No)
         }
     }
-    let p = Policy::builder(Preset::Default).deadline(1_000).min_attempt(200).build().unwrap();
+    let p = Policy::builder(Preset::Default).deadline(ms(1_000)).min_attempt(ms(200)).build().unwrap();
     let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
     let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(5));
     let s = Scripted {
-        outcomes: &[Outcome::ResponseTimeout, Outcome::Ok],
+        outcomes: &[Outcome::Failure(Failure::ResponseTimeout), Outcome::Ok],
         sends: &h.sends,
         clock: &h.clock,
         attempt_ms: 0,
@@ -610,7 +649,7 @@ fn a_cancel_ends_a_probe_that_would_never_answer() {
     let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
     let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(5)).cancel(&token);
     let s = Scripted {
-        outcomes: &[Outcome::ResponseTimeout, Outcome::Ok],
+        outcomes: &[Outcome::Failure(Failure::ResponseTimeout), Outcome::Ok],
         sends: &h.sends,
         clock: &h.clock,
         attempt_ms: 0,
@@ -638,7 +677,7 @@ fn a_cancel_ends_a_probe_that_would_never_answer() {
 fn a_give_up_that_depended_on_the_draw_records_the_draw() {
     // Budget 250 ms, base 100: with draws at the top the first wait is 99 ms and the second
     // (100..199 ms) does not fit at 199; at zero (100) it would. The record must say which draw.
-    let p = Policy::builder(Preset::Default).base(100).cap(1_000).budget(250).build().unwrap();
+    let p = Policy::builder(Preset::Default).base(ms(100)).cap(ms(1_000)).budget(ms(250)).build().unwrap();
     let h = Harness::new();
     let mut ledger = Ledger::<8>::new();
     let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
