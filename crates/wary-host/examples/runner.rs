@@ -4,21 +4,10 @@
 //!
 //! `cargo run -p wary-host --example runner`
 
-use std::time::Instant;
-
-use wary::ledger::Ledger;
-use wary::run::{CancelToken, Clock, Runner};
-use wary::{FleetBudget, Key, Operation, Outcome, Policy, Preset};
+use wary::{
+    CancelToken, Duration, Failure, FleetBudget, Instant, Key, Ledger, Operation, Policy, Preset, Runner,
+};
 use wary_host::time::StdDelay;
-
-/// Milliseconds since start, as a board's timer would count them.
-struct Millis(Instant);
-
-impl Clock for Millis {
-    fn now(&self) -> u64 {
-        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-}
 
 static FLEET: FleetBudget = match FleetBudget::new(10, 100) {
     Ok(f) => f,
@@ -26,28 +15,37 @@ static FLEET: FleetBudget = match FleetBudget::new(10, 100) {
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let policy = Policy::builder(Preset::Default).base(20).cap(80).budget(2_000).build()?;
+    let ms = Duration::from_millis;
+    let policy = Policy::builder(Preset::Default).base(ms(20)).cap(ms(80)).budget(ms(2_000)).build()?;
     let cancel = CancelToken::new();
     let mut ledger = Ledger::<16>::new();
-    let script = [Outcome::status(503), Outcome::ResponseTimeout, Outcome::status_after(429, 0), Outcome::Ok];
+    // Three failures, then a success.
+    let script = [Failure::status(503), Failure::ResponseTimeout, Failure::status_after(429, Duration::ZERO)];
+    // Milliseconds since start, as a board's timer would count them: any closure giving an
+    // `Instant` is a clock.
+    let start = std::time::Instant::now();
+    let clock = move || Instant::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
 
-    let mut runner = Runner::new(&policy, StdDelay, Millis(Instant::now()), wary_host::draw::seeded(7))
+    let mut runner = Runner::new(&policy, StdDelay, clock, wary_host::draw::seeded(7))
         .cancel(&cancel)
         .fleet(&FLEET)
         .ledger(&mut ledger);
     let key = Key::from_parts(0x0d15_ea5e, 3, 41);
     let got = embassy_futures::block_on(runner.call(Operation::KeyedWrite, key, |a| {
-        let step = script.get(a.number as usize - 1).copied().unwrap_or(Outcome::Ok);
-        std::future::ready(if step == Outcome::Ok { Ok(a.number) } else { Err(step) })
+        let step = script.get(a.number as usize - 1).copied();
+        std::future::ready(match step {
+            Some(failure) => Err(failure),
+            None => Ok(a.number),
+        })
     }));
     for r in ledger.records() {
         println!(
-            "attempt {} {:?} → {} wait {} ms, verdict {:?}",
+            "attempt {} {} → {} wait {}, verdict {}",
             r.attempt,
-            r.outcome,
+            r.outcome.name(),
             r.class.name(),
             r.wait,
-            r.verdict
+            r.verdict.map_or_else(|| "-".to_owned(), |v| v.to_string())
         );
     }
     println!("fleet tokens: {} of {} thousandths", FLEET.tokens_milli(), FLEET.max_milli());

@@ -19,11 +19,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cloud =
         wary_cloud::Cloud::start("127.0.0.1:0", "503=0.4,reset_after_effect=0.2,seed=2".parse()?).await?;
 
-    let policy = Policy::builder(Preset::Default).base(50).cap(500).deadline(10_000).build()?;
+    let ms = wary::Duration::from_millis;
+    let policy = Policy::builder(Preset::Default).base(ms(50)).cap(ms(500)).deadline(ms(10_000)).build()?;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     // Each attempt is bounded inside the retry; the policy's deadline bounds the call.
     let attempt = ServiceBuilder::new().layer(TimeoutLayer::new(Duration::from_secs(2))).service(client);
-    let svc = WaryRetry::new(WaryPolicy::new(policy)?, attempt);
+    let svc = WaryRetry::new(WaryPolicy::new(policy), attempt);
 
     for i in 0..4 {
         let req = http::Request::post(cloud.url("/readings"))

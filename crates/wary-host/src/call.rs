@@ -3,18 +3,19 @@
 //! [`Adapter`] holds what the calls share (the policy, the rate-limit signals, a fleet budget,
 //! a ledger, the draws, the clock); [`Call`] holds one call's state and asks the core's
 //! [`Policy::decide_with_fleet`] after each attempt, writing the same ledger record the runner
-//! writes. There is one decision, the core's; this module only carries it across attempts.
-//!
-//! The policy must count milliseconds (`tick_hz` 1000): the adapters' clock and sleeps do, and
-//! [`Adapter::new`] refuses any other rate with [`TickRateError`].
+//! writes ([`Record::decided`]). There is one decision, the core's; this module only carries it
+//! across attempts.
 
 use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, StatusCode};
 use rand::rngs::StdRng;
-use wary::ledger::{Record, Sink};
-use wary::{CallState, Class, Decision, Draw, FleetBudget, Key, Operation, Outcome, Policy, Verdict};
+use wary::{
+    CallState, Decision, Draw, Duration, FleetBudget, GiveUp, Instant, Key, Operation, Outcome, Policy,
+    Record, Sink, Verdict,
+};
 
 use crate::ratelimit::Signals;
 use crate::time::{MonotonicClock, WallClock};
@@ -54,11 +55,6 @@ impl From<&'static FleetBudget> for Fleet {
     }
 }
 
-/// The policy does not count milliseconds: the adapters' clock and sleeps do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the adapter's policy must count milliseconds (tick_hz 1000), not {0} ticks per second")]
-pub struct TickRateError(pub u32);
-
 /// The operation of a request under `policy` ([`Policy::operation`]: its method and whether it
 /// carries an idempotency key), and its ledger key: a keyed write's own key (hex keys as is,
 /// others hashed); for other requests a key from method and path, never from the body.
@@ -85,6 +81,7 @@ pub struct Adapter {
     ledger: Option<SharedSink>,
     rng: Arc<Mutex<StdRng>>,
     clock: MonotonicClock,
+    unreadable: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Adapter {
@@ -99,25 +96,22 @@ impl std::fmt::Debug for Adapter {
 }
 
 impl Adapter {
-    /// For `policy`, with draws from a generator split from the process's own. A policy whose
-    /// `tick_hz` is not 1000 is refused.
-    pub fn new(policy: Policy) -> Result<Self, TickRateError> {
+    /// For `policy`, with draws from a generator split from the process's own.
+    pub fn new(policy: Policy) -> Self {
         Self::with_rng(policy, crate::draw::for_call())
     }
 
     /// With an explicit generator (tests, replays).
-    pub fn with_rng(policy: Policy, rng: StdRng) -> Result<Self, TickRateError> {
-        if policy.tick_hz() != 1000 {
-            return Err(TickRateError(policy.tick_hz()));
-        }
-        Ok(Adapter {
+    pub fn with_rng(policy: Policy, rng: StdRng) -> Self {
+        Adapter {
             policy,
             signals: Signals::NONE,
             fleet: None,
             ledger: None,
             rng: Arc::new(Mutex::new(rng)),
             clock: MonotonicClock::new(),
-        })
+            unreadable: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// Shares a fleet retry budget (an `Arc` or a `&'static`).
@@ -144,8 +138,21 @@ impl Adapter {
     }
 
     /// The outcome of a response under the policy and its signals, the wall clock read here.
+    /// Retry-After values that could not be read at all are counted
+    /// ([`Adapter::unreadable_retry_after`]).
     pub fn outcome(&self, status: StatusCode, headers: &HeaderMap) -> Outcome {
-        crate::http::outcome_with(&self.policy, &self.signals, status, headers, WallClock.unix_secs())
+        let (outcome, reading) =
+            crate::http::outcome_with(&self.policy, &self.signals, status, headers, WallClock.unix_secs());
+        if reading.unreadable > 0 {
+            self.unreadable.fetch_add(u64::from(reading.unreadable), Ordering::Relaxed);
+        }
+        outcome
+    }
+
+    /// Retry-After values this adapter and its clones could not read at all (neither a number
+    /// nor an HTTP-date) and so ignored: a server sending garbage shows here.
+    pub fn unreadable_retry_after(&self) -> u64 {
+        self.unreadable.load(Ordering::Relaxed)
     }
 
     /// A call starting now.
@@ -154,9 +161,8 @@ impl Adapter {
         Call { state: CallState::new(), started: now, attempt_started: now }
     }
 
-    fn now(&self) -> u64 {
-        // Milliseconds: the tick rate was checked when the adapter was made.
-        self.clock.millis()
+    fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     fn draw(&self) -> Draw {
@@ -175,10 +181,10 @@ impl Adapter {
 /// What to do after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// Wait this many milliseconds, then send again.
+    /// Wait, then send again.
     Retry {
-        /// The wait, milliseconds.
-        wait_ms: u64,
+        /// The wait.
+        wait: Duration,
     },
     /// The call is over.
     Done(Verdict),
@@ -188,13 +194,17 @@ pub enum Step {
 #[derive(Debug, Clone, Copy)]
 pub struct Call {
     state: CallState,
-    started: u64,
-    attempt_started: u64,
+    started: Instant,
+    attempt_started: Instant,
 }
 
 impl Default for Call {
     fn default() -> Self {
-        Call { state: CallState::new(), started: 0, attempt_started: 0 }
+        Call {
+            state: CallState::new(),
+            started: Instant::from_millis(0),
+            attempt_started: Instant::from_millis(0),
+        }
     }
 }
 
@@ -205,14 +215,14 @@ impl Call {
     }
 
     /// Marks an attempt's start (restarting the call's clock before the first); returns the
-    /// milliseconds left before the call's deadline, `None` without one.
-    pub fn start_attempt(&mut self, adapter: &Adapter) -> Option<u64> {
+    /// time left before the call's deadline, `None` without one.
+    pub fn start_attempt(&mut self, adapter: &Adapter) -> Option<Duration> {
         let now = adapter.now();
         if self.state.attempts() == 0 {
             self.started = now;
         }
         self.attempt_started = now;
-        let elapsed = now.saturating_sub(self.started);
+        let elapsed = now.duration_since(self.started);
         adapter.policy.deadline().map(|d| d.saturating_sub(elapsed))
     }
 
@@ -238,49 +248,41 @@ impl Call {
     ) -> Step {
         let t1 = adapter.now();
         let draw = adapter.draw();
-        let elapsed = t1.saturating_sub(self.started);
+        let elapsed = t1.duration_since(self.started);
         let number = self.state.attempts().saturating_add(1);
-        let (class, decision) = adapter.policy.decide_with_fleet(
-            &mut self.state,
-            op,
-            &outcome,
-            draw,
-            Some(elapsed),
-            adapter.fleet.as_deref(),
-        );
-        let step = match decision {
-            Decision::Retry { .. } if last => Step::Done(Verdict::GaveUp(wary::GiveUp::Attempts)),
-            Decision::Retry { wait } => Step::Retry { wait_ms: wait },
-            Decision::Done(v) => Step::Done(v),
+        let policy = &adapter.policy;
+        let decision = match adapter.fleet.as_deref() {
+            Some(fleet) => {
+                policy.decide_with_fleet(&mut self.state, op, &outcome, draw, Some(elapsed), fleet)
+            }
+            None => policy.decide(&mut self.state, op, &outcome, draw, Some(elapsed)),
         };
-        adapter.record(&Record {
+        let decision = match decision {
+            Decision::Retry { .. } if last => Decision::Done(Verdict::GaveUp(GiveUp::Attempts)),
+            d => d,
+        };
+        let attempt_time = t1.duration_since(self.attempt_started);
+        adapter.record(&Record::decided(
+            policy,
             key,
-            attempt: number,
+            number,
             op,
             outcome,
-            class,
-            // As the runner does: whenever a wait was computed the draw decided it.
-            draw: (class == Class::Retry).then_some(draw),
-            wait: match step {
-                Step::Retry { wait_ms } => wait_ms,
-                Step::Done(_) => 0,
-            },
-            attempt_ticks: t1.saturating_sub(self.attempt_started),
-            total_ticks: elapsed,
-            verdict: match step {
-                Step::Done(v) => Some(v),
-                Step::Retry { .. } => None,
-            },
-            policy: adapter.policy.fingerprint(),
-        });
-        step
+            draw,
+            decision,
+            attempt_time,
+            elapsed,
+        ));
+        match decision {
+            Decision::Retry { wait } => Step::Retry { wait },
+            Decision::Done(v) => Step::Done(v),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use wary::ledger::Ledger;
-    use wary::{GiveUp, Preset};
+    use wary::{Ledger, Preset};
 
     use super::*;
 
@@ -291,14 +293,16 @@ mod tests {
 
     #[test]
     fn a_last_attempt_never_retries_and_the_ledger_says_why() {
-        let policy = Policy::builder(Preset::Default).base(10).cap(40).deadline(5_000).build().unwrap();
+        let ms = Duration::from_millis;
+        let policy =
+            Policy::builder(Preset::Default).base(ms(10)).cap(ms(40)).deadline(ms(5_000)).build().unwrap();
         let ledger = Arc::new(Mutex::new(Ledger::<8>::new()));
-        let a = Adapter::with_rng(policy, crate::draw::seeded(1)).unwrap().ledger(ledger.clone());
+        let a = Adapter::with_rng(policy, crate::draw::seeded(1)).ledger(ledger.clone());
         let (op, key) = operation_and_key(&policy, "POST", "/x", Some(&http::HeaderValue::from_static("k")));
         assert_eq!(op, Operation::KeyedWrite);
         let mut call = a.begin();
         let left = call.start_attempt(&a).unwrap();
-        assert!(left <= 5_000 && left > 4_000, "{left}");
+        assert!(left <= ms(5_000) && left > ms(4_000), "{left}");
         // The same 503 is a retry for an attempt that can be resent, and ends the call for one
         // that cannot.
         assert!(matches!(call.clone().after(&a, op, key, Outcome::status(503)), Step::Retry { .. }));
@@ -306,7 +310,7 @@ mod tests {
         assert_eq!(step, Step::Done(Verdict::GaveUp(GiveUp::Attempts)));
         let last = ledger.lock().unwrap().records().last().copied().unwrap();
         assert_eq!(last.verdict, Some(Verdict::GaveUp(GiveUp::Attempts)));
-        assert_eq!(last.wait, 0);
+        assert_eq!(last.wait, Duration::ZERO);
         // An unkeyed write's key comes from method and path, never the body.
         let (op, k1) = operation_and_key(&policy, "POST", "/x", None);
         assert_eq!(op, Operation::Write);
@@ -319,7 +323,7 @@ mod tests {
         let shared = Arc::new(FleetBudget::new(10, 100).unwrap());
         let policy = Policy::builder(Preset::Default).build().unwrap();
         for fleet in [Fleet::from(shared.clone()), Fleet::from(&STATIC_FLEET)] {
-            let a = Adapter::with_rng(policy, crate::draw::seeded(2)).unwrap().fleet(fleet.clone());
+            let a = Adapter::with_rng(policy, crate::draw::seeded(2)).fleet(fleet.clone());
             let mut call = a.begin();
             call.start_attempt(&a);
             let before = fleet.tokens_milli();
@@ -328,9 +332,22 @@ mod tests {
         }
         assert_eq!(shared.tokens_milli(), 9_000);
         assert_eq!(STATIC_FLEET.tokens_milli(), 9_000);
-        assert!(
-            Adapter::new(Policy::builder(Preset::Default).tick_hz(10).base(1).cap(2).build().unwrap())
-                .is_err()
+    }
+
+    #[test]
+    fn unreadable_retry_after_values_are_counted_across_clones() {
+        let policy = Policy::builder(Preset::Default).build().unwrap();
+        let a = Adapter::with_rng(policy, crate::draw::seeded(3));
+        let b = a.clone();
+        let mut h = HeaderMap::new();
+        h.append("retry-after", http::HeaderValue::from_static("soon"));
+        h.append("retry-after", http::HeaderValue::from_static("2"));
+        assert_eq!(
+            a.outcome(StatusCode::SERVICE_UNAVAILABLE, &h),
+            Outcome::status_after(503, Duration::from_secs(2))
         );
+        assert_eq!(b.outcome(StatusCode::OK, &h), Outcome::Ok);
+        let _ = b.outcome(StatusCode::TOO_MANY_REQUESTS, &h);
+        assert_eq!((a.unreadable_retry_after(), b.unreadable_retry_after()), (2, 2));
     }
 }

@@ -1,197 +1,151 @@
 //! The JSON-lines ledger: one flushed line per attempt, so the retry history outlives the
 //! process, and every line carries what a replay needs (the draw, the outcome with its status
 //! and Retry-After, the policy's fingerprint). A `policy` line, written before the first
-//! attempt under a policy, holds that policy's settings, so a ledger replays on its own.
+//! attempt under a policy, holds that policy's every setting, so a ledger replays on its own.
+//!
+//! Both kinds of line are [`Line`], the one definition the writer ([`JsonLedger`]) and the
+//! readers ([`Line::parse`], [`read_lines`]) share. An attempt line is the core's
+//! [`Record`] in its serde form, a policy line the core's [`Policy`] in its serde form; both
+//! carry [`LEDGER_VERSION`] as `"v"`, and a line of another version is refused as such
+//! ([`LineError::Version`]):
+//!
+//! ```text
+//! {"type":"policy","v":2,"fingerprint":"5924342a","policy":{"base_ms":100,…,"table":{…}}}
+//! {"type":"attempt","v":2,"key":"…","attempt":1,"op":"keyed_write","outcome":"status","status":503,…,"policy":"5924342a"}
+//! ```
 //!
 //! No line holds payload bytes, credentials or raw error text: only classes, numbers and keys.
 
 use std::io::{self, Write};
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use wary::ledger::{Record, Sink};
-use wary::{Class, Draw, GiveUp, Key, Operation, Outcome, Verdict};
+use wary::{LEDGER_VERSION, Policy, Record, Sink};
 
-use crate::spec::PolicySpec;
-
-/// One line of a ledger.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// One line of a ledger: a policy's settings, or one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Line {
-    /// A policy's settings, written before its first attempt.
-    Policy {
-        /// [`wary::Policy::fingerprint`], in hex.
-        fingerprint: String,
-        /// The settings.
-        policy: PolicySpec,
-    },
+    /// A policy's every setting, written before its first attempt. Its fingerprint is
+    /// [`Policy::fingerprint`], which the attempts' [`Record::policy`] name.
+    Policy(Policy),
     /// One attempt.
-    Attempt(AttemptLine),
-}
-
-/// One attempt, as a JSON object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttemptLine {
-    /// The call's idempotency key, hex.
-    pub key: String,
-    /// Attempt number from 1.
-    pub attempt: u32,
-    /// `read`, `keyed_write`, `write`.
-    pub op: String,
-    /// The outcome's kind (`status`, `response_timeout`, …).
-    pub outcome: String,
-    /// The status, for `status` outcomes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<u16>,
-    /// The Retry-After the server sent, seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_after: Option<u64>,
-    /// `ok`, `retry`, `unknown`, `failed`, `cancelled`.
-    pub class: String,
-    /// The draw used for the wait after this attempt.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub draw: Option<DrawLine>,
-    /// The wait after this attempt, ticks.
-    pub wait: u64,
-    /// The attempt's own time, ticks.
-    pub attempt_ticks: u64,
-    /// The call's time so far, ticks.
-    pub total_ticks: u64,
-    /// The verdict, on a call's last line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verdict: Option<String>,
-    /// Why the call gave up, when it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The wait a server asked for when the call gave up on it, ticks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub asked: Option<u64>,
-    /// The policy's fingerprint, hex.
-    pub policy: String,
-}
-
-/// A draw, in the form it was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DrawLine {
-    /// A whole percent, 0..=99.
-    Percent(u8),
-    /// A fraction of 2³².
-    Unit(u32),
+    Attempt(Record),
 }
 
 /// Why a ledger line could not be read back.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LineError {
-    /// Not JSON, or not a ledger line.
+    /// Not JSON, not a ledger line, or a field holds a value wary does not accept (an unknown
+    /// name, a policy the builder refuses). The message names the field, never the line.
     #[error("not a ledger line: {0}")]
     Json(#[from] serde_json::Error),
-    /// A field holds a value wary does not know.
-    #[error("bad {0} in a ledger line")]
-    Field(&'static str),
+    /// The line was written in another version of the ledger format: read it with the wary
+    /// that wrote it. `found` is `None` for a line without a `"v"` (written before versions
+    /// were carried on JSON lines).
+    #[error(
+        "ledger line version {}, this wary reads version {expected}",
+        found.map_or_else(|| "1 (no \"v\")".to_owned(), |v| v.to_string())
+    )]
+    Version {
+        /// The version the line carries, if any.
+        found: Option<u32>,
+        /// The version this build reads and writes ([`LEDGER_VERSION`]).
+        expected: u32,
+    },
+    /// A policy line whose fingerprint is not that of the policy it holds.
+    #[error("policy line fingerprint {line:08x}, but its policy's is {policy:08x}")]
+    Fingerprint {
+        /// The fingerprint the line carries.
+        line: u32,
+        /// The fingerprint of the policy it holds.
+        policy: u32,
+    },
 }
 
-impl From<&Record> for AttemptLine {
-    fn from(r: &Record) -> Self {
-        let (reason, asked) = match r.verdict {
-            Some(Verdict::GaveUp(g)) => (
-                Some(g.name().to_owned()),
-                match g {
-                    GiveUp::RetryAfterTooLong { asked } => Some(asked),
-                    _ => None,
-                },
-            ),
-            _ => (None, None),
-        };
-        AttemptLine {
-            key: r.key.to_hex().as_str().to_owned(),
-            attempt: r.attempt,
-            op: r.op.name().to_owned(),
-            outcome: r.outcome.kind_name().to_owned(),
-            status: r.outcome.code(),
-            retry_after: r.outcome.retry_after(),
-            class: r.class.name().to_owned(),
-            draw: r.draw.map(|d| match (d.as_percent(), d.as_unit()) {
-                (Some(p), _) => DrawLine::Percent(p),
-                (None, u) => DrawLine::Unit(u.unwrap_or(0)),
-            }),
-            wait: r.wait,
-            attempt_ticks: r.attempt_ticks,
-            total_ticks: r.total_ticks,
-            verdict: r.verdict.map(|v| v.name().to_owned()),
-            reason,
-            asked,
-            policy: format!("{:08x}", r.policy),
-        }
+/// The fingerprint's hex form on a line, as the core writes it in records.
+mod hex32 {
+    pub(super) fn serialize<S: serde::Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{v:08x}"))
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        let s = <String as serde::Deserialize>::deserialize(d)?;
+        u32::from_str_radix(&s, 16).map_err(|_| serde::de::Error::custom("a fingerprint is 8 hex digits"))
     }
 }
 
-fn class_from_name(s: &str) -> Option<Class> {
-    Some(match s {
-        "ok" => Class::Ok,
-        "retry" => Class::Retry,
-        "unknown" => Class::Unknown,
-        "failed" => Class::Failed,
-        "cancelled" => Class::Cancelled,
-        _ => return None,
-    })
+/// A line as JSON: tagged by `"type"`. The attempt's `"v"` is the record's own.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum LineForm {
+    Policy {
+        v: u32,
+        #[serde(with = "hex32")]
+        fingerprint: u32,
+        policy: Policy,
+    },
+    Attempt(Record),
 }
 
-/// Parses a verdict name and give-up reason back.
-pub fn verdict_from_names(verdict: &str, reason: Option<&str>, asked: Option<u64>) -> Option<Verdict> {
-    Some(match verdict {
-        "ok" => Verdict::Ok,
-        "failed" => Verdict::Failed,
-        "unknown" => Verdict::Unknown,
-        "cancelled" => Verdict::Cancelled,
-        "gave_up" => Verdict::GaveUp(match reason? {
-            "budget" => GiveUp::Budget,
-            "deadline" => GiveUp::Deadline,
-            "attempts" => GiveUp::Attempts,
-            "retry_after_too_long" => GiveUp::RetryAfterTooLong { asked: asked? },
-            "throttled" => GiveUp::Throttled,
-            "outcomes_exhausted" => GiveUp::OutcomesExhausted,
-            _ => return None,
-        }),
-        _ => return None,
-    })
+/// What is read of a line before the rest: its version.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default)]
+    v: Option<u32>,
 }
 
-impl AttemptLine {
-    /// The record this line was written from.
-    pub fn to_record(&self) -> Result<Record, LineError> {
-        let outcome = match self.outcome.as_str() {
-            "status" => Outcome::Status {
-                code: self.status.ok_or(LineError::Field("status"))?,
-                retry_after: self.retry_after,
-            },
-            other => Outcome::from_kind_name(other).ok_or(LineError::Field("outcome"))?,
+impl Line {
+    /// Reads one line. The version is checked first, so a line of another format version is
+    /// [`LineError::Version`] whatever else it holds; a policy line's fingerprint must be its
+    /// policy's.
+    pub fn parse(text: &str) -> Result<Line, LineError> {
+        let head: Head = serde_json::from_str(text)?;
+        if head.v != Some(LEDGER_VERSION) {
+            return Err(LineError::Version { found: head.v, expected: LEDGER_VERSION });
+        }
+        match serde_json::from_str::<LineForm>(text)? {
+            LineForm::Attempt(r) => Ok(Line::Attempt(r)),
+            LineForm::Policy { fingerprint, policy, .. } => {
+                let own = policy.fingerprint();
+                if fingerprint != own {
+                    return Err(LineError::Fingerprint { line: fingerprint, policy: own });
+                }
+                Ok(Line::Policy(policy))
+            }
+        }
+    }
+
+    /// The line as JSON, without the newline.
+    pub fn to_json(&self) -> String {
+        let form = match *self {
+            Line::Policy(policy) => {
+                LineForm::Policy { v: LEDGER_VERSION, fingerprint: policy.fingerprint(), policy }
+            }
+            Line::Attempt(record) => LineForm::Attempt(record),
         };
-        let verdict = match &self.verdict {
-            None => None,
-            Some(v) => Some(
-                verdict_from_names(v, self.reason.as_deref(), self.asked)
-                    .ok_or(LineError::Field("verdict"))?,
-            ),
-        };
-        let draw = match self.draw {
-            None => None,
-            Some(DrawLine::Percent(p)) => Some(Draw::percent(p).map_err(|_| LineError::Field("draw"))?),
-            Some(DrawLine::Unit(u)) => Some(Draw::unit(u)),
-        };
-        Ok(Record {
-            key: Key::from_hex(&self.key).ok_or(LineError::Field("key"))?,
-            attempt: self.attempt,
-            op: Operation::from_name(&self.op).ok_or(LineError::Field("op"))?,
-            outcome,
-            class: class_from_name(&self.class).ok_or(LineError::Field("class"))?,
-            draw,
-            wait: self.wait,
-            attempt_ticks: self.attempt_ticks,
-            total_ticks: self.total_ticks,
-            verdict,
-            policy: u32::from_str_radix(&self.policy, 16).map_err(|_| LineError::Field("policy"))?,
-        })
+        // Names, numbers and strings only, in maps with string keys: serialising cannot fail.
+        serde_json::to_string(&form).unwrap_or_default()
+    }
+
+    /// Writes the line and its newline.
+    pub fn write_to<W: Write + ?Sized>(&self, out: &mut W) -> io::Result<()> {
+        let mut s = self.to_json();
+        s.push('\n');
+        out.write_all(s.as_bytes())
+    }
+}
+
+impl FromStr for Line {
+    type Err = LineError;
+    fn from_str(s: &str) -> Result<Line, LineError> {
+        Line::parse(s)
+    }
+}
+
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_json())
     }
 }
 
@@ -210,15 +164,15 @@ impl<W: Write> JsonLedger<W> {
         JsonLedger { out, errors: 0, announced: Vec::new() }
     }
 
-    /// Writes a policy line once per fingerprint.
-    pub fn policy(&mut self, policy: &wary::Policy, spec: &PolicySpec) -> io::Result<()> {
+    /// Writes a policy line once per fingerprint: the policy's every setting, status rules
+    /// included, so a reader rebuilds it exactly from the line alone.
+    pub fn policy(&mut self, policy: &Policy) -> io::Result<()> {
         let fp = policy.fingerprint();
         if self.announced.contains(&fp) {
             return Ok(());
         }
         self.announced.push(fp);
-        let line = Line::Policy { fingerprint: format!("{fp:08x}"), policy: spec.clone() };
-        self.write_line(&line)
+        self.write_line(&Line::Policy(*policy))
     }
 
     /// Lines that could not be written (a ledger write never stops a call; this counts them).
@@ -237,67 +191,139 @@ impl<W: Write> JsonLedger<W> {
     }
 
     fn write_line(&mut self, line: &Line) -> io::Result<()> {
-        let mut s = serde_json::to_string(line).map_err(io::Error::other)?;
-        s.push('\n');
-        self.out.write_all(s.as_bytes())?;
+        line.write_to(&mut self.out)?;
         self.out.flush()
     }
 }
 
 impl<W: Write> Sink for JsonLedger<W> {
     fn record(&mut self, record: &Record) {
-        if self.write_line(&Line::Attempt(AttemptLine::from(record))).is_err() {
+        if self.write_line(&Line::Attempt(*record)).is_err() {
             self.errors = self.errors.saturating_add(1);
         }
     }
 }
 
-/// Reads a ledger's lines; blank lines are skipped.
+/// Reads a ledger's lines with [`Line::parse`], numbered from 1; blank lines are skipped.
 pub fn read_lines(text: &str) -> impl Iterator<Item = (usize, Result<Line, LineError>)> + '_ {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| (i.saturating_add(1), serde_json::from_str::<Line>(l).map_err(LineError::from)))
+        .map(|(i, l)| (i.saturating_add(1), Line::parse(l)))
 }
 
 #[cfg(test)]
 mod tests {
+    use wary::{
+        CallState, Class, Decision, Draw, Duration, GiveUp, Key, Operation, Outcome, Preset, Rule, Table,
+        Verdict,
+    };
+
     use super::*;
+
+    /// A call's last record: gave up on a Retry-After too long, with its draw and times.
+    fn record() -> Record {
+        let policy = Policy::builder(Preset::Default).build().unwrap();
+        let asked = Duration::from_millis(9000);
+        Record::decided(
+            &policy,
+            Key::from_parts(1, 2, 3),
+            2,
+            Operation::KeyedWrite,
+            Outcome::status_after(429, Duration::from_secs(7)),
+            Draw::unit(12345),
+            Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked })),
+            Duration::from_millis(12),
+            Duration::from_millis(900),
+        )
+    }
 
     #[test]
     fn records_round_trip_through_json_lines() {
-        let rec = Record {
-            key: Key::from_parts(1, 2, 3),
-            attempt: 2,
-            op: Operation::KeyedWrite,
-            outcome: Outcome::status_after(429, 7),
-            class: Class::Retry,
-            draw: Some(Draw::unit(12345)),
-            wait: 7000,
-            attempt_ticks: 12,
-            total_ticks: 900,
-            verdict: Some(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 9000 })),
-            policy: 0xdead_beef,
-        };
+        let rec = record();
+        assert_eq!((rec.class, rec.draw), (Class::Retry, Some(Draw::unit(12345))));
         let mut l = JsonLedger::new(Vec::new());
         l.record(&rec);
         let text = String::from_utf8(l.into_inner()).unwrap();
         assert_eq!(text.lines().count(), 1);
-        assert!(text.contains("\"policy\":\"deadbeef\""));
-        let (_, line) = read_lines(&text).next().unwrap();
-        let Line::Attempt(a) = line.unwrap() else { panic!("not an attempt") };
-        assert_eq!(a.to_record().unwrap(), rec);
+        assert!(text.contains(&format!("\"policy\":\"{:08x}\"", rec.policy)));
+        assert!(text.starts_with(&format!("{{\"type\":\"attempt\",\"v\":{LEDGER_VERSION},")), "{text}");
+        let (n, line) = read_lines(&text).next().unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(line.unwrap(), Line::Attempt(rec));
     }
 
     #[test]
-    fn policy_lines_are_written_once() {
-        let spec = PolicySpec::default();
-        let p = spec.build().unwrap();
+    fn records_built_by_the_core_round_trip() {
+        let policy = Policy::builder(Preset::Default).build().unwrap();
+        let mut state = CallState::new();
+        let outcome = Outcome::status(503);
+        let draw = Draw::unit(7);
+        let d = policy.decide(&mut state, Operation::Read, &outcome, draw, Some(Duration::from_millis(5)));
+        assert!(matches!(d, Decision::Retry { .. }));
+        let rec = Record::decided(
+            &policy,
+            Key::from_parts(9, 9, 9),
+            1,
+            Operation::Read,
+            outcome,
+            draw,
+            d,
+            Duration::from_millis(5),
+            Duration::from_millis(5),
+        );
+        assert_eq!(Line::parse(&Line::Attempt(rec).to_json()).unwrap(), Line::Attempt(rec));
+    }
+
+    #[test]
+    fn policy_lines_are_written_once_and_rebuild_the_policy_exactly() {
+        let table =
+            Table::DEFAULT.with_status(409, Rule::RetryAny).unwrap().with_status(503, Rule::Fail).unwrap();
+        let p =
+            Policy::builder(Preset::Strict).table(table).deadline(Duration::from_secs(3)).build().unwrap();
         let mut l = JsonLedger::new(Vec::new());
-        l.policy(&p, &spec).unwrap();
-        l.policy(&p, &spec).unwrap();
+        l.policy(&p).unwrap();
+        l.policy(&p).unwrap();
         let text = String::from_utf8(l.into_inner()).unwrap();
         assert_eq!(text.lines().count(), 1);
         assert!(text.starts_with("{\"type\":\"policy\""));
+        assert!(text.contains(&format!("\"fingerprint\":\"{:08x}\"", p.fingerprint())));
+        let Line::Policy(back) = Line::parse(text.trim_end()).unwrap() else { panic!("not a policy line") };
+        assert_eq!(back, p);
+        assert_eq!(back.table().status_rule(409), Rule::RetryAny);
+        assert_eq!(back.table().status_rule(503), Rule::Fail);
+    }
+
+    #[test]
+    fn other_versions_and_bad_lines_are_refused_clearly() {
+        let good = Line::Attempt(record()).to_json();
+        let old = good.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":1");
+        let e = Line::parse(&old).unwrap_err();
+        assert!(matches!(e, LineError::Version { found: Some(1), expected: LEDGER_VERSION }), "{e}");
+        assert_eq!(e.to_string(), format!("ledger line version 1, this wary reads version {LEDGER_VERSION}"));
+        // A line from before versions were carried.
+        let none = good.replace(&format!("\"v\":{LEDGER_VERSION},"), "");
+        assert!(matches!(Line::parse(&none), Err(LineError::Version { found: None, .. })));
+        // A policy line of another version too.
+        let p = Line::Policy(Policy::builder(Preset::Default).build().unwrap()).to_json();
+        let p1 = p.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":3");
+        assert!(matches!(Line::parse(&p1), Err(LineError::Version { found: Some(3), .. })));
+        // A policy line whose fingerprint is not its policy's.
+        let fp = Policy::builder(Preset::Default).build().unwrap().fingerprint();
+        let forged = p.replace(&format!("{fp:08x}"), "00000000");
+        assert!(matches!(Line::parse(&forged), Err(LineError::Fingerprint { line: 0, .. })));
+        // Not JSON; an unknown type; a field wary does not know.
+        assert!(matches!(Line::parse("hello"), Err(LineError::Json(_))));
+        let other = good.replace("\"type\":\"attempt\"", "\"type\":\"note\"");
+        assert!(matches!(Line::parse(&other), Err(LineError::Json(_))));
+        let bad_op = good.replace("keyed_write", "peek");
+        assert!(matches!(Line::parse(&bad_op), Err(LineError::Json(_))));
+        // A policy the builder refuses is not read back.
+        let zero = p.replace("\"base_ms\":100", "\"base_ms\":0");
+        assert!(matches!(Line::parse(&zero), Err(LineError::Json(_))), "{zero}");
+        // Blank lines are skipped, the rest numbered as in the file.
+        let text = format!("\n{good}\n\nhello\n");
+        let got: Vec<_> = read_lines(&text).map(|(n, l)| (n, l.is_ok())).collect();
+        assert_eq!(got, [(2, true), (4, false)]);
     }
 }

@@ -2,11 +2,15 @@
 //!
 //! - [`retry`]: the one-line entry point, `policy.retry(op, |attempt| async { … }).await`,
 //!   and a tokio runner with every effect chosen.
-//! - [`spec`]: a policy as serde data (TOML, JSON), the form `wary explain` and the ledgers use.
-//! - [`ledger`]: the JSON-lines ledger, one flushed line per attempt, replayable.
-//! - [`time`]: tokio and std sleeps as `DelayNs`, a monotonic clock, a wall clock.
-//! - [`draw`]: per-process seeded draws.
-//! - [`http`]: `http` responses and client errors as outcomes.
+//! - [`spec`]: a policy as configuration (TOML, JSON), the form `wary explain` and the gateway
+//!   read, built through the core's builder.
+//! - [`ledger`]: the JSON-lines ledger, one flushed line per attempt, replayable: the core's
+//!   `Record` and `Policy` in their serde forms, one [`ledger::Line`] type to write and read.
+//! - [`time`]: tokio and std sleeps as `DelayNs`, a monotonic clock giving `wary::Instant`, a
+//!   wall clock.
+//! - [`draw`]: per-process seeded draws: the one generator of the host crates.
+//! - [`http`]: `http` responses as outcomes (through `wary::Outcome::from_response`), client
+//!   errors as failures.
 //! - [`ratelimit`]: rate-limit headers beside Retry-After (`RateLimit`, `X-RateLimit-Reset`,
 //!   `retry-after-ms`), opt-in per policy.
 //! - [`call`]: one call driven by another loop (the tower and reqwest adapters).

@@ -21,6 +21,7 @@
 
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
+use wary::Duration;
 
 /// Which rate-limit headers a policy reads beside Retry-After. All off by default: a header a
 /// server did not mean as a wait must not stall a call.
@@ -45,7 +46,7 @@ impl Signals {
     /// The longest ask, in whole seconds, of the signals switched on; `None` if none asks.
     /// `status` is the response's; `now_unix` the wall clock, used only when the response has
     /// no `Date` header.
-    pub fn ask(&self, status: u16, headers: &HeaderMap, now_unix: Option<u64>) -> Option<u64> {
+    pub fn ask(&self, status: u16, headers: &HeaderMap, now_unix: Option<u64>) -> Option<Duration> {
         let mut asks = [None; 3];
         if self.ratelimit {
             asks[0] = ratelimit_ask(headers);
@@ -56,7 +57,7 @@ impl Signals {
         if self.retry_after_ms {
             asks[2] = retry_after_ms_ask(headers);
         }
-        asks.into_iter().flatten().max()
+        asks.into_iter().flatten().max().map(Duration::from_secs)
     }
 }
 
@@ -114,8 +115,7 @@ fn x_ratelimit_reset_ask(status: u16, headers: &HeaderMap, now_unix: Option<u64>
         return None;
     }
     let reset = number("x-ratelimit-reset")?;
-    let date =
-        headers.get(http::header::DATE).and_then(|d| wary::retry_after::parse_http_date(d.as_bytes()).ok());
+    let date = headers.get(http::header::DATE).and_then(|d| wary::parse_http_date(d.as_bytes()).ok());
     let now = date.or(now_unix)?;
     Some(reset.saturating_sub(now))
 }
@@ -130,6 +130,10 @@ mod tests {
 
     use super::*;
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
     fn h(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut m = HeaderMap::new();
         for (k, v) in pairs {
@@ -141,19 +145,19 @@ mod tests {
     #[test]
     fn ratelimit_asks_only_for_an_exhausted_quota() {
         let s = Signals { ratelimit: true, ..Signals::NONE };
-        assert_eq!(s.ask(429, &h(&[("ratelimit", "\"burst\";r=0;t=30")]), None), Some(30));
+        assert_eq!(s.ask(429, &h(&[("ratelimit", "\"burst\";r=0;t=30")]), None), Some(secs(30)));
         // Requests left: no ask.
         assert_eq!(s.ask(429, &h(&[("ratelimit", "\"burst\";r=5;t=30")]), None), None);
         // Two quotas, the longest exhausted one wins; a field split over two lines still counts.
         let two =
             h(&[("ratelimit", "\"burst\";r=0;t=3, \"day\";r=0;t=900"), ("ratelimit", "\"hour\";r=2;t=9999")]);
-        assert_eq!(s.ask(503, &two, None), Some(900));
+        assert_eq!(s.ask(503, &two, None), Some(secs(900)));
         // No `t`: the policy's window of the same name.
         let no_t = h(&[
             ("ratelimit", "\"day\";r=0"),
             ("ratelimit-policy", "\"burst\";q=10;w=1, \"day\";q=1000;w=86400"),
         ]);
-        assert_eq!(s.ask(429, &no_t, None), Some(86_400));
+        assert_eq!(s.ask(429, &no_t, None), Some(secs(86_400)));
         // Off by default.
         assert_eq!(Signals::default().ask(429, &h(&[("ratelimit", "\"b\";r=0;t=30")]), None), None);
         // Garbage is ignored.
@@ -172,24 +176,24 @@ mod tests {
         // Sun, 06 Nov 1994 08:49:37 GMT is 784111777.
         let date = ("date", "Sun, 06 Nov 1994 08:49:37 GMT");
         let hdr = h(&[date, ("x-ratelimit-reset", "784111837")]);
-        assert_eq!(s.ask(429, &hdr, Some(4_000_000_000)), Some(60));
+        assert_eq!(s.ask(429, &hdr, Some(4_000_000_000)), Some(secs(60)));
         // Without a Date header: the wall clock.
-        assert_eq!(s.ask(429, &h(&[("x-ratelimit-reset", "1000")]), Some(990)), Some(10));
+        assert_eq!(s.ask(429, &h(&[("x-ratelimit-reset", "1000")]), Some(990)), Some(secs(10)));
         // A 503 asks only when the remaining count is 0.
         assert_eq!(s.ask(503, &hdr, None), None);
         let spent = h(&[date, ("x-ratelimit-reset", "784111837"), ("x-ratelimit-remaining", "0")]);
-        assert_eq!(s.ask(503, &spent, None), Some(60));
+        assert_eq!(s.ask(503, &spent, None), Some(secs(60)));
         // A reset in the past asks for no wait; no clock at all asks nothing.
-        assert_eq!(s.ask(429, &h(&[("x-ratelimit-reset", "10")]), Some(990)), Some(0));
+        assert_eq!(s.ask(429, &h(&[("x-ratelimit-reset", "10")]), Some(990)), Some(secs(0)));
         assert_eq!(s.ask(429, &h(&[("x-ratelimit-reset", "1000")]), None), None);
     }
 
     #[test]
     fn retry_after_ms_rounds_up_never_down() {
         let s = Signals { retry_after_ms: true, ..Signals::NONE };
-        assert_eq!(s.ask(429, &h(&[("retry-after-ms", "1")]), None), Some(1));
-        assert_eq!(s.ask(429, &h(&[("retry-after-ms", "2000")]), None), Some(2));
-        assert_eq!(s.ask(429, &h(&[("retry-after-ms", "2001")]), None), Some(3));
+        assert_eq!(s.ask(429, &h(&[("retry-after-ms", "1")]), None), Some(secs(1)));
+        assert_eq!(s.ask(429, &h(&[("retry-after-ms", "2000")]), None), Some(secs(2)));
+        assert_eq!(s.ask(429, &h(&[("retry-after-ms", "2001")]), None), Some(secs(3)));
         assert_eq!(s.ask(429, &h(&[("retry-after-ms", "soon")]), None), None);
     }
 
@@ -197,7 +201,10 @@ mod tests {
     fn the_longest_ask_wins() {
         let hdr =
             h(&[("retry-after-ms", "4500"), ("ratelimit", "\"b\";r=0;t=2"), ("x-ratelimit-reset", "1007")]);
-        assert_eq!(Signals::ALL.ask(429, &hdr, Some(1000)), Some(7));
-        assert_eq!(Signals { x_ratelimit_reset: false, ..Signals::ALL }.ask(429, &hdr, Some(1000)), Some(5));
+        assert_eq!(Signals::ALL.ask(429, &hdr, Some(1000)), Some(secs(7)));
+        assert_eq!(
+            Signals { x_ratelimit_reset: false, ..Signals::ALL }.ask(429, &hdr, Some(1000)),
+            Some(secs(5))
+        );
     }
 }

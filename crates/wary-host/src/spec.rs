@@ -1,9 +1,13 @@
-//! A policy as data: every setting of a [`wary::Policy`], serialisable, so a ledger can carry
-//! the policy it was made under and `wary explain` can read one from a file.
+//! A policy as configuration a person writes (TOML, JSON): a preset and the settings to change,
+//! built through the core's [`PolicyBuilder`](wary::PolicyBuilder), every name read with the
+//! core's `from_name`. Durations are milliseconds. The ledger does not carry this form: its
+//! policy line is the built [`Policy`]'s own serde form ([`crate::ledger::Line`]).
 
 use serde::{Deserialize, Serialize};
-use wary::retry_after::{Duplicates, Rules};
-use wary::{Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, Table};
+use wary::{
+    Duplicates, Duration, FleetBudgetError, Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, Rules,
+    TableError,
+};
 
 use crate::ratelimit::Signals;
 
@@ -11,37 +15,34 @@ use crate::ratelimit::Signals;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySpec {
-    /// `default`, `exercise` or `strict`.
+    /// A [`Preset`] name: `default`, `basic` or `strict`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,
-    /// Ticks per second (1000: milliseconds).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tick_hz: Option<u32>,
-    /// First ceiling, ticks.
+    /// First ceiling, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<u64>,
-    /// Largest ceiling, ticks.
+    /// Largest ceiling, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap: Option<u64>,
-    /// Wait budget per call, ticks.
+    /// Wait budget per call, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<u64>,
-    /// Deadline per call, ticks.
+    /// Deadline per call, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<u64>,
     /// Attempt cap, the first attempt included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
-    /// Shortest attempt time, ticks (for the deadline).
+    /// Shortest attempt time, milliseconds (for the deadline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_attempt: Option<u64>,
-    /// `equal`, `full`, `decorrelated` or `none`.
+    /// A [`Jitter`] name: `equal`, `full`, `decorrelated` or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<String>,
-    /// `max` or `spread`.
+    /// A [`RetryAfterMode`] name: `max` or `spread`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<String>,
-    /// Longest Retry-After accepted, ticks.
+    /// Longest Retry-After accepted, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retry_after: Option<u64>,
     /// Accept HTTP-date Retry-After values.
@@ -50,7 +51,8 @@ pub struct PolicySpec {
     /// Refuse duplicate Retry-After headers (else take the longest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reject_duplicate_retry_after: Option<bool>,
-    /// Exact status rules on top of the preset's table: `[[503, "retry_any"], …]`.
+    /// Exact status rules on top of the preset's table, each a status in 400..=599 and a
+    /// [`Rule`] name: `[[503, "retry_any"], …]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub statuses: Vec<(u16, String)>,
     /// The fleet retry budget shared with the calls made under this policy, if any. Not part of
@@ -97,23 +99,17 @@ pub enum SpecError {
     /// The policy builder refused the settings.
     #[error("invalid policy: {0}")]
     Policy(#[from] PolicyError),
+    /// A status rule was refused.
+    #[error("invalid status rule: {0}")]
+    Table(#[from] TableError),
+    /// The fleet budget's settings were refused.
+    #[error("invalid fleet budget: {0}")]
+    Fleet(#[from] FleetBudgetError),
 }
 
-fn rule_name(rule: Rule) -> &'static str {
-    match rule {
-        Rule::RetryAny => "retry_any",
-        Rule::RetryIdempotent => "retry_idempotent",
-        Rule::Fail => "fail",
-    }
-}
-
-fn parse_rule(s: &str) -> Result<Rule, SpecError> {
-    match s {
-        "retry_any" => Ok(Rule::RetryAny),
-        "retry_idempotent" => Ok(Rule::RetryIdempotent),
-        "fail" => Ok(Rule::Fail),
-        _ => Err(SpecError::UnknownName { field: "rule", value: s.to_owned() }),
-    }
+/// Reads a name with the core's `from_name`.
+fn named<T>(field: &'static str, name: &str, from_name: fn(&str) -> Option<T>) -> Result<T, SpecError> {
+    from_name(name).ok_or_else(|| SpecError::UnknownName { field, value: name.to_owned() })
 }
 
 impl PolicySpec {
@@ -126,86 +122,54 @@ impl PolicySpec {
     pub fn build(&self) -> Result<Policy, SpecError> {
         let preset = match self.preset.as_deref() {
             None => Preset::Default,
-            Some(name) => Preset::from_name(name)
-                .ok_or_else(|| SpecError::UnknownName { field: "preset", value: name.to_owned() })?,
+            Some(name) => named("preset", name, Preset::from_name)?,
         };
-        let mut b = Policy::builder(preset);
-        let base_policy = b.build().ok();
-        if let Some(v) = self.tick_hz {
-            b = b.tick_hz(v);
-        }
+        // A preset's own settings, for the fields changed one part at a time (the rules, the
+        // table); every preset builds.
+        let start = Policy::builder(preset).build()?;
+        let ms = Duration::from_millis;
+        let mut b = start.to_builder();
         if let Some(v) = self.base {
-            b = b.base(v);
+            b = b.base(ms(v));
         }
         if let Some(v) = self.cap {
-            b = b.cap(v);
+            b = b.cap(ms(v));
         }
         if let Some(v) = self.budget {
-            b = b.budget(v);
+            b = b.budget(ms(v));
         }
         if let Some(v) = self.deadline {
-            b = b.deadline(v);
+            b = b.deadline(ms(v));
         }
         if let Some(v) = self.max_attempts {
             b = b.max_attempts(v);
         }
         if let Some(v) = self.min_attempt {
-            b = b.min_attempt(v);
+            b = b.min_attempt(ms(v));
         }
         if let Some(v) = self.max_retry_after {
-            b = b.max_retry_after(v);
+            b = b.max_retry_after(ms(v));
         }
         if let Some(name) = &self.jitter {
-            let j = Jitter::from_name(name)
-                .ok_or_else(|| SpecError::UnknownName { field: "jitter", value: name.clone() })?;
-            b = b.jitter(j);
+            b = b.jitter(named("jitter", name, Jitter::from_name)?);
         }
         if let Some(name) = &self.retry_after {
-            let m = match name.as_str() {
-                "max" => RetryAfterMode::Max,
-                "spread" => RetryAfterMode::Spread,
-                _ => return Err(SpecError::UnknownName { field: "retry_after", value: name.clone() }),
-            };
-            b = b.retry_after_mode(m);
+            b = b.retry_after_mode(named("retry_after", name, RetryAfterMode::from_name)?);
         }
-        let preset_rules = base_policy.map(|p| *p.retry_after_rules()).unwrap_or(Rules::LENIENT);
-        let rules = Rules {
+        let preset_rules = *start.retry_after_rules();
+        b = b.retry_after_rules(Rules {
             accept_dates: self.retry_after_dates.unwrap_or(preset_rules.accept_dates),
             duplicates: match self.reject_duplicate_retry_after {
                 Some(true) => Duplicates::Reject,
                 Some(false) => Duplicates::Longest,
                 None => preset_rules.duplicates,
             },
-        };
-        b = b.retry_after_rules(rules);
-        let mut table: Table = base_policy.map(|p| *p.table()).unwrap_or(Table::DEFAULT);
+        });
+        let mut table = *start.table();
         for (code, rule) in &self.statuses {
-            table = table.with_status(*code, parse_rule(rule)?)?;
+            table = table.with_status(*code, named("rule", rule, Rule::from_name)?)?;
         }
         Ok(b.table(table).build()?)
-    }
-
-    /// The spec of a policy made from `preset` and the builder settings (every field filled),
-    /// with `statuses` as given (the table's own exact rules are not listed back).
-    pub fn describe(preset: Preset, p: &Policy, statuses: &[(u16, Rule)]) -> PolicySpec {
-        PolicySpec {
-            preset: Some(preset.name().to_owned()),
-            tick_hz: Some(p.tick_hz()),
-            base: Some(p.backoff().base),
-            cap: Some(p.backoff().cap),
-            budget: Some(p.budget()),
-            deadline: p.deadline(),
-            max_attempts: p.max_attempts(),
-            min_attempt: Some(p.min_attempt()),
-            jitter: Some(p.backoff().jitter.name().to_owned()),
-            retry_after: Some(p.retry_after_mode().name().to_owned()),
-            max_retry_after: p.max_retry_after(),
-            retry_after_dates: Some(p.retry_after_rules().accept_dates),
-            reject_duplicate_retry_after: Some(p.retry_after_rules().duplicates == Duplicates::Reject),
-            statuses: statuses.iter().map(|(c, r)| (*c, rule_name(*r).to_owned())).collect(),
-            fleet: None,
-            rate_limit: None,
-        }
     }
 }
 
@@ -214,35 +178,55 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spec_round_trips_to_the_same_policy() {
+    fn a_spec_builds_through_the_core_and_its_policy_round_trips_exactly() {
         let spec = PolicySpec {
-            preset: Some("exercise".into()),
-            tick_hz: Some(1),
-            base: Some(2),
-            cap: Some(60),
-            budget: Some(120),
+            preset: Some("basic".into()),
+            base: Some(2_000),
+            cap: Some(60_000),
+            budget: Some(120_000),
             statuses: vec![(503, "retry_any".into())],
             ..PolicySpec::default()
         };
         let p = spec.build().unwrap();
-        let again = PolicySpec::describe(Preset::Exercise, &p, &[(503, Rule::RetryAny)]);
-        let json = serde_json::to_string(&again).unwrap();
-        let back: PolicySpec = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.build().unwrap(), p);
-        assert_eq!(back.build().unwrap().fingerprint(), p.fingerprint());
+        let want = Policy::builder(Preset::Basic)
+            .base(Duration::from_secs(2))
+            .cap(Duration::from_secs(60))
+            .budget(Duration::from_secs(120))
+            .table(wary::Table::BASIC.with_status(503, Rule::RetryAny).unwrap())
+            .build()
+            .unwrap();
+        assert_eq!(p, want);
+        // The policy's own serde form (the ledger's policy line) rebuilds it exactly, the
+        // status rule included.
+        let json = serde_json::to_string(&p).unwrap();
+        let back: Policy = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(back.fingerprint(), p.fingerprint());
+        assert_eq!(back.table().status_rule(503), Rule::RetryAny);
+        // The spec itself round-trips as data.
+        let again: PolicySpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(again.build().unwrap(), p);
     }
 
     #[test]
     fn bad_specs_are_typed_errors() {
         let s = PolicySpec { jitter: Some("wild".into()), ..PolicySpec::default() };
         assert!(matches!(s.build(), Err(SpecError::UnknownName { field: "jitter", .. })));
+        let s = PolicySpec { preset: Some("exercise".into()), ..PolicySpec::default() };
+        assert!(matches!(s.build(), Err(SpecError::UnknownName { field: "preset", .. })));
+        let s = PolicySpec { statuses: vec![(503, "retry_sometimes".into())], ..PolicySpec::default() };
+        assert!(matches!(s.build(), Err(SpecError::UnknownName { field: "rule", .. })));
+        let s = PolicySpec { statuses: vec![(200, "retry_any".into())], ..PolicySpec::default() };
+        assert_eq!(s.build(), Err(SpecError::Table(TableError::BadStatus)));
         let s = PolicySpec { base: Some(0), ..PolicySpec::default() };
         assert_eq!(s.build(), Err(SpecError::Policy(PolicyError::ZeroBase)));
         let f = FleetSpec { tokens: 0, ratio_milli: 100 };
-        assert_eq!(f.build().err(), Some(SpecError::Policy(PolicyError::BadFleetBudget)));
+        assert_eq!(f.build().err(), Some(SpecError::Fleet(FleetBudgetError::Tokens)));
         let t: PolicySpec = toml::from_str("base = 50\n[fleet]\ntokens = 10\nratio_milli = 100\n").unwrap();
         assert_eq!(t.fleet, Some(FleetSpec { tokens: 10, ratio_milli: 100 }));
         assert!(serde_json::from_str::<PolicySpec>(r#"{"bsae": 1}"#).is_err());
+        // There is no tick rate: durations are milliseconds.
+        assert!(toml::from_str::<PolicySpec>("tick_hz = 1\n").is_err());
         let t: PolicySpec = toml::from_str("[rate_limit]\nretry_after_ms = true\n").unwrap();
         assert_eq!(t.signals(), Signals { retry_after_ms: true, ..Signals::NONE });
         assert_eq!(PolicySpec::default().signals(), Signals::NONE);

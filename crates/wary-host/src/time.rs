@@ -1,10 +1,10 @@
-//! Time for the runner on a host: sleeps as `DelayNs`, a monotonic clock in milliseconds, and a
-//! wall clock in Unix seconds for HTTP-dates.
+//! Time for the runner on a host: sleeps as `DelayNs`, a monotonic clock giving the core's
+//! [`Instant`], and a wall clock in Unix seconds for HTTP-dates.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
 
 use embedded_hal_async::delay::DelayNs;
-use wary::run::Clock;
+use wary::{Clock, Duration, Instant};
 
 /// `DelayNs` over `tokio::time::sleep`: for runners on a tokio runtime.
 #[derive(Debug, Clone, Copy, Default)]
@@ -12,13 +12,13 @@ pub struct TokioDelay;
 
 impl DelayNs for TokioDelay {
     async fn delay_ns(&mut self, ns: u32) {
-        tokio::time::sleep(Duration::from_nanos(u64::from(ns))).await;
+        tokio::time::sleep(StdDuration::from_nanos(u64::from(ns))).await;
     }
     async fn delay_us(&mut self, us: u32) {
-        tokio::time::sleep(Duration::from_micros(u64::from(us))).await;
+        tokio::time::sleep(StdDuration::from_micros(u64::from(us))).await;
     }
     async fn delay_ms(&mut self, ms: u32) {
-        tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+        tokio::time::sleep(StdDuration::from_millis(u64::from(ms))).await;
     }
 }
 
@@ -29,43 +29,32 @@ pub struct StdDelay;
 
 impl DelayNs for StdDelay {
     async fn delay_ns(&mut self, ns: u32) {
-        std::thread::sleep(Duration::from_nanos(u64::from(ns)));
+        std::thread::sleep(StdDuration::from_nanos(u64::from(ns)));
     }
     async fn delay_us(&mut self, us: u32) {
-        std::thread::sleep(Duration::from_micros(u64::from(us)));
+        std::thread::sleep(StdDuration::from_micros(u64::from(us)));
     }
     async fn delay_ms(&mut self, ms: u32) {
-        std::thread::sleep(Duration::from_millis(u64::from(ms)));
+        std::thread::sleep(StdDuration::from_millis(u64::from(ms)));
     }
 }
 
-/// Milliseconds since the clock was made, from `tokio::time::Instant` (which is
+/// A monotonic clock counting from its creation, from `tokio::time::Instant` (which is
 /// `std::time::Instant` unless a tokio test pauses time), so it agrees with [`TokioDelay`].
-///
-/// **Its [`Clock::now`] is always milliseconds**, whatever the policy's tick rate: give it to a
-/// runner only with a policy whose `tick_hz()` is 1000 (the default), or the deadline and the
-/// ledger's times are off by the ratio. The gateway and the [`crate::tower`] adapter refuse
-/// other rates; for a policy counting other ticks, read [`MonotonicClock::ticks`] instead.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
     start: tokio::time::Instant,
 }
 
 impl MonotonicClock {
-    /// A clock reading 0 now.
+    /// A clock reading [`Instant`] 0 now.
     pub fn new() -> Self {
         MonotonicClock { start: tokio::time::Instant::now() }
     }
 
-    /// Milliseconds since creation.
-    pub fn millis(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Ticks since creation at `hz` ticks per second (a policy's `tick_hz`).
-    pub fn ticks(&self, hz: u32) -> u64 {
-        let ticks = self.start.elapsed().as_micros().saturating_mul(u128::from(hz)) / 1_000_000;
-        u64::try_from(ticks).unwrap_or(u64::MAX)
+    /// The time now, as the core counts it.
+    pub fn now(&self) -> Instant {
+        Instant::from_millis(u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
 }
 
@@ -76,37 +65,14 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
-    /// Milliseconds (not the policy's ticks: see the type's docs).
-    fn now(&self) -> u64 {
-        self.millis()
+    fn now(&self) -> Instant {
+        MonotonicClock::now(self)
     }
 }
 
-/// A monotonic clock in a policy's own ticks (`tick_hz` ticks per second), from the same
-/// `tokio::time::Instant` as [`MonotonicClock`]: the clock the one-line entry points give the
-/// runner, right for any tick rate.
-#[derive(Debug, Clone, Copy)]
-pub struct TickClock {
-    clock: MonotonicClock,
-    hz: u32,
-}
-
-impl TickClock {
-    /// A clock reading 0 now, counting `hz` ticks per second.
-    pub fn new(hz: u32) -> Self {
-        TickClock { clock: MonotonicClock::new(), hz }
-    }
-
-    /// The clock for `policy`'s tick rate.
-    pub fn for_policy(policy: &wary::Policy) -> Self {
-        Self::new(policy.tick_hz())
-    }
-}
-
-impl Clock for TickClock {
-    fn now(&self) -> u64 {
-        self.clock.ticks(self.hz)
-    }
+/// Sleeps for a core [`Duration`] on tokio.
+pub async fn sleep(d: Duration) {
+    tokio::time::sleep(d.into()).await;
 }
 
 /// The wall clock in Unix seconds, for HTTP-date Retry-After values.
@@ -131,19 +97,20 @@ mod tests {
         let mut d = TokioDelay;
         d.delay_ms(30).await;
         d.delay_us(20_000).await;
-        let t = clock.now();
+        let t = clock.now().as_millis();
         assert!((50..2_000).contains(&t), "{t}");
-        assert!(clock.ticks(1) < 3);
-        let tenths = TickClock::new(10);
-        d.delay_ms(250).await;
-        assert!((2..20).contains(&tenths.now()), "{}", tenths.now());
+        // The core's sleep and the clock agree: a 250 ms sleep reads as at least 250 ms.
+        let before = clock.now();
+        sleep(Duration::from_millis(250)).await;
+        let slept = clock.now() - before;
+        assert!(slept >= Duration::from_millis(250) && slept < Duration::from_secs(5), "{slept}");
     }
 
     #[test]
     fn std_delay_blocks_and_wall_clock_is_after_2020() {
         let clock = MonotonicClock::new();
         embassy_block(StdDelay.delay_ms(20));
-        assert!(clock.now() >= 20);
+        assert!(clock.now() >= Instant::from_millis(20));
         assert!(WallClock.unix_secs().unwrap() > 1_577_836_800);
     }
 

@@ -8,14 +8,16 @@
 //! `strict` preset only GET and HEAD are reads), so an unkeyed POST is never resent after an
 //! ambiguous failure. Waits are tokio sleeps; a shared [`FleetBudget`](wary::FleetBudget) (an `Arc` or a
 //! `&'static`, so one static budget serves the runner and the adapter), rate-limit
-//! [`Signals`] and a ledger [`Sink`](wary::ledger::Sink) are optional.
+//! [`Signals`] and a ledger [`Sink`](wary::Sink) are optional. Responses become outcomes through
+//! the core's [`Outcome::from_response`](wary::Outcome::from_response); Retry-After values that
+//! cannot be read are counted ([`WaryPolicy::unreadable_retry_after`]).
 //!
 //! **The verdict.** A final response carries its [`Verdict`] in its extensions (an `unknown`
 //! 500 is told apart from a `failed` one). A call that ends in a client error (refused, reset,
 //! timed out) has no response to carry it: wrap the client in [`WaryRetry`], whose error is a
-//! [`CallError`] holding the verdict (`gave_up (deadline)`), the last outcome's kind and the
-//! client's own error as its source. A bare `Retry<WaryPolicy, _>` returns the client's error
-//! unchanged.
+//! [`CallError`] holding the core's [`Stopped`] (the verdict, the attempts, the last failure)
+//! and the client's own error as its source. A bare `Retry<WaryPolicy, _>` returns the client's
+//! error unchanged.
 //!
 //! **Deadlines and a per-attempt `timeout` layer.** The policy's deadline bounds the *call*:
 //! after each attempt, a retry is refused when its wait plus the policy's `min_attempt` would
@@ -28,9 +30,6 @@
 //! the retry bounds the whole call instead, and cancels it (dropping the future) without a
 //! verdict.
 //!
-//! The policy must count milliseconds (`tick_hz` 1000): [`WaryPolicy::new`] refuses any other
-//! rate with [`TickRateError`].
-//!
 //! Requests are cloned for resending (their extensions too), so the body type must be `Clone`
 //! (`Full<Bytes>`, `String`). Cancellation is dropping the response future.
 
@@ -38,18 +37,17 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response};
 use rand::rngs::StdRng;
 use tower::Service;
 use tower::retry::Policy as TowerPolicy;
 use tower::retry::Retry;
-use wary::{Key, Operation, Outcome, Policy, Verdict};
+use wary::{Key, Operation, Policy, Stopped, Verdict};
 
+pub use crate::call::SharedSink;
 use crate::call::{Adapter, Call, Fleet, Step};
-pub use crate::call::{SharedSink, TickRateError};
-use crate::http::ErrorOutcome;
+use crate::http::ErrorFailure;
 use crate::ratelimit::Signals;
 
 /// The header that makes a write a keyed write.
@@ -65,15 +63,19 @@ pub struct WaryPolicy {
 }
 
 impl WaryPolicy {
-    /// The adapter for `policy`, with draws from the OS-seeded process generator. A policy
-    /// whose `tick_hz` is not 1000 is refused.
-    pub fn new(policy: Policy) -> Result<Self, TickRateError> {
-        Ok(WaryPolicy { adapter: Adapter::new(policy)?, call: Call::default() })
+    /// The adapter for `policy`, with draws from the OS-seeded process generator.
+    pub fn new(policy: Policy) -> Self {
+        WaryPolicy { adapter: Adapter::new(policy), call: Call::default() }
     }
 
-    /// With an explicit generator (tests). A policy whose `tick_hz` is not 1000 is refused.
-    pub fn with_rng(policy: Policy, rng: StdRng) -> Result<Self, TickRateError> {
-        Ok(WaryPolicy { adapter: Adapter::with_rng(policy, rng)?, call: Call::default() })
+    /// With an explicit generator (tests).
+    pub fn with_rng(policy: Policy, rng: StdRng) -> Self {
+        WaryPolicy { adapter: Adapter::with_rng(policy, rng), call: Call::default() }
+    }
+
+    /// Retry-After values this policy and its clones could not read at all, and so ignored.
+    pub fn unreadable_retry_after(&self) -> u64 {
+        self.adapter.unreadable_retry_after()
     }
 
     /// Shares a fleet retry budget: an `Arc<FleetBudget>` or a `&'static FleetBudget`.
@@ -103,15 +105,15 @@ pub fn request_op<B>(policy: &Policy, req: &Request<B>) -> (Operation, Key) {
     crate::call::operation_and_key(policy, req.method().as_str(), req.uri().path(), header)
 }
 
-/// Where [`WaryRetry`] receives a call's verdict from the policy: a request extension, copied
+/// Where [`WaryRetry`] receives how a call stopped from the policy: a request extension, copied
 /// onto every attempt's request.
 #[derive(Debug, Clone, Default)]
-struct VerdictSlot(Arc<Mutex<Option<(Verdict, Outcome)>>>);
+struct VerdictSlot(Arc<Mutex<Option<Stopped>>>);
 
 impl<B, R, E> TowerPolicy<Request<B>, Response<R>, E> for WaryPolicy
 where
     B: Clone,
-    E: ErrorOutcome,
+    E: ErrorFailure,
 {
     type Future = tokio::time::Sleep;
 
@@ -119,10 +121,10 @@ where
         let (op, key) = request_op(self.adapter.policy(), req);
         let o = match result {
             Ok(resp) => self.adapter.outcome(resp.status(), resp.headers()),
-            Err(e) => e.outcome(),
+            Err(e) => e.failure().into(),
         };
         match self.call.after(&self.adapter, op, key, o) {
-            Step::Retry { wait_ms } => Some(tokio::time::sleep(Duration::from_millis(wait_ms))),
+            Step::Retry { wait } => Some(tokio::time::sleep(wait.into())),
             Step::Done(verdict) => {
                 match result {
                     Ok(resp) => {
@@ -130,7 +132,12 @@ where
                     }
                     Err(_) => {
                         if let Some(slot) = req.extensions().get::<VerdictSlot>() {
-                            *slot.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((verdict, o));
+                            let stopped = Stopped {
+                                verdict,
+                                attempts: self.call.attempts(),
+                                last: o.failure().copied(),
+                            };
+                            *slot.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(stopped);
                         }
                     }
                 }
@@ -151,26 +158,31 @@ where
     }
 }
 
-/// A client error with the call's verdict: what a [`WaryRetry`] call that ended without a
-/// response returns. It shows the verdict and the last outcome's kind (`gave_up (deadline)
-/// after a response_timeout`), never the client error's text; that error is its
+/// A client error with how the call stopped: what a [`WaryRetry`] call that ended without a
+/// response returns. It shows the core's [`Stopped`] (`gave_up (deadline) after 3 attempts, the
+/// last a response_timeout`), never the client error's text; that error is its
 /// [`source`](std::error::Error::source).
 #[derive(Debug)]
 pub struct CallError<E> {
-    /// How the call ended; `None` only if the retry policy never decided (a request whose body
-    /// could not be cloned, or an error the service returned before the retry layer).
-    pub verdict: Option<Verdict>,
-    /// The last attempt's outcome, when decided.
-    pub last: Option<Outcome>,
+    /// How the call stopped; `None` only if the retry policy never decided (a request whose
+    /// body could not be cloned, or an error the service returned before the retry layer).
+    pub stopped: Option<Stopped>,
     /// The client's own error.
     pub error: E,
 }
 
+impl<E> CallError<E> {
+    /// The call's verdict, when the policy decided one.
+    pub fn verdict(&self) -> Option<Verdict> {
+        self.stopped.map(|s| s.verdict)
+    }
+}
+
 impl<E> std::fmt::Display for CallError<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.verdict, self.last) {
-            (Some(v), Some(o)) => write!(f, "{} after a {}", crate::retry::verdict_text(&v), o.kind_name()),
-            _ => f.write_str("the call ended in a client error before wary decided"),
+        match &self.stopped {
+            Some(s) => s.fmt(f),
+            None => f.write_str("the call ended in a client error before wary decided"),
         }
     }
 }
@@ -218,9 +230,8 @@ where
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(r)) => Poll::Ready(Ok(r)),
             Poll::Ready(Err(error)) => {
-                let decided = *self.slot.0.lock().unwrap_or_else(|e| e.into_inner());
-                let (verdict, last) = decided.map_or((None, None), |(v, o)| (Some(v), Some(o)));
-                Poll::Ready(Err(CallError { verdict, last, error }))
+                let stopped = *self.slot.0.lock().unwrap_or_else(|e| e.into_inner());
+                Poll::Ready(Err(CallError { stopped, error }))
             }
         }
     }
@@ -230,14 +241,14 @@ impl<S, B, R> Service<Request<B>> for WaryRetry<S>
 where
     B: Clone,
     S: Service<Request<B>, Response = Response<R>> + Clone,
-    S::Error: ErrorOutcome,
+    S::Error: ErrorFailure,
 {
     type Response = Response<R>;
     type Error = CallError<S::Error>;
     type Future = CallFuture<<Retry<WaryPolicy, S> as Service<Request<B>>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(|error| CallError { verdict: None, last: None, error })
+        self.inner.poll_ready(cx).map_err(|error| CallError { stopped: None, error })
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
@@ -252,7 +263,7 @@ mod tests {
     use std::io;
 
     use http::{Method, StatusCode};
-    use wary::{CallState, Class, Decision, Draw, FleetBudget, GiveUp, Preset};
+    use wary::{CallState, Class, Decision, Draw, Duration, FleetBudget, GiveUp, Outcome, Preset};
 
     use super::*;
 
@@ -283,13 +294,13 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_strict_put_is_not_resent_after_a_timeout() {
         let strict = Policy::builder(Preset::Strict).build().unwrap();
-        let mut p = WaryPolicy::with_rng(strict, rng()).unwrap();
+        let mut p = WaryPolicy::with_rng(strict, rng());
         let mut r = req(Method::PUT, None);
         let _ = TowerPolicy::<_, Response<()>, io::Error>::clone_request(&mut p, &r);
         let mut result: Result<Response<()>, io::Error> = Err(io::Error::from(io::ErrorKind::TimedOut));
         assert!(p.retry(&mut r, &mut result).is_none(), "a strict PUT was resent");
         // The same PUT under the default table is a read, and retried.
-        let mut p = WaryPolicy::with_rng(Policy::builder(Preset::Default).build().unwrap(), rng()).unwrap();
+        let mut p = WaryPolicy::with_rng(Policy::builder(Preset::Default).build().unwrap(), rng());
         let _ = TowerPolicy::<_, Response<()>, io::Error>::clone_request(&mut p, &r);
         let mut result: Result<Response<()>, io::Error> = Err(io::Error::from(io::ErrorKind::TimedOut));
         assert!(p.retry(&mut r, &mut result).is_some());
@@ -299,11 +310,12 @@ mod tests {
     /// `decide_with_fleet` with the same draws, including a retry the fleet refuses.
     #[tokio::test(flavor = "current_thread")]
     async fn decisions_are_the_cores_own_including_the_fleet() {
-        let policy = Policy::builder(Preset::Default).base(10).cap(40).build().unwrap();
+        let ms = Duration::from_millis;
+        let policy = Policy::builder(Preset::Default).base(ms(10)).cap(ms(40)).build().unwrap();
         let fleet = Arc::new(FleetBudget::new(4, 100).unwrap());
         let shadow_fleet = FleetBudget::new(4, 100).unwrap();
-        let ledger = Arc::new(Mutex::new(wary::ledger::Ledger::<16>::new()));
-        let mut p = WaryPolicy::with_rng(policy, rng()).unwrap().fleet(fleet.clone()).ledger(ledger.clone());
+        let ledger = Arc::new(Mutex::new(wary::Ledger::<16>::new()));
+        let mut p = WaryPolicy::with_rng(policy, rng()).fleet(fleet.clone()).ledger(ledger.clone());
         let mut draws = rng();
         let mut shadow = CallState::new();
         let mut r = req(Method::GET, None);
@@ -318,12 +330,13 @@ mod tests {
                 Operation::Read,
                 &Outcome::status(503),
                 Draw::from_rng(&mut draws),
-                Some(0),
-                Some(&shadow_fleet),
+                Some(Duration::ZERO),
+                &shadow_fleet,
             );
-            assert_eq!(want.0, Class::Retry);
+            assert_eq!(policy.classify(Operation::Read, &Outcome::status(503)), Class::Retry);
             let rec = ledger.lock().unwrap().records().last().copied().unwrap();
-            match want.1 {
+            assert_eq!(rec.class, Class::Retry);
+            match want {
                 Decision::Retry { wait } => {
                     assert!(waited.is_some());
                     assert_eq!(rec.wait, wait);
@@ -341,10 +354,24 @@ mod tests {
         assert_eq!(fleet.tokens_milli(), shadow_fleet.tokens_milli());
     }
 
-    #[test]
-    fn a_policy_not_in_milliseconds_is_refused() {
-        let p = Policy::builder(Preset::Default).tick_hz(1).base(1).cap(4).budget(10).build().unwrap();
-        assert_eq!(WaryPolicy::with_rng(p, rng()).err(), Some(TickRateError(1)));
-        assert!(WaryPolicy::new(Policy::builder(Preset::Default).build().unwrap()).is_ok());
+    /// Any policy is taken: waits are the core's durations, slept as they are. A policy in
+    /// seconds (base 1 s) waits whole seconds on tokio's clock.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn any_policy_is_taken_and_its_waits_are_slept_as_they_are() {
+        let secs = Duration::from_secs;
+        let p = Policy::builder(Preset::Default).base(secs(1)).cap(secs(4)).budget(secs(10)).build().unwrap();
+        let mut w = WaryPolicy::with_rng(p, rng());
+        let mut r = req(Method::GET, None);
+        let _ = TowerPolicy::<_, Response<()>, io::Error>::clone_request(&mut w, &r);
+        let mut result: Result<Response<()>, io::Error> = Err(io::Error::from(io::ErrorKind::TimedOut));
+        let sleep = w.retry(&mut r, &mut result).expect("a timed-out read is retried");
+        let t0 = tokio::time::Instant::now();
+        sleep.await;
+        // Equal jitter on a 1 s ceiling: between half of it and all of it.
+        let slept = t0.elapsed();
+        assert!(
+            slept >= std::time::Duration::from_millis(500) && slept <= std::time::Duration::from_secs(1),
+            "{slept:?}"
+        );
     }
 }

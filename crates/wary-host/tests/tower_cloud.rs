@@ -12,14 +12,14 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceExt;
 use tower::retry::Retry;
-use wary::ledger::Ledger;
-use wary::{Class, Policy, Preset, Verdict};
+use wary::{Class, Duration, Ledger, Policy, Preset, Verdict};
 use wary_cloud::{Cloud, Faults};
 use wary_host::draw::seeded;
 use wary_host::tower::WaryPolicy;
 
 fn fast() -> Policy {
-    Policy::builder(Preset::Default).base(10).cap(40).budget(5_000).build().unwrap()
+    let ms = Duration::from_millis;
+    Policy::builder(Preset::Default).base(ms(10)).cap(ms(40)).budget(ms(5_000)).build().unwrap()
 }
 
 fn post(url: &str, key: Option<&str>, rid: Option<&str>) -> Request<Full<Bytes>> {
@@ -38,7 +38,7 @@ async fn keyed_post_retries_503s_to_success_with_one_effect_each() {
     let cloud = Cloud::start("127.0.0.1:0", "503=0.6,seed=11".parse().unwrap()).await.unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
-    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(1)).unwrap().ledger(ledger.clone()), client);
+    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(1)).ledger(ledger.clone()), client);
     for i in 0..8 {
         let key = format!("tower-key-{i}");
         let resp = svc.clone().oneshot(post(&cloud.url("/readings"), Some(&key), None)).await.unwrap();
@@ -61,7 +61,7 @@ async fn keyed_post_retries_503s_to_success_with_one_effect_each() {
 async fn unkeyed_post_is_not_resent_after_a_500() {
     let cloud = Cloud::start("127.0.0.1:0", "500=1.0,seed=1".parse().unwrap()).await.unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(2)).unwrap(), client);
+    let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(2)), client);
     let resp = svc.oneshot(post(&cloud.url("/legacy/readings"), None, Some("r-500"))).await.unwrap();
     assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(resp.extensions().get::<Verdict>(), Some(&Verdict::Unknown));
@@ -77,28 +77,27 @@ async fn retry_after_is_honoured_in_both_forms() {
         let cloud = Cloud::start("127.0.0.1:0", faults).await.unwrap();
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
-        let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(3)).unwrap().ledger(ledger.clone()), client);
+        let svc = Retry::new(WaryPolicy::with_rng(fast(), seeded(3)).ledger(ledger.clone()), client);
         let mut slept_on_429 = 0u64;
         for i in 0..4 {
             let key = format!("ra-{i}");
             let t0 = Instant::now();
             let resp = svc.clone().oneshot(post(&cloud.url("/readings"), Some(&key), None)).await.unwrap();
             assert_eq!(resp.status(), StatusCode::CREATED);
-            let waited: u64 = ledger
+            let waited = ledger
                 .lock()
                 .unwrap()
                 .records()
                 .filter(|r| r.key == wary::Key::from_payload(key.as_bytes()))
-                .map(|r| r.wait)
-                .sum();
-            assert!(t0.elapsed().as_millis() as u64 >= waited, "slept less than the ledger says");
+                .fold(Duration::ZERO, |sum, r| sum + r.wait);
+            assert!(t0.elapsed() >= waited.into(), "slept less than the ledger says");
         }
         for r in ledger.lock().unwrap().records().filter(|r| r.outcome.code() == Some(429)) {
             // The backoff alone would wait at most 40 ms; the server asked for a second (a date
             // form may round down to 0 s when the second ticks between Date and now: the
             // cloud sets both from one instant, so it is exactly 1 here).
-            assert_eq!(r.outcome.retry_after(), Some(1), "{ra}");
-            assert!(r.wait >= 1_000, "{ra}: waited {} ms after a 429", r.wait);
+            assert_eq!(r.outcome.retry_after(), Some(Duration::from_secs(1)), "{ra}");
+            assert!(r.wait >= Duration::from_millis(1_000), "{ra}: waited {} after a 429", r.wait);
             slept_on_429 += 1;
         }
         assert!(slept_on_429 >= 1, "{ra}: the seed produced no 429");
@@ -122,22 +121,34 @@ async fn a_transport_error_carries_the_verdict_and_a_static_fleet_is_accepted() 
         Ok(f) => f,
         Err(_) => panic!("a valid fleet budget"),
     };
-    let policy =
-        Policy::builder(Preset::Default).base(10).cap(40).budget(60_000).deadline(300).build().unwrap();
+    let ms = Duration::from_millis;
+    let policy = Policy::builder(Preset::Default)
+        .base(ms(10))
+        .cap(ms(40))
+        .budget(ms(60_000))
+        .deadline(ms(300))
+        .build()
+        .unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let ledger = Arc::new(Mutex::new(Ledger::<256>::new()));
-    let p = WaryPolicy::with_rng(policy, seeded(9)).unwrap().fleet(&FLEET).ledger(ledger.clone());
+    let p = WaryPolicy::with_rng(policy, seeded(9)).fleet(&FLEET).ledger(ledger.clone());
     let err = WaryRetry::new(p, client)
         .oneshot(post(&closed_port_url(), Some("k-refused"), None))
         .await
         .unwrap_err();
     // Refused connections are retried for any operation until the deadline ends the call.
-    assert_eq!(err.verdict, Some(Verdict::GaveUp(GiveUp::Deadline)), "{err}");
-    assert_eq!(err.last, Some(wary::Outcome::Refused));
-    assert_eq!(err.to_string(), "gave_up (deadline) after a refused");
+    let stopped = err.stopped.unwrap();
+    assert_eq!(err.verdict(), Some(Verdict::GaveUp(GiveUp::Deadline)), "{err}");
+    assert_eq!(stopped.last, Some(wary::Failure::Refused));
+    // The core's text: names and numbers, never the client error's own text.
+    assert_eq!(
+        err.to_string(),
+        format!("gave_up (deadline) after {} attempts, the last a refused", stopped.attempts)
+    );
     assert!(err.error.is_connect());
     let records = ledger.lock().unwrap().records().count() as u32;
     assert!(records >= 2, "{records} attempts");
+    assert_eq!(stopped.attempts, records);
     // The static fleet was charged one token per failure (100 000 thousandths to start).
     assert_eq!(FLEET.tokens_milli(), 100_000 - 1_000 * records);
 }
