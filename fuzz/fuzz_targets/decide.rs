@@ -4,10 +4,9 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use wary::plan::plan;
 use wary::{
-    CallState, Decision, Draw, Jitter, Operation, Outcome, PlanError, Policy, Preset, RetryAfterMode, Rule,
-    Verdict,
+    CallState, Decision, Draw, Duration, Failure, Jitter, Operation, Outcome, PlanError, Policy, Preset,
+    RetryAfterMode, Rule, TableError, Verdict, plan,
 };
 
 const CAPACITY: usize = 64;
@@ -15,6 +14,7 @@ const CAPACITY: usize = 64;
 #[derive(Arbitrary, Debug)]
 enum OutcomeIn {
     Ok,
+    /// A status and its Retry-After in ms.
     Status(u16, Option<u64>),
     ConnectTimeout,
     ResponseTimeout,
@@ -35,7 +35,7 @@ enum DrawIn {
 #[derive(Arbitrary, Debug)]
 struct Input {
     preset: u8,
-    tick_hz: Option<u32>,
+    /// Durations in ms.
     base: Option<u64>,
     cap: Option<u64>,
     budget: Option<u64>,
@@ -56,18 +56,21 @@ struct Input {
 }
 
 fn outcome(o: &OutcomeIn) -> Outcome {
-    match *o {
-        OutcomeIn::Ok => Outcome::Ok,
-        OutcomeIn::Status(code, retry_after) => Outcome::Status { code, retry_after },
-        OutcomeIn::ConnectTimeout => Outcome::ConnectTimeout,
-        OutcomeIn::ResponseTimeout => Outcome::ResponseTimeout,
-        OutcomeIn::Refused => Outcome::Refused,
-        OutcomeIn::Reset => Outcome::Reset,
-        OutcomeIn::Tls => Outcome::Tls,
-        OutcomeIn::BadBody => Outcome::BadBody,
-        OutcomeIn::StreamBroken(forwarded) => Outcome::StreamBroken { forwarded },
-        OutcomeIn::Cancelled => Outcome::Cancelled,
-    }
+    let f = match *o {
+        OutcomeIn::Ok => return Outcome::Ok,
+        OutcomeIn::Status(code, retry_after) => {
+            Failure::Status { code, retry_after: retry_after.map(Duration::from_millis) }
+        }
+        OutcomeIn::ConnectTimeout => Failure::ConnectTimeout,
+        OutcomeIn::ResponseTimeout => Failure::ResponseTimeout,
+        OutcomeIn::Refused => Failure::Refused,
+        OutcomeIn::Reset => Failure::Reset,
+        OutcomeIn::Tls => Failure::Tls,
+        OutcomeIn::BadBody => Failure::BadBody,
+        OutcomeIn::StreamBroken(forwarded) => Failure::StreamBroken { forwarded },
+        OutcomeIn::Cancelled => Failure::Cancelled,
+    };
+    Outcome::Failure(f)
 }
 
 fn draw(d: &DrawIn) -> Draw {
@@ -85,15 +88,15 @@ fn draw(d: &DrawIn) -> Draw {
 
 /// The work may have landed: a resend of an unkeyed write could do it twice.
 fn ambiguous(o: &Outcome) -> bool {
-    match o {
-        Outcome::ResponseTimeout | Outcome::Reset | Outcome::StreamBroken { forwarded: false } => true,
-        Outcome::Status { code, .. } => (500..=599).contains(code),
+    match o.failure() {
+        Some(Failure::ResponseTimeout | Failure::Reset | Failure::StreamBroken { forwarded: false }) => true,
+        Some(Failure::Status { code, .. }) => (500..=599).contains(code),
         _ => false,
     }
 }
 
 fn build(input: &Input) -> Option<Policy> {
-    let preset = [Preset::Default, Preset::Exercise, Preset::Strict][usize::from(input.preset % 3)];
+    let preset = Preset::ALL[usize::from(input.preset) % Preset::ALL.len()];
     let mut b = Policy::builder(preset);
     let mut table = *Policy::builder(preset).build().ok()?.table();
     for &(code, idempotent) in input.rules.iter().take(16) {
@@ -105,38 +108,35 @@ fn build(input: &Input) -> Option<Policy> {
         match table.with_status(code, rule) {
             Ok(t) => table = t,
             Err(e) => assert!(
-                !(100..=999).contains(&code) || e == wary::PolicyError::TableFull,
+                !(400..=599).contains(&code) && e == TableError::BadStatus,
                 "status {code} refused: {e:?}"
             ),
         }
     }
     b = b.table(table);
-    if let Some(hz) = input.tick_hz {
-        b = b.tick_hz(hz);
-    }
     if let Some(v) = input.base {
-        b = b.base(v);
+        b = b.base(ms(v));
     }
     if let Some(v) = input.cap {
-        b = b.cap(v);
+        b = b.cap(ms(v));
     }
     if let Some(v) = input.budget {
-        b = b.budget(v);
+        b = b.budget(ms(v));
     }
     if let Some(v) = input.deadline {
-        b = b.deadline(v);
+        b = b.deadline(ms(v));
     }
     if let Some(v) = input.max_attempts {
         b = b.max_attempts(v);
     }
     if let Some(v) = input.min_attempt {
-        b = b.min_attempt(v);
+        b = b.min_attempt(ms(v));
     }
     if let Some(v) = input.max_retry_after {
-        b = b.max_retry_after(v);
+        b = b.max_retry_after(ms(v));
     }
     if let Some(j) = input.jitter {
-        b = b.jitter([Jitter::Equal, Jitter::Full, Jitter::Decorrelated, Jitter::None][usize::from(j % 4)]);
+        b = b.jitter(Jitter::ALL[usize::from(j) % Jitter::ALL.len()]);
     }
     if let Some(s) = input.spread {
         b = b.retry_after_mode(if s { RetryAfterMode::Spread } else { RetryAfterMode::Max });
@@ -145,17 +145,22 @@ fn build(input: &Input) -> Option<Policy> {
     b.build().ok()
 }
 
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
 fuzz_target!(|input: Input| {
     let Some(p) = build(&input) else { return };
-    let op = [Operation::Read, Operation::KeyedWrite, Operation::Write][usize::from(input.op % 3)];
+    let op = Operation::ALL[usize::from(input.op) % Operation::ALL.len()];
     let outcomes: Vec<Outcome> = input.outcomes.iter().take(CAPACITY + 8).map(outcome).collect();
     let draws: Vec<Draw> = input.draws.iter().take(CAPACITY + 8).map(draw).collect();
     let max_retries = p.max_retries().expect("a built policy bounds its retries");
 
     match plan::<CAPACITY>(&p, op, &outcomes, &draws) {
         Ok(r) => {
-            let total: u64 = r.waits.iter().sum();
-            assert!(total <= p.budget(), "waits {total} past budget {}", p.budget());
+            let total: u64 = r.waits.iter().map(|w| u64::from(w.as_millis())).sum();
+            let budget = u64::from(p.budget().as_millis());
+            assert!(total <= budget, "waits {total} ms past budget {budget} ms");
             // `plan` has no clock, so a deadline does not stop it though `max_retries` counts one.
             if p.deadline().is_none() {
                 assert!(r.waits.len() as u64 <= u64::from(max_retries));
@@ -165,8 +170,8 @@ fuzz_target!(|input: Input| {
                 if op == Operation::Write {
                     assert!(!ambiguous(o), "unkeyed write resent after {o:?}");
                 }
-                if let Some(secs) = o.retry_after() {
-                    assert!(w >= p.secs_to_ticks(secs), "Retry-After lowered the wait");
+                if let Some(asked) = o.retry_after() {
+                    assert!(w >= asked, "Retry-After lowered the wait");
                 }
             }
             if op == Operation::Write && r.waits.len() < outcomes.len() && ambiguous(&outcomes[r.waits.len()])
@@ -185,17 +190,20 @@ fuzz_target!(|input: Input| {
 
     // The same call decided attempt by attempt against a clock.
     let mut state = CallState::new();
-    let mut elapsed: u64 = 0;
+    let mut elapsed = Duration::ZERO;
     for (i, o) in outcomes.iter().enumerate() {
         // An attempt takes at least `min_attempt`: the policy's own promise about its link.
-        let spent = u64::from(input.attempt_times.get(i).copied().unwrap_or(0)).max(p.min_attempt());
+        let spent = ms(u64::from(input.attempt_times.get(i).copied().unwrap_or(0))).max(p.min_attempt());
         elapsed = elapsed.saturating_add(spent);
         let d = draws.get(i).copied().unwrap_or(Draw::ZERO);
         match p.decide(&mut state, op, o, d, Some(elapsed)) {
             Decision::Retry { wait } => {
                 if let Some(deadline) = p.deadline() {
-                    let end = elapsed.saturating_add(wait).saturating_add(p.min_attempt());
-                    assert!(end <= deadline, "started a wait past the deadline");
+                    // Wide arithmetic: a saturated sum would hide a wait past the deadline.
+                    let end = u64::from(elapsed.as_millis())
+                        + u64::from(wait.as_millis())
+                        + u64::from(p.min_attempt().as_millis());
+                    assert!(end <= u64::from(deadline.as_millis()), "started a wait past the deadline");
                 }
                 assert!(state.waited() <= p.budget());
                 assert!(state.attempts() <= max_retries);

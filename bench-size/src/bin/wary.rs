@@ -5,7 +5,7 @@
 
 use core::hint::black_box;
 
-use wary::{CallState, Draw, Operation, Outcome, Policy, Preset};
+use wary::{CallState, Draw, Duration, Operation, Outcome, Policy, Preset};
 
 static POLICY: Policy = match Policy::builder(Preset::Default).build() {
     Ok(p) => p,
@@ -24,9 +24,9 @@ pub extern "C" fn _start() -> ! {
                 Operation::Read,
                 &outcome,
                 Draw::unit(i[2]),
-                Some(u64::from(i[3])),
+                Some(Duration::from_millis(u64::from(i[3]))),
             ));
         }
-        state.waited()
+        u64::from(state.waited().as_millis())
     })
 }

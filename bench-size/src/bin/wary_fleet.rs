@@ -4,9 +4,7 @@
 
 use core::hint::black_box;
 
-use wary::{
-    CallState, Class, Decision, Draw, FleetBudget, GiveUp, Operation, Outcome, Policy, Preset, Verdict,
-};
+use wary::{CallState, Draw, Duration, FleetBudget, Operation, Outcome, Policy, Preset};
 
 static POLICY: Policy = match Policy::builder(Preset::Default).build() {
     Ok(p) => p,
@@ -26,21 +24,16 @@ pub extern "C" fn _start() -> ! {
         let mut state = CallState::new();
         for _ in 0..i[1] {
             let outcome: Outcome = black_box(Outcome::status(i[0] as u16));
-            let allows = match policy.classify(Operation::Read, &outcome) {
-                Class::Ok => {
-                    fleet.on_success();
-                    true
-                }
-                Class::Retry | Class::Unknown => fleet.on_failure(),
-                _ => true,
-            };
-            let mut d =
-                policy.decide(&mut state, Operation::Read, &outcome, Draw::unit(i[2]), Some(u64::from(i[3])));
-            if matches!(d, Decision::Retry { .. }) && !allows {
-                d = Decision::Done(Verdict::GaveUp(GiveUp::Throttled));
-            }
-            black_box(d);
+            let elapsed = Some(Duration::from_millis(u64::from(i[3])));
+            black_box(policy.decide_with_fleet(
+                &mut state,
+                Operation::Read,
+                &outcome,
+                Draw::unit(i[2]),
+                elapsed,
+                fleet,
+            ));
         }
-        state.waited()
+        u64::from(state.waited().as_millis())
     })
 }

@@ -5,8 +5,7 @@
 
 use core::hint::black_box;
 
-use wary::plan::plan;
-use wary::{Draw, Operation, Outcome, Policy, Preset};
+use wary::{Draw, Operation, Outcome, Policy, Preset, plan};
 
 static POLICY: Policy = match Policy::builder(Preset::Default).build() {
     Ok(p) => p,
@@ -20,7 +19,7 @@ pub extern "C" fn _start() -> ! {
         let outcomes = black_box([Outcome::status(i[0] as u16); 8]);
         let draws = black_box([Draw::unit(i[2]); 8]);
         match plan::<16>(policy, Operation::Read, &outcomes, &draws) {
-            Ok(p) => p.waits.iter().sum(),
+            Ok(p) => p.waits.iter().map(|w| u64::from(w.as_millis())).sum(),
             Err(_) => 0,
         }
     })

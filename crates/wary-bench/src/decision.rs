@@ -4,10 +4,10 @@
 //! numbers), the same number of failed attempts per call, jitter from the same generator
 //! (fastrand's wyrand, which backon uses inside) seeded with the same value.
 
-use core::time::Duration;
-
 use backon::{BackoffBuilder, ExponentialBuilder};
-use wary::{CallState, Decision, Draw, FleetBudget, Operation, Outcome, Policy, Preset, Verdict};
+use wary::{
+    CallState, Decision, Draw, Duration, Failure, FleetBudget, Operation, Outcome, Policy, Preset, Verdict,
+};
 
 /// The AWS study's base, in ms.
 pub const BASE: u64 = 5;
@@ -23,27 +23,27 @@ pub const SEED: u64 = 0x5eed_0004;
 /// Retryable outcomes a read meets, in the order each benchmarked call meets them: a mix, so
 /// the classifier walks its table as in the field rather than hitting one cached branch.
 pub const FAILURES: [Outcome; RETRIES] = [
-    Outcome::Status { code: 503, retry_after: None },
-    Outcome::ResponseTimeout,
-    Outcome::Status { code: 429, retry_after: None },
-    Outcome::Reset,
-    Outcome::Status { code: 502, retry_after: None },
-    Outcome::ConnectTimeout,
-    Outcome::Status { code: 500, retry_after: None },
-    Outcome::Status { code: 504, retry_after: None },
-    Outcome::Refused,
-    Outcome::Status { code: 408, retry_after: None },
+    Outcome::status(503),
+    Outcome::Failure(Failure::ResponseTimeout),
+    Outcome::status(429),
+    Outcome::Failure(Failure::Reset),
+    Outcome::status(502),
+    Outcome::Failure(Failure::ConnectTimeout),
+    Outcome::status(500),
+    Outcome::status(504),
+    Outcome::Failure(Failure::Refused),
+    Outcome::status(408),
 ];
 
 /// wary with the AWS study's base and cap, full jitter like backon's, and enough attempts and
 /// budget that no stop rule ends a benchmarked call early.
 pub fn bench_policy() -> Policy {
     Policy::builder(Preset::Default)
-        .base(BASE)
-        .cap(CAP)
+        .base(Duration::from_millis(BASE))
+        .cap(Duration::from_millis(CAP))
         .jitter(wary::Jitter::Full)
         .max_attempts(RETRIES as u32 + 2)
-        .budget(CAP * (RETRIES as u64 + 1))
+        .budget(Duration::from_millis(CAP * (RETRIES as u64 + 1)))
         .build()
         .unwrap_or_else(|e| panic!("benchmark policy refused: {e:?}"))
 }
@@ -64,8 +64,12 @@ pub fn wary_calls(policy: &Policy, fleet: Option<&FleetBudget>, calls: u32) -> u
         let mut state = CallState::new();
         for outcome in FAILURES.iter().chain(core::iter::once(&Outcome::Ok)) {
             let draw = Draw::unit(rng.u32(..));
-            match policy.decide_with_fleet(&mut state, Operation::Read, outcome, draw, None, fleet).1 {
-                Decision::Retry { wait } => total = total.wrapping_add(wait),
+            let decision = match fleet {
+                Some(f) => policy.decide_with_fleet(&mut state, Operation::Read, outcome, draw, None, f),
+                None => policy.decide(&mut state, Operation::Read, outcome, draw, None),
+            };
+            match decision {
+                Decision::Retry { wait } => total = total.wrapping_add(u64::from(wait.as_millis())),
                 Decision::Done(v) => total = total.wrapping_add(u64::from(v == Verdict::Ok)),
             }
         }
@@ -77,8 +81,8 @@ pub fn wary_calls(policy: &Policy, fleet: Option<&FleetBudget>, calls: u32) -> u
 /// and retries.
 pub fn backon_builder() -> ExponentialBuilder {
     ExponentialBuilder::new()
-        .with_min_delay(Duration::from_millis(BASE))
-        .with_max_delay(Duration::from_millis(CAP))
+        .with_min_delay(core::time::Duration::from_millis(BASE))
+        .with_max_delay(core::time::Duration::from_millis(CAP))
         .with_max_times(RETRIES)
         .with_jitter()
         .with_jitter_seed(SEED)
@@ -110,20 +114,11 @@ mod tests {
         for _ in 0..CALLS {
             let mut s = CallState::new();
             for o in &FAILURES {
-                let d = p
-                    .decide_with_fleet(
-                        &mut s,
-                        Operation::Read,
-                        o,
-                        Draw::unit(rng.u32(..)),
-                        None,
-                        Some(&fleet),
-                    )
-                    .1;
+                let d =
+                    p.decide_with_fleet(&mut s, Operation::Read, o, Draw::unit(rng.u32(..)), None, &fleet);
                 assert!(matches!(d, Decision::Retry { .. }), "{o:?} gave {d:?}");
             }
-            let d =
-                p.decide_with_fleet(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None, Some(&fleet)).1;
+            let d = p.decide_with_fleet(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None, &fleet);
             assert_eq!(d, Decision::Done(Verdict::Ok));
         }
     }

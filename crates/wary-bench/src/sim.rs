@@ -12,7 +12,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use wary::{
-    CallState, Decision, Draw, FleetBudget, GiveUp, Jitter, Operation, Outcome, Policy, Preset, Verdict,
+    CallState, Decision, Draw, Duration, FleetBudget, GiveUp, Jitter, Operation, Outcome, Policy, Preset,
+    Verdict,
 };
 
 use crate::decision::{BASE, CAP};
@@ -156,8 +157,14 @@ pub fn run(policy: &Policy, fleet: Option<FleetSpec>, world: &World) -> Stats {
         let state = &mut states[client as usize];
         // One bucket for all, or the client's own (an empty list: no fleet budget).
         let bucket = buckets.get(if buckets.len() == 1 { 0 } else { client as usize });
-        match policy.decide_with_fleet(state, Operation::Read, &outcome, draw, Some(now), bucket).1 {
-            Decision::Retry { wait } => queue.push(Reverse((now + wait, client))),
+        // Every client starts at tick 0, so `now` is the call's elapsed time.
+        let elapsed = Some(Duration::from_millis(now));
+        let decision = match bucket {
+            Some(b) => policy.decide_with_fleet(state, Operation::Read, &outcome, draw, elapsed, b),
+            None => policy.decide(state, Operation::Read, &outcome, draw, elapsed),
+        };
+        match decision {
+            Decision::Retry { wait } => queue.push(Reverse((now + u64::from(wait.as_millis()), client))),
             Decision::Done(v) => {
                 s.completion = s.completion.max(now);
                 match v {
@@ -180,15 +187,19 @@ pub struct Contender {
     pub policy: Policy,
 }
 
+/// The longest wait budget a policy accepts (one below the saturated [`Duration::MAX`]), about
+/// 49.7 days: far beyond any run.
+pub const LONGEST: Duration = Duration::from_millis(u32::MAX as u64 - 1);
+
 /// The AWS study's clients: base 5, cap 2000, retrying until they succeed (an attempt cap and a
 /// budget far beyond anything a run reaches, since full jitter needs a cap to be accepted).
 pub fn aws(jitter: Jitter) -> Policy {
     Policy::builder(Preset::Default)
-        .base(BASE)
-        .cap(CAP)
+        .base(Duration::from_millis(BASE))
+        .cap(Duration::from_millis(CAP))
         .jitter(jitter)
         .max_attempts(1_000_000)
-        .budget(wary::policy::MAX_TICKS)
+        .budget(LONGEST)
         .build()
         .unwrap_or_else(|e| panic!("study policy refused: {e:?}"))
 }

@@ -16,7 +16,7 @@ pub struct Size {
 /// The runner's future for a typical call, measured with `size_of_val` (its type cannot be
 /// named).
 pub fn runner_future() -> Option<usize> {
-    use wary::run::{CancelToken, Clock, Runner};
+    use wary::{CancelToken, Clock, Instant, Runner};
 
     struct NoDelay;
     impl embedded_hal_async::delay::DelayNs for NoDelay {
@@ -24,8 +24,8 @@ pub fn runner_future() -> Option<usize> {
     }
     struct Zero;
     impl Clock for Zero {
-        fn now(&self) -> u64 {
-            0
+        fn now(&self) -> Instant {
+            Instant::ZERO
         }
     }
     struct Rng(u64);
@@ -47,11 +47,11 @@ pub fn runner_future() -> Option<usize> {
     let policy = wary::Policy::builder(wary::Preset::Default).build().ok()?;
     let fleet = wary::FleetBudget::new(10, 100).ok()?;
     let cancel = CancelToken::new();
-    let mut ledger = wary::ledger::Ledger::<16>::new();
+    let mut ledger = wary::Ledger::<16>::new();
     let mut runner =
         Runner::new(&policy, NoDelay, Zero, Rng(1)).cancel(&cancel).fleet(&fleet).ledger(&mut ledger);
     let fut = runner.call(wary::Operation::KeyedWrite, wary::Key::from_parts(1, 1, 1), |_| {
-        core::future::ready(Ok::<u32, wary::Outcome>(1))
+        core::future::ready(Ok::<u32, wary::Failure>(1))
     });
     Some(size_of_val(&fut))
 }

@@ -6,13 +6,14 @@
 //! reply) takes a network delay of `|N(10 ms, 2 ms)|`. The clients all start at t = 0, and a run
 //! ends when the last client has its write's reply (or, under a policy with a budget, gives up).
 //!
-//! The wait after a refused write is the core's own decision: [`Policy::decide_class`] with the
-//! conflict classed as a retry (the conditional write did not land, so redoing the whole
-//! read-and-write is safe), a [`Draw::unit`] from the run's generator, and the policy's jitter
-//! and stop rules. Only "no backoff" bypasses it, since it waits 0, which no policy expresses.
+//! The wait after a refused write is the core's own decision: [`Policy::decide`] on the refusal
+//! (412, which every policy here has as a `retry_any` status: the conditional write did not
+//! land, so redoing the whole read-and-write is safe), a [`Draw::unit`] from the run's
+//! generator, and the policy's jitter and stop rules. Only "no backoff" bypasses it, since it
+//! waits 0, which no policy expresses.
 //!
-//! Time is integer microseconds, and so are the policies' ticks (`tick_hz` 1,000,000): a
-//! jittered wait is as fine-grained as the delays. The generator is SplitMix64, seeded per run;
+//! The network's time is integer microseconds; the policies decide in whole milliseconds, as on
+//! a device, so every wait is a whole number of ms. The generator is SplitMix64, seeded per run;
 //! normal draws come from Box–Muller in `f64` (this runs on the host only).
 
 use std::cmp::Reverse;
@@ -20,14 +21,17 @@ use std::collections::BinaryHeap;
 use std::fmt::Write as _;
 
 use serde_json::{Value, json};
-use wary::{CallState, Class, Decision, Draw, Jitter, Outcome, Policy, Preset};
+use wary::{CallState, Decision, Draw, Duration, Jitter, Operation, Outcome, Policy, Preset, Rule};
 
 use crate::report::{table, thousands};
 
-/// Ticks (µs) per millisecond.
+/// Microseconds per millisecond.
 pub const US_PER_MS: u64 = 1_000;
-/// The policies' tick rate: microseconds.
-pub const TICK_HZ: u32 = 1_000_000;
+/// The refusal of a conditional write whose version is stale: 412 Precondition Failed.
+pub const REFUSED: u16 = 412;
+/// A wait budget far beyond any run: the longest a policy accepts (one below the saturated
+/// [`Duration::MAX`]), about 49.7 days.
+pub const LONGEST: Duration = Duration::from_millis(u32::MAX as u64 - 1);
 /// The network delay's mean, in µs.
 pub const DELAY_MEAN_US: f64 = 10_000.0;
 /// The network delay's standard deviation, in µs.
@@ -104,15 +108,15 @@ impl SplitMix64 {
 pub enum Strategy {
     /// Straight back to the read, no wait (the study's "no backoff").
     Immediate,
-    /// The core's decision, in µs ticks.
+    /// The core's decision.
     Wary(Policy),
     /// Not wary's: decorrelated jitter capped after the draw, `min(cap, U(base, 3·previous))`,
     /// the study's own formula, run only to show where its figures and wary's part.
     CapAfterDraw {
-        /// Base, µs.
-        base: u64,
-        /// Cap, µs.
-        cap: u64,
+        /// Base.
+        base: Duration,
+        /// Cap.
+        cap: Duration,
     },
 }
 
@@ -127,7 +131,7 @@ pub struct Contender {
     pub strategy: Strategy,
 }
 
-/// One of the study's backoffs in µs ticks, retrying until the update lands: an attempt cap and
+/// One of the study's backoffs, retrying until the update lands: an attempt cap and
 /// a wait budget far beyond any run, since full jitter needs an attempt cap to be accepted.
 ///
 /// The study's first retry waits under `base·2¹`, wary's under its base, so the exponential
@@ -140,36 +144,30 @@ pub fn study_policy(jitter: Jitter) -> Policy {
         _ => 2 * STUDY_BASE_MS,
     };
     Policy::builder(Preset::Default)
-        .tick_hz(TICK_HZ)
-        .base(base_ms * US_PER_MS)
-        .cap(STUDY_CAP_MS * US_PER_MS)
+        .table(conflict_retried(Preset::Default))
+        .base(Duration::from_millis(base_ms))
+        .cap(Duration::from_millis(STUDY_CAP_MS))
         .jitter(jitter)
         .max_attempts(1_000_000)
-        .budget(wary::policy::MAX_TICKS)
+        .budget(LONGEST)
         .build()
         .unwrap_or_else(|e| panic!("study policy refused: {e:?}"))
 }
 
-/// `Preset::Default` as shipped (its jitter, base, cap, wait budget, and its deadline and attempt
-/// cap if it has them), with every duration carried from its ticks to µs.
+/// The preset's table with a refused conditional write ([`REFUSED`]) resent for any operation:
+/// the server refused it before doing anything.
+pub fn conflict_retried(preset: Preset) -> wary::Table {
+    let shipped = Policy::builder(preset).build().unwrap_or_else(|e| panic!("preset refused: {e:?}"));
+    shipped.table().with_status(REFUSED, Rule::RetryAny).unwrap_or_else(|e| panic!("412 refused: {e:?}"))
+}
+
+/// `Preset::Default` as shipped (its jitter, base, cap, wait budget, deadline and attempt cap),
+/// with only the refused conditional write added to its table.
 pub fn wary_default() -> Policy {
-    let shipped =
-        Policy::builder(Preset::Default).build().unwrap_or_else(|e| panic!("default refused: {e:?}"));
-    let per_tick = u64::from(TICK_HZ / shipped.tick_hz());
-    let b = shipped.backoff();
-    let mut builder = Policy::builder(Preset::Default)
-        .tick_hz(TICK_HZ)
-        .base(b.base * per_tick)
-        .cap(b.cap * per_tick)
-        .jitter(b.jitter)
-        .budget(shipped.budget() * per_tick);
-    if let Some(d) = shipped.deadline() {
-        builder = builder.deadline(d * per_tick);
-    }
-    if let Some(n) = shipped.max_attempts() {
-        builder = builder.max_attempts(n);
-    }
-    builder.build().unwrap_or_else(|e| panic!("default in µs refused: {e:?}"))
+    Policy::builder(Preset::Default)
+        .table(conflict_retried(Preset::Default))
+        .build()
+        .unwrap_or_else(|e| panic!("default refused: {e:?}"))
 }
 
 /// The study's five policies, then wary's default.
@@ -202,20 +200,19 @@ pub fn cap_after_draw() -> Contender {
     Contender {
         id: "decorrelated_capped_after_draw",
         name: "decorrelated, capped after the draw (not wary's formula)",
-        strategy: Strategy::CapAfterDraw { base: STUDY_BASE_MS * US_PER_MS, cap: STUDY_CAP_MS * US_PER_MS },
+        strategy: Strategy::CapAfterDraw {
+            base: Duration::from_millis(STUDY_BASE_MS),
+            cap: Duration::from_millis(STUDY_CAP_MS),
+        },
     }
 }
 
 /// The rows shown only beside the study's figures: its decorrelated formula, and full jitter
 /// with the study's base read as wary's (ceilings 5, 10, 20 … ms: one retry behind the study's).
 pub fn diagnostics() -> Vec<Contender> {
-    let full_5 = Policy::builder(Preset::Default)
-        .tick_hz(TICK_HZ)
-        .base(STUDY_BASE_MS * US_PER_MS)
-        .cap(STUDY_CAP_MS * US_PER_MS)
-        .jitter(Jitter::Full)
-        .max_attempts(1_000_000)
-        .budget(wary::policy::MAX_TICKS)
+    let full_5 = study_policy(Jitter::Full)
+        .to_builder()
+        .base(Duration::from_millis(STUDY_BASE_MS))
         .build()
         .unwrap_or_else(|e| panic!("full jitter at base 5 ms refused: {e:?}"));
     vec![
@@ -283,7 +280,7 @@ impl RunStats {
 pub fn run(strategy: &Strategy, clients: u32, seed: u64) -> RunStats {
     let mut rng = SplitMix64::new(seed);
     let mut states = vec![CallState::new(); clients as usize];
-    let mut last_waits = vec![0u64; clients as usize];
+    let mut last_waits = vec![Duration::ZERO; clients as usize];
     // Min-heap on (time, sequence): the sequence breaks ties in sending order.
     let mut queue: BinaryHeap<Reverse<(u64, u64, u32, Event)>> = BinaryHeap::new();
     let mut seq = 0u64;
@@ -296,8 +293,8 @@ pub fn run(strategy: &Strategy, clients: u32, seed: u64) -> RunStats {
         send(&mut queue, at, c, Event::Read);
     }
     let mut s = RunStats::default();
-    // The conflict a refused write answers: 412 Precondition Failed, with no Retry-After.
-    let refused = Outcome::status(412);
+    // The conflict a refused write answers, with no Retry-After.
+    let refused = Outcome::status(REFUSED);
     while let Some(Reverse((now, _, client, ev))) = queue.pop() {
         s.completion_us = now;
         match ev {
@@ -324,24 +321,27 @@ pub fn run(strategy: &Strategy, clients: u32, seed: u64) -> RunStats {
             Event::WriteReply { ok: true } => s.updated += 1,
             Event::WriteReply { ok: false } => {
                 let wait = match strategy {
-                    Strategy::Immediate => Some(0),
+                    Strategy::Immediate => Some(Duration::ZERO),
                     Strategy::Wary(p) => {
                         let state = &mut states[client as usize];
                         let draw = Draw::unit(rng.next_u32());
-                        // Every client started at 0, so `now` is the call's elapsed time.
-                        match p.decide_class(state, Class::Retry, &refused, draw, Some(now)) {
+                        // Every client started at 0, so `now` is the call's elapsed time
+                        // (rounded up: a deadline is never met early).
+                        let elapsed = Some(Duration::from_micros_ceil(now));
+                        match p.decide(state, Operation::Write, &refused, draw, elapsed) {
                             Decision::Retry { wait } => Some(wait),
                             Decision::Done(_) => None,
                         }
                     }
                     &Strategy::CapAfterDraw { base, cap } => {
                         let prev = &mut last_waits[client as usize];
-                        let hi = (*prev).max(base) * 3;
+                        let hi = (*prev).max(base).saturating_mul(3);
                         let w = (base + Draw::unit(rng.next_u32()).scale(hi - base)).min(cap);
                         *prev = w;
                         Some(w)
                     }
                 };
+                let wait = wait.map(Duration::as_micros);
                 match wait {
                     Some(w) => {
                         s.retries += 1;
@@ -457,7 +457,7 @@ pub fn z(ours: &Spread, study: f64, runs: u32) -> f64 {
 
 /// A policy's settings in ms, as the tables print them.
 pub fn describe(p: &Policy) -> String {
-    let ms = |t: u64| thousands(t / US_PER_MS);
+    let ms = |t: Duration| thousands(u64::from(t.as_millis()));
     let b = p.backoff();
     let mut out = format!(
         "{} jitter, base {} ms, cap {} ms, wait budget {} ms",
@@ -490,14 +490,15 @@ pub fn section(sums: &[Summary], diagnostic: &[Summary], seed: u64, wall_secs: f
         "\n{HEADING} (the AWS backoff study's setting)\n\n\
          Every client updates one row once: a read for the version, then a conditional write the \
          server refuses if another write got in first; after a refused write the client backs off \
-         and starts again from the read. Every message takes |N(10 ms, 2 ms)|; time is integer µs; \
+         and starts again from the read. Every message takes |N(10 ms, 2 ms)|, in integer µs; \
+         the policies decide in whole ms; \
          {runs} runs per figure (seed {seed}, run r seeded alike for every policy), mean ± sample sd. \
-         The wait after a refused write is `Policy::decide_class` (the conflict classed as retry) \
+         The wait after a refused write is `Policy::decide` on the 412 (a `retry_any` status here) \
          with a `Draw::unit` per wait; \"no backoff\" goes straight back to the read. The study's \
          base 5 ms and cap 2 s: its first retry waits under 2·5 ms, so exponential, equal and full \
          jitter run with wary's base at 10 ms (the same ceilings: 10, 20, 40 … 2,000 ms); \
          decorrelated keeps base 5 ms (first wait in [5, 15) ms in both). `wary default` is \
-         `Preset::Default` as shipped ({}), in µs. Calls = reads + writes; the study counts writes \
+         `Preset::Default` as shipped ({}), 412 retried. Calls = reads + writes; the study counts writes \
          only.\n",
         describe(&wary_default())
     );
@@ -743,16 +744,20 @@ mod tests {
     }
 
     #[test]
-    fn wary_default_is_the_shipped_preset_in_microseconds() {
+    fn wary_default_is_the_shipped_preset_with_the_conflict_retried() {
         let p = wary_default();
         let shipped = Policy::builder(Preset::Default).build().unwrap();
-        assert_eq!(p.backoff().jitter, shipped.backoff().jitter);
-        assert_eq!(p.backoff().base, shipped.backoff().base * 1_000);
-        assert_eq!(p.budget(), shipped.budget() * 1_000);
-        assert_eq!(p.tick_hz(), TICK_HZ);
+        assert_eq!(p.backoff(), shipped.backoff());
+        assert_eq!(p.budget(), shipped.budget());
+        assert_eq!((p.deadline(), p.max_attempts()), (shipped.deadline(), shipped.max_attempts()));
+        // Only the table differs, and only in the refusal of a stale conditional write.
+        assert_eq!(p.to_builder().table(*shipped.table()).build().unwrap(), shipped);
+        let o = Outcome::status(REFUSED);
+        assert_eq!(shipped.classify(Operation::Write, &o), wary::Class::Failed);
+        assert_eq!(p.classify(Operation::Write, &o), wary::Class::Retry);
         assert_eq!(
             describe(&study_policy(Jitter::Full)),
-            "full jitter, base 10 ms, cap 2,000 ms, wait budget 281,474,976,710 ms, no deadline, at most 1000000 attempts"
+            "full jitter, base 10 ms, cap 2,000 ms, wait budget 4,294,967,294 ms, no deadline, at most 1000000 attempts"
         );
     }
 
