@@ -1,9 +1,11 @@
 //! `wary explain`: the worked schedule of a policy, its classification grid and its risks, so
 //! an engineer can see that the budget bounds the attempts before shipping a setting.
+//!
+//! Every duration is in milliseconds, the core's unit: the JSON fields say so in their names
+//! (`min_waits_ms`), the text prints `ms` after each number.
 
 use serde::Serialize;
-use wary::backoff::Backoff;
-use wary::{Class, Jitter, Operation, Outcome, Policy, PolicyError};
+use wary::{Backoff, Duration, Failure, Jitter, Operation, Outcome, Policy, PolicyError, Transport};
 
 /// One retry of the worked schedule.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -11,19 +13,26 @@ pub struct Step {
     /// The retry, from 1.
     pub retry: u32,
     /// Its ceiling.
-    pub ceiling: u64,
+    #[serde(rename = "ceiling_ms")]
+    pub ceiling: Duration,
     /// The part every draw waits (the shortest wait).
-    pub fixed: u64,
+    #[serde(rename = "fixed_ms")]
+    pub fixed: Duration,
     /// The part the draw decides (longest minus shortest).
-    pub random: u64,
+    #[serde(rename = "random_ms")]
+    pub random: Duration,
     /// The shortest wait.
-    pub min: u64,
+    #[serde(rename = "min_ms")]
+    pub min: Duration,
     /// The longest wait.
-    pub max: u64,
+    #[serde(rename = "max_ms")]
+    pub max: Duration,
     /// Running total of the shortest waits.
-    pub min_total: u64,
+    #[serde(rename = "min_total_ms")]
+    pub min_total: Duration,
     /// Running total of the longest waits, capped at the budget.
-    pub max_total: u64,
+    #[serde(rename = "max_total_ms")]
+    pub max_total: Duration,
 }
 
 /// Everything `wary explain` prints.
@@ -32,17 +41,19 @@ pub struct Explanation {
     /// The most retries the policy can make.
     pub max_retries: u32,
     /// The shortest wait of each retry (every draw at 0).
-    pub min_waits: Vec<u64>,
+    #[serde(rename = "min_waits_ms")]
+    pub min_waits: Vec<Duration>,
     /// The longest wait of each retry (every draw at the top).
-    pub max_waits: Vec<u64>,
+    #[serde(rename = "max_waits_ms")]
+    pub max_waits: Vec<Duration>,
     /// The worked schedule.
     pub steps: Vec<Step>,
-    /// The most a call can wait in total, ticks: the budget, or the longest waits' sum if less.
-    pub longest_wait: u64,
-    /// The longest a call can take, ticks, when a deadline bounds it.
-    pub longest_call: Option<u64>,
-    /// Ticks per second.
-    pub tick_hz: u32,
+    /// The most a call can wait in total: the budget, or the longest waits' sum if less.
+    #[serde(rename = "longest_wait_ms")]
+    pub longest_wait: Duration,
+    /// The longest a call can take, when a deadline bounds it.
+    #[serde(rename = "longest_call_ms")]
+    pub longest_call: Option<Duration>,
     /// Outcome × operation → class.
     pub table: Vec<TableRow>,
     /// The fleet retry budget, when one is given.
@@ -102,35 +113,22 @@ fn grid_outcomes() -> Vec<(String, Outcome)> {
         .iter()
         .map(|c| (c.to_string(), Outcome::status(*c)))
         .collect();
-    for o in [
-        Outcome::ConnectTimeout,
-        Outcome::ResponseTimeout,
-        Outcome::Refused,
-        Outcome::Reset,
-        Outcome::Tls,
-        Outcome::BadBody,
-        Outcome::StreamBroken { forwarded: false },
-        Outcome::StreamBroken { forwarded: true },
-    ] {
-        v.push((o.kind_name().to_owned(), o));
+    // Every failure other than a status a table has a rule for, then a stream broken after
+    // forwarding, which no table retries.
+    let failures = Transport::ALL
+        .iter()
+        .filter_map(|t| Failure::from_name(t.name()))
+        .chain([Failure::StreamBroken { forwarded: true }]);
+    for f in failures {
+        v.push((f.name().to_owned(), f.into()));
     }
     v
 }
 
-fn class_word(c: Class) -> String {
-    match c {
-        Class::Retry => "retry",
-        Class::Unknown => "unknown",
-        Class::Failed => "failed",
-        Class::Ok => "ok",
-        Class::Cancelled => "cancelled",
-    }
-    .to_owned()
-}
-
 /// Why the builder refuses, for a running call, a setting the backoff formula itself defines:
 /// `wary plan` answers such a policy (its outcomes bound the plan), a running call does not.
-/// `None` for a refusal the formula shares (a bad status, a bad fleet budget).
+/// `None` for a refusal with nothing to add to its message (a deadline of 0, an attempt cap of
+/// 0, an attempt longer than the deadline: settings the formula does not have).
 pub fn why_refused(e: &PolicyError) -> Option<&'static str> {
     Some(match e {
         PolicyError::ZeroBudget => {
@@ -153,31 +151,33 @@ pub fn why_refused(e: &PolicyError) -> Option<&'static str> {
              outcomes bound the plan"
         }
         PolicyError::TooLarge => {
-            "a duration above 2^48 ticks could make sums of waits wrap in a running call; `wary plan` \
-             answers it with saturating arithmetic"
+            "wary counts durations in 32 bits of milliseconds, and 4294967295 ms (about 49.7 days) \
+             stands for \"longer than wary counts\", which cannot bound a call: every setting must be \
+             at most 4294967294 ms; `wary plan` refuses such a number too, by name"
         }
         _ => return None,
     })
 }
 
-/// Explains `policy`; `known_retry_after` is the longest Retry-After (seconds) the API is known
-/// to send, for the warning when the budget cannot wait it out.
-pub fn explain(policy: &Policy, known_retry_after: Option<u64>) -> Explanation {
+/// Explains `policy`; `known_retry_after` is the longest Retry-After the API is known to send,
+/// for the warning when the budget cannot wait it out.
+pub fn explain(policy: &Policy, known_retry_after: Option<Duration>) -> Explanation {
     let b: &Backoff = policy.backoff();
     let max_retries = policy.max_retries().unwrap_or(0);
     let shown = max_retries.min(MAX_STEPS);
     let mut steps = Vec::new();
-    let (mut prev_min, mut prev_max, mut min_total, mut max_total) = (0u64, 0u64, 0u64, 0u64);
+    let (mut prev_min, mut prev_max, mut min_total, mut max_total) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
     for k in 1..=shown {
         let min = b.min_wait(k, prev_min);
         let max = b.max_wait(k, prev_max).max(min);
-        min_total = min_total.saturating_add(min);
-        max_total = max_total.saturating_add(max).min(policy.budget());
+        min_total += min;
+        max_total = (max_total + max).min(policy.budget());
         steps.push(Step {
             retry: k,
             ceiling: b.ceiling(k),
             fixed: min,
-            random: max.saturating_sub(min),
+            random: max - min,
             min,
             max,
             min_total,
@@ -186,35 +186,35 @@ pub fn explain(policy: &Policy, known_retry_after: Option<u64>) -> Explanation {
         prev_min = min;
         prev_max = max;
     }
-    let longest_wait = steps.last().map_or(0, |s| s.max_total);
+    let longest_wait = steps.last().map_or(Duration::ZERO, |s| s.max_total);
     let longest_call = policy.deadline();
     let table = grid_outcomes()
         .into_iter()
         .map(|(name, o)| TableRow {
             outcome: name,
-            read: class_word(policy.classify(Operation::Read, &o)),
-            keyed_write: class_word(policy.classify(Operation::KeyedWrite, &o)),
-            write: class_word(policy.classify(Operation::Write, &o)),
+            read: policy.classify(Operation::Read, &o).name().to_owned(),
+            keyed_write: policy.classify(Operation::KeyedWrite, &o).name().to_owned(),
+            write: policy.classify(Operation::Write, &o).name().to_owned(),
         })
         .collect();
     let mut warnings = Vec::new();
     if b.jitter == Jitter::Full && policy.max_attempts().is_none() {
         warnings.push("full jitter with no attempt cap: waits near 0 spend no budget".to_owned());
     }
-    if b.min_wait(1, 0) == 0 {
+    if b.min_wait(1, Duration::ZERO) == Duration::ZERO {
         warnings.push(format!(
             "base {} is so small that the first wait can be 0: retries fire back to back",
             b.base
         ));
     }
-    if let Some(ra) = known_retry_after {
-        let ticks = policy.secs_to_ticks(ra);
-        if ticks > policy.budget() {
-            warnings.push(format!(
-                "budget {} is shorter than the Retry-After of {ra} s the API sends: such calls give up at once",
-                policy.budget()
-            ));
-        }
+    if let Some(ra) = known_retry_after
+        && ra > policy.budget()
+    {
+        warnings.push(format!(
+            "budget {} is shorter than the Retry-After of {} the API sends: such calls give up at once",
+            policy.budget(),
+            seconds(ra)
+        ));
     }
     if b.cap > policy.budget() {
         warnings.push(format!(
@@ -233,35 +233,52 @@ pub fn explain(policy: &Policy, known_retry_after: Option<u64>) -> Explanation {
         steps,
         longest_wait,
         longest_call,
-        tick_hz: policy.tick_hz(),
         table,
         fleet: None,
         warnings,
     }
 }
 
+/// A Retry-After as the header gives it, whole seconds, with its milliseconds when not whole.
+fn seconds(d: Duration) -> String {
+    let whole = d.as_secs();
+    if Duration::from_secs(u64::from(whole)) == d { format!("{whole} s") } else { d.to_string() }
+}
+
+/// A duration or "none".
+fn or_none(d: Option<Duration>) -> String {
+    d.map_or("none".to_owned(), |d| d.to_string())
+}
+
 /// The human form.
 pub fn render(e: &Explanation, policy: &Policy) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let unit = if e.tick_hz == 1000 { "ms".to_owned() } else { format!("ticks at {} Hz", e.tick_hz) };
     let b = policy.backoff();
     let _ = writeln!(
         s,
-        "policy: base {} cap {} budget {} ({unit}), jitter {}, attempts {}, deadline {}",
+        "policy: base {}, cap {}, budget {}, jitter {}, attempts {}, deadline {}",
         b.base,
         b.cap,
         policy.budget(),
         b.jitter.name(),
         policy.max_attempts().map_or("unlimited".to_owned(), |n| n.to_string()),
-        policy.deadline().map_or("none".to_owned(), |n| n.to_string()),
+        or_none(policy.deadline()),
     );
-    let _ = writeln!(s, "\nretry  ceiling  fixed  random  shortest  longest  total(short)  total(long)");
+    let _ = writeln!(s, "\nwaits in ms");
+    let _ = writeln!(s, "retry  ceiling  fixed  random  shortest  longest  total(short)  total(long)");
     for st in &e.steps {
         let _ = writeln!(
             s,
             "{:>5}  {:>7}  {:>5}  {:>6}  {:>8}  {:>7}  {:>12}  {:>11}",
-            st.retry, st.ceiling, st.fixed, st.random, st.min, st.max, st.min_total, st.max_total
+            st.retry,
+            st.ceiling.as_millis(),
+            st.fixed.as_millis(),
+            st.random.as_millis(),
+            st.min.as_millis(),
+            st.max.as_millis(),
+            st.min_total.as_millis(),
+            st.max_total.as_millis()
         );
     }
     let _ = writeln!(
@@ -269,7 +286,7 @@ pub fn render(e: &Explanation, policy: &Policy) -> String {
         "\nat most {} retries ({} attempts): the shortest waits add to {}, and one more would pass the budget of {}",
         e.max_retries,
         e.max_retries.saturating_add(1),
-        e.steps.last().map_or(0, |x| x.min_total),
+        e.steps.last().map_or(Duration::ZERO, |x| x.min_total),
         policy.budget()
     );
     let _ = writeln!(s, "a call waits at most {} in total", e.longest_wait);
@@ -303,40 +320,66 @@ mod tests {
     use super::*;
     use wary::Preset;
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn all_ms(ws: &[Duration]) -> Vec<u32> {
+        ws.iter().map(|w| w.as_millis()).collect()
+    }
+
     #[test]
     fn the_worked_waits_of_base_2_cap_60_budget_120() {
-        let p = Policy::builder(Preset::Default).tick_hz(1).base(2).cap(60).budget(120).build().unwrap();
+        let p = Policy::builder(Preset::Default).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap();
         let e = explain(&p, None);
         assert_eq!(e.max_retries, 7);
-        assert_eq!(e.min_waits, [1, 2, 4, 8, 16, 30, 30]);
-        assert_eq!(e.steps.last().unwrap().min_total, 91);
-        assert_eq!(e.max_waits, [1, 3, 7, 15, 31, 59, 59]);
-        assert_eq!(e.steps[5].max_total, 116);
-        assert_eq!(e.steps[6].max_total, 120);
+        assert_eq!(all_ms(&e.min_waits), [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(e.steps.last().unwrap().min_total, ms(91));
+        assert_eq!(all_ms(&e.max_waits), [1, 3, 7, 15, 31, 59, 59]);
+        assert_eq!(e.steps[5].max_total, ms(116));
+        assert_eq!(e.steps[6].max_total, ms(120));
         assert!(e.warnings.is_empty(), "{:?}", e.warnings);
         let grid = e.table.iter().find(|r| r.outcome == "503").unwrap();
         assert_eq!(
             (grid.read.as_str(), grid.keyed_write.as_str(), grid.write.as_str()),
             ("retry", "retry", "unknown")
         );
+        // Every duration in the JSON form says its unit.
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["min_waits_ms"], serde_json::json!([1, 2, 4, 8, 16, 30, 30]));
+        assert_eq!(json["steps"][6]["max_total_ms"], 120);
+        assert_eq!(json["longest_wait_ms"], 120);
+    }
+
+    #[test]
+    fn the_grid_names_every_failure_a_table_has_a_rule_for() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let e = explain(&p, None);
+        let names: Vec<&str> = e.table.iter().map(|r| r.outcome.as_str()).collect();
+        for t in Transport::ALL {
+            assert!(names.contains(&t.name()), "{names:?}");
+        }
+        let after = e.table.iter().find(|r| r.outcome == "stream_broken_after").unwrap();
+        assert_eq!(after.read, "failed", "bytes already forwarded are never sent again");
     }
 
     #[test]
     fn refusals_of_what_the_formula_defines_say_why() {
-        let b = || Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120);
+        let b = || Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120));
         for (built, word) in [
-            (b().budget(0).build(), "budget of 0"),
-            (b().cap(1).build(), "below the base"),
-            (b().base(0).build(), "base of 0"),
-            (b().base(1).cap(1).build(), "attempt cap"),
+            (b().budget(ms(0)).build(), "budget of 0"),
+            (b().cap(ms(1)).build(), "below the base"),
+            (b().base(ms(0)).build(), "base of 0"),
+            (b().base(ms(1)).cap(ms(1)).build(), "attempt cap"),
             (b().jitter(Jitter::Full).build(), "attempt cap"),
+            (b().budget(Duration::MAX).build(), "at most 4294967294 ms"),
         ] {
             let e = built.unwrap_err();
             let why = why_refused(&e).unwrap_or_else(|| panic!("{e}: no reason"));
             assert!(why.contains(word), "{e}: {why}");
             assert!(why.contains("wary plan"), "{why}");
         }
-        assert_eq!(why_refused(&PolicyError::BadStatus), None);
+        assert_eq!(why_refused(&PolicyError::ZeroAttempts), None);
     }
 
     #[test]
@@ -352,19 +395,18 @@ mod tests {
     #[test]
     fn risky_settings_warn() {
         let p = Policy::builder(Preset::Default)
-            .tick_hz(1)
-            .base(1)
-            .cap(200)
-            .budget(120)
+            .base(ms(1))
+            .cap(ms(200))
+            .budget(ms(120))
             .jitter(Jitter::Full)
             .max_attempts(5)
             .build()
             .unwrap();
-        let e = explain(&p, Some(300));
+        let e = explain(&p, Some(Duration::from_secs(300)));
         let all = e.warnings.join("\n");
-        assert!(all.contains("first wait can be 0"), "{all}");
-        assert!(all.contains("shorter than the Retry-After"), "{all}");
-        assert!(all.contains("above the budget"), "{all}");
+        assert!(all.contains("base 1 ms is so small that the first wait can be 0"), "{all}");
+        assert!(all.contains("budget 120 ms is shorter than the Retry-After of 300 s"), "{all}");
+        assert!(all.contains("cap 200 ms is above the budget 120 ms"), "{all}");
         assert_eq!(e.max_retries, 4);
     }
 }

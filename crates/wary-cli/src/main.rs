@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use wary::{Duration, Jitter};
 use wary_cli::{explain, from_defmt, plan, replay};
-use wary_host::spec::{FleetSpec, PolicySpec};
+use wary_host::ledger::Line;
+use wary_host::spec::{FleetSpec, PolicySpec, SpecError};
 
 #[derive(Parser)]
 #[command(name = "wary", version, about = "Retry policies for device uplinks: plan, explain, replay, stats")]
@@ -50,30 +52,29 @@ enum LedgerCommand {
     },
 }
 
+/// `wary explain`'s settings. Every duration is in milliseconds, the core's unit, and each flag
+/// says so in its name; the old names without the unit still work and mean the same.
 #[derive(clap::Args)]
 struct ExplainArgs {
-    /// A TOML file with the policy's settings (flags override it).
+    /// A TOML file with the policy's settings, durations in milliseconds (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// default, exercise or strict.
+    /// default, basic or strict.
     #[arg(long)]
     preset: Option<String>,
-    /// Ticks per second (1000 for milliseconds).
-    #[arg(long)]
-    tick_hz: Option<u32>,
-    /// First ceiling, ticks.
-    #[arg(long)]
+    /// First ceiling, milliseconds.
+    #[arg(long = "base-ms", visible_alias = "base", value_name = "MS")]
     base: Option<u64>,
-    /// Largest ceiling, ticks.
-    #[arg(long)]
+    /// Largest ceiling, milliseconds.
+    #[arg(long = "cap-ms", visible_alias = "cap", value_name = "MS")]
     cap: Option<u64>,
-    /// Wait budget per call, ticks.
-    #[arg(long)]
+    /// Wait budget per call, milliseconds.
+    #[arg(long = "budget-ms", visible_alias = "budget", value_name = "MS")]
     budget: Option<u64>,
-    /// Deadline per call, ticks.
-    #[arg(long)]
+    /// Deadline per call, milliseconds, attempts included.
+    #[arg(long = "deadline-ms", visible_alias = "deadline", value_name = "MS")]
     deadline: Option<u64>,
-    /// Attempt cap.
+    /// Attempt cap, the first attempt included.
     #[arg(long)]
     max_attempts: Option<u32>,
     /// equal, full, decorrelated or none.
@@ -82,8 +83,9 @@ struct ExplainArgs {
     /// How Retry-After combines with the backoff: max or spread.
     #[arg(long)]
     retry_after: Option<String>,
-    /// The longest Retry-After the API is known to send, seconds (for a warning).
-    #[arg(long)]
+    /// The longest Retry-After the API is known to send, in whole seconds as the header gives
+    /// it (for a warning when the budget cannot wait it out).
+    #[arg(long = "known-retry-after-s", visible_alias = "known-retry-after", value_name = "SECONDS")]
     known_retry_after: Option<u64>,
     /// Fleet budget tokens (1..=1000), checked like the policy.
     #[arg(long)]
@@ -91,6 +93,10 @@ struct ExplainArgs {
     /// Fleet budget token ratio in thousandths (1..=1000).
     #[arg(long)]
     fleet_ratio: Option<u32>,
+    /// The tick rate of earlier versions: wary counts milliseconds, so only 1000 means what it
+    /// meant.
+    #[arg(long, hide = true)]
+    tick_hz: Option<u32>,
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -166,20 +172,18 @@ fn run_from_defmt(policy: Option<PathBuf>) -> Result<ExitCode> {
         let spec: PolicySpec =
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         let p = spec.build()?;
-        let fp = format!("{:08x}", p.fingerprint());
-        let line = wary_host::ledger::Line::Policy { fingerprint: fp.clone(), policy: spec };
-        writeln!(out, "{}", serde_json::to_string(&line)?)?;
-        fingerprint = Some(fp);
+        Line::Policy(p).write_to(&mut out)?;
+        fingerprint = Some(p.fingerprint());
     }
     let mut bad = 0usize;
     for (n, line) in io::stdin().lock().lines().enumerate() {
         let line = line.context("reading stdin")?;
         match from_defmt::convert(&line) {
-            Ok(Some(a)) => {
-                if fingerprint.as_ref().is_some_and(|fp| *fp != a.policy) {
-                    eprintln!("line {}: recorded under policy {}, not the one given", n + 1, a.policy);
+            Ok(Some(r)) => {
+                if fingerprint.is_some_and(|fp| fp != r.policy) {
+                    eprintln!("line {}: recorded under policy {:08x}, not the one given", n + 1, r.policy);
                 }
-                writeln!(out, "{}", serde_json::to_string(&wary_host::ledger::Line::Attempt(a))?)?;
+                Line::Attempt(r).write_to(&mut out)?;
             }
             Ok(None) => {}
             Err(e) => {
@@ -212,6 +216,14 @@ fn run_plan() -> Result<ExitCode> {
 }
 
 fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
+    if let Some(hz) = a.tick_hz
+        && hz != 1000
+    {
+        bail!(
+            "--tick-hz {hz}: wary counts milliseconds, not ticks; give durations in milliseconds \
+             (--base-ms, --cap-ms, --budget-ms, --deadline-ms)"
+        );
+    }
     let mut spec: PolicySpec = match &a.config {
         Some(path) => {
             let text =
@@ -223,7 +235,7 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
     macro_rules! flag {
         ($($f:ident),*) => { $( if a.$f.is_some() { spec.$f = a.$f.clone(); } )* };
     }
-    flag!(preset, tick_hz, base, cap, budget, deadline, max_attempts, jitter, retry_after);
+    flag!(preset, base, cap, budget, deadline, max_attempts, jitter, retry_after);
     match (a.fleet_tokens, a.fleet_ratio) {
         (Some(tokens), Some(ratio_milli)) => spec.fleet = Some(FleetSpec { tokens, ratio_milli }),
         (None, None) => {}
@@ -236,18 +248,18 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
         Ok(p) => p,
         Err(e) => {
             eprintln!("wary: {e}");
-            if let wary_host::spec::SpecError::Policy(pe) = &e
+            if let SpecError::Policy(pe) = &e
                 && let Some(why) = explain::why_refused(pe)
             {
                 eprintln!("why: {why}");
             }
-            if spec.jitter.as_deref() == Some("full") && spec.max_attempts.is_none() {
+            if spec.jitter.as_deref() == Some(Jitter::Full.name()) && spec.max_attempts.is_none() {
                 eprintln!("warning: full jitter with no attempt cap: waits near 0 spend no budget");
             }
             return Ok(ExitCode::from(2));
         }
     };
-    let mut e = explain::explain(&policy, a.known_retry_after);
+    let mut e = explain::explain(&policy, a.known_retry_after.map(Duration::from_secs));
     e.fleet = spec.fleet.and_then(|f| explain::fleet(f.tokens, f.ratio_milli));
     if a.json {
         println!("{}", serde_json::to_string(&e)?);

@@ -4,8 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use wary::ledger::{AttemptStats, Record};
-use wary::{CallState, Decision, Draw, GiveUp, Policy, Verdict};
+use wary::{AttemptStats, CallState, Class, Decision, Draw, GiveUp, Policy, Record, Verdict};
 use wary_host::ledger::{Line, read_lines};
 
 /// One call's records, in order.
@@ -26,42 +25,37 @@ pub struct Ledger {
     pub bad_lines: Vec<(usize, String)>,
 }
 
-/// Reads a ledger. A call is the run of records under one key up to its verdict.
+/// Reads a ledger. A call is the run of records under one key up to its verdict. A policy line
+/// is rebuilt into the core's [`Policy`] from its every setting; one whose settings do not give
+/// its fingerprint, or of another ledger version, is an unreadable line, never a policy.
 pub fn load(text: &str) -> Ledger {
     let mut ledger = Ledger::default();
     let mut open: HashMap<[u8; 16], usize> = HashMap::new();
     for (n, line) in read_lines(text) {
         match line {
-            Ok(Line::Policy { fingerprint, policy }) => {
-                match (u32::from_str_radix(&fingerprint, 16), policy.build()) {
-                    (Ok(fp), Ok(p)) => {
-                        ledger.policies.insert(fp, p);
+            Ok(Line::Policy(p)) => {
+                ledger.policies.insert(p.fingerprint(), p);
+            }
+            Ok(Line::Attempt(r)) => {
+                let key = *r.key.as_bytes();
+                // A call's cancel record repeats the number of the attempt it followed.
+                let continues = r.attempt > 1 || r.class == Class::Cancelled;
+                let idx = match open.get(&key) {
+                    Some(i) if continues => *i,
+                    _ => {
+                        ledger.calls.push(Call { records: Vec::new() });
+                        ledger.calls.len() - 1
                     }
-                    (_, Err(e)) => ledger.bad_lines.push((n, format!("policy line: {e}"))),
-                    (Err(_), _) => ledger.bad_lines.push((n, "policy line: bad fingerprint".to_owned())),
+                };
+                if let Some(call) = ledger.calls.get_mut(idx) {
+                    call.records.push(r);
+                }
+                if r.verdict.is_some() {
+                    open.remove(&key);
+                } else {
+                    open.insert(key, idx);
                 }
             }
-            Ok(Line::Attempt(a)) => match a.to_record() {
-                Ok(r) => {
-                    let key = *r.key.as_bytes();
-                    let idx = match open.get(&key) {
-                        Some(i) if r.attempt > 1 => *i,
-                        _ => {
-                            ledger.calls.push(Call { records: Vec::new() });
-                            ledger.calls.len() - 1
-                        }
-                    };
-                    if let Some(call) = ledger.calls.get_mut(idx) {
-                        call.records.push(r);
-                    }
-                    if r.verdict.is_some() {
-                        open.remove(&key);
-                    } else {
-                        open.insert(key, idx);
-                    }
-                }
-                Err(e) => ledger.bad_lines.push((n, e.to_string())),
-            },
             Err(e) => ledger.bad_lines.push((n, e.to_string())),
         }
     }
@@ -84,20 +78,36 @@ pub struct Divergence {
 fn describe(d: &Decision) -> String {
     match d {
         Decision::Retry { wait } => format!("retry after {wait}"),
-        Decision::Done(Verdict::GaveUp(g)) => format!("gave_up ({})", g.name()),
-        Decision::Done(v) => v.name().to_owned(),
+        Decision::Done(v) => v.to_string(),
     }
 }
 
 fn recorded(r: &Record) -> String {
     match r.verdict {
-        None if r.class == wary::Class::Unknown => "unknown, probed: not landed, resent".to_owned(),
+        None if r.class == Class::Unknown => "unknown, probed: not landed, resent".to_owned(),
         None => format!("retry after {}", r.wait),
-        Some(v) => describe(&Decision::Done(v)),
+        Some(v) => v.to_string(),
     }
 }
 
-/// Recomputes every decision of every call; returns the divergences.
+/// What differs between the record the core builds now and the one in the ledger.
+fn difference(want: &Record, got: &Record, decision: &Decision) -> String {
+    if want.class != got.class {
+        format!("class {}", want.class.name())
+    } else if (want.wait, want.verdict) != (got.wait, got.verdict) {
+        describe(decision)
+    } else if want.draw.is_some() != got.draw.is_some() {
+        match want.draw {
+            Some(_) => "a retryable outcome, whose draw the record lacks".to_owned(),
+            None => "no draw for this outcome".to_owned(),
+        }
+    } else {
+        "a different record".to_owned()
+    }
+}
+
+/// Recomputes every decision of every call with [`Policy::decide`], rebuilds its record with
+/// [`Record::decided`] and compares it with the ledger's; returns the divergences.
 pub fn replay(ledger: &Ledger) -> Vec<Divergence> {
     let mut out = Vec::new();
     for call in &ledger.calls {
@@ -113,31 +123,35 @@ pub fn replay(ledger: &Ledger) -> Vec<Divergence> {
                 out.push(diverge(format!("no policy line for fingerprint {:08x}", r.policy)));
                 break;
             };
-            let class = policy.classify(r.op, &r.outcome);
-            if class != r.class {
-                out.push(diverge(format!("class {}", class.name())));
-                break;
-            }
-            let d = policy.decide(
-                &mut state,
-                r.op,
-                &r.outcome,
-                r.draw.unwrap_or(Draw::ZERO),
-                Some(r.total_ticks),
-            );
-            let agrees = match (d, r.verdict) {
-                (Decision::Retry { wait }, None) => r.draw.is_some() && wait == r.wait,
-                // The fleet budget is shared state outside the call: a throttled retry is the
-                // policy's retry refused by it.
-                (Decision::Retry { .. }, Some(Verdict::GaveUp(GiveUp::Throttled))) => true,
-                // A probe resolved an unknown: landed (ok) or not landed (resent once).
-                (Decision::Done(Verdict::Unknown), Some(Verdict::Ok)) => true,
-                (Decision::Done(Verdict::Unknown), None) => r.wait == 0,
-                (Decision::Done(v), Some(rv)) => v == rv,
-                _ => false,
+            let draw = r.draw.unwrap_or(Draw::ZERO);
+            let decided = policy.decide(&mut state, r.op, &r.outcome, draw, Some(r.total_time));
+            // What happened after the decision, outside the call's own state: the fleet budget
+            // (shared by every call, not in the ledger) refused the policy's retry, or a probe
+            // resolved an unknown (landed: ok; not landed: resent once).
+            let (decision, verdict) = match (decided, r.verdict) {
+                (Decision::Retry { .. }, Some(Verdict::GaveUp(GiveUp::Throttled))) => {
+                    (Decision::Done(Verdict::GaveUp(GiveUp::Throttled)), None)
+                }
+                (Decision::Done(Verdict::Unknown), Some(Verdict::Ok)) => (decided, Some(Some(Verdict::Ok))),
+                (Decision::Done(Verdict::Unknown), None) => (decided, Some(None)),
+                _ => (decided, None),
             };
-            if !agrees {
-                out.push(diverge(describe(&d)));
+            let mut want = Record::decided(
+                policy,
+                r.key,
+                r.attempt,
+                r.op,
+                r.outcome,
+                draw,
+                decision,
+                r.attempt_time,
+                r.total_time,
+            );
+            if let Some(v) = verdict {
+                want = want.with_verdict(v);
+            }
+            if want != *r {
+                out.push(diverge(difference(&want, r, &decided)));
                 break;
             }
         }
@@ -184,14 +198,15 @@ pub fn stats(ledger: &Ledger) -> Stats {
         let n = u32::try_from(call.records.len()).unwrap_or(u32::MAX);
         hist.add(n);
         let v = call.records.last().and_then(|r| r.verdict).map_or("open".to_owned(), |v| match v {
+            // Grouped by reason only: what a server asked for is in the ledger, not the counts.
             Verdict::GaveUp(g) => format!("gave_up ({})", g.name()),
-            v => v.name().to_owned(),
+            v => v.to_string(),
         });
         *verdicts.entry(v).or_insert(0) += 1;
         for r in call.records.iter().filter(|r| r.verdict.is_none()) {
             let cause = match r.outcome.code() {
                 Some(c) => c.to_string(),
-                None => r.outcome.kind_name().to_owned(),
+                None => r.outcome.name().to_owned(),
             };
             *causes.entry(cause).or_insert(0) += 1;
         }

@@ -8,9 +8,10 @@ use std::process::{Command, Output, Stdio};
 
 use embassy_futures::block_on;
 use embedded_hal_async::delay::DelayNs;
-use wary::run::{Clock, Runner};
-use wary::{FleetBudget, Key, Operation, Outcome, Preset};
-use wary_host::ledger::JsonLedger;
+use wary::{
+    Duration, Failure, FleetBudget, Instant, Key, Operation, Outcome, Policy, Preset, Rule, Runner, Table,
+};
+use wary_host::ledger::{JsonLedger, Line};
 use wary_host::spec::PolicySpec;
 
 fn wary(args: &[&str], stdin: &str) -> Output {
@@ -57,8 +58,23 @@ fn explain_json_gives_the_worked_waits() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["max_retries"], 7);
-    assert_eq!(v["min_waits"], serde_json::json!([1, 2, 4, 8, 16, 30, 30]));
-    assert_eq!(v["max_waits"], serde_json::json!([1, 3, 7, 15, 31, 59, 59]));
+    assert_eq!(v["min_waits_ms"], serde_json::json!([1, 2, 4, 8, 16, 30, 30]));
+    assert_eq!(v["max_waits_ms"], serde_json::json!([1, 3, 7, 15, 31, 59, 59]));
+    assert_eq!(v["longest_wait_ms"], 120);
+    // The flags that name their unit are the same flags; the tick rate of milliseconds still
+    // means what it meant.
+    let named = wary(&["explain", "--base-ms", "2", "--cap-ms", "60", "--budget-ms", "120", "--json"], "");
+    assert_eq!(stdout(&named), stdout(&out));
+    let ticks = wary(
+        &["explain", "--tick-hz", "1000", "--base", "2", "--cap", "60", "--budget", "120", "--json"],
+        "",
+    );
+    assert_eq!(stdout(&ticks), stdout(&out));
+    // Any other tick rate is refused, with the flags to use instead.
+    let out = wary(&["explain", "--tick-hz", "1", "--base", "2"], "");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("milliseconds") && err.contains("--base-ms"), "{err}");
 }
 
 #[test]
@@ -71,6 +87,7 @@ fn explain_text_and_toml_and_refusals() {
     let out = wary(&["explain", "--config", cfg.to_str().unwrap()], "");
     let text = stdout(&out);
     assert!(text.contains("at most 2 retries"), "{text}");
+    assert!(text.contains("policy: base 100 ms, cap 400 ms, budget 300 ms"), "{text}");
     assert!(text.contains("retries stop fleet-wide after 5 failed attempts"), "{text}");
     let out = wary(&["explain", "--fleet-tokens", "10", "--fleet-ratio", "0"], "");
     assert_eq!(out.status.code(), Some(2), "a bad fleet budget is refused");
@@ -78,8 +95,11 @@ fn explain_text_and_toml_and_refusals() {
     let out =
         wary(&["explain", "--base", "1", "--cap", "100", "--budget", "50", "--known-retry-after", "1"], "");
     let text = stdout(&out);
-    assert!(text.contains("warning: base 1 is so small"), "{text}");
-    assert!(text.contains("warning: cap 100 is above the budget 50"), "{text}");
+    assert!(text.contains("warning: base 1 ms is so small"), "{text}");
+    assert!(text.contains("warning: cap 100 ms is above the budget 50 ms"), "{text}");
+    assert!(text.contains("shorter than the Retry-After of 1 s"), "{text}");
+    let out = wary(&["explain", "--known-retry-after-s", "1", "--budget-ms", "999"], "");
+    assert!(stdout(&out).contains("warning: budget 999 ms is shorter than the Retry-After of 1 s"));
     let out = wary(&["explain", "--jitter", "full"], "");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("full jitter with no attempt cap"));
@@ -92,14 +112,18 @@ fn explain_text_and_toml_and_refusals() {
     assert!(err.contains("why: a budget of 0 allows no wait") && err.contains("wary plan"), "{err}");
     let out = wary(&["explain", "--base", "100", "--cap", "10"], "");
     assert!(String::from_utf8_lossy(&out.stderr).contains("every ceiling is the cap"));
+    // A duration past what wary counts: refused, with the limit.
+    let out = wary(&["explain", "--budget-ms", "4294967295"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 4294967294 ms"));
 }
 
 #[derive(Default)]
 struct FakeClock(Cell<u64>);
 
-impl Clock for FakeClock {
-    fn now(&self) -> u64 {
-        self.0.get()
+impl FakeClock {
+    fn now(&self) -> Instant {
+        Instant::from_millis(self.0.get())
     }
 }
 
@@ -127,31 +151,45 @@ impl rand_core::RngCore for Lcg {
 }
 
 /// Runs calls through the real runner into a JSON-lines ledger.
-fn write_ledger() -> String {
-    let spec = PolicySpec { preset: Some("default".into()), deadline: Some(20_000), ..PolicySpec::default() };
-    let policy = spec.build().unwrap();
+fn write_ledger_under(policy: &Policy) -> String {
     let clock = FakeClock::default();
     let fleet = FleetBudget::new(10, 100).unwrap();
     let mut ledger = JsonLedger::new(Vec::new());
-    ledger.policy(&policy, &PolicySpec::describe(Preset::Default, &policy, &[])).unwrap();
+    ledger.policy(policy).unwrap();
     let scripts: [&[Outcome]; 5] = [
         &[Outcome::Ok],
-        &[Outcome::status(503), Outcome::status_after(429, 2), Outcome::Ok],
-        &[Outcome::ResponseTimeout, Outcome::Reset, Outcome::status(502), Outcome::Ok],
+        &[Outcome::status(503), Outcome::status_after(429, Duration::from_secs(2)), Outcome::Ok],
+        &[Failure::ResponseTimeout.into(), Failure::Reset.into(), Outcome::status(502), Outcome::Ok],
         &[Outcome::status(400)],
         &[Outcome::status(503); 40],
     ];
     for (i, script) in scripts.iter().enumerate() {
-        let mut runner =
-            Runner::new(&policy, Sleep(&clock), &clock, Lcg(i as u64 + 1)).fleet(&fleet).ledger(&mut ledger);
+        let mut runner = Runner::new(policy, Sleep(&clock), || clock.now(), Lcg(i as u64 + 1))
+            .fleet(&fleet)
+            .ledger(&mut ledger);
         let key = Key::from_parts(7, 1, i as u64);
         let _ = block_on(runner.call(Operation::KeyedWrite, key, |a| {
             clock.0.set(clock.0.get() + 40);
             let o = script.get(a.number as usize - 1).copied().unwrap_or(Outcome::Ok);
-            core::future::ready(if o == Outcome::Ok { Ok(()) } else { Err(o) })
+            core::future::ready(o.into_result())
         }));
     }
     String::from_utf8(ledger.into_inner()).unwrap()
+}
+
+fn write_ledger() -> String {
+    let spec = PolicySpec { preset: Some("default".into()), deadline: Some(20_000), ..PolicySpec::default() };
+    write_ledger_under(&spec.build().unwrap())
+}
+
+fn replay_text(name: &str, text: &str) -> (Output, String) {
+    let dir = std::env::temp_dir().join(format!("wary-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    let out = wary(&["replay", path.to_str().unwrap()], "");
+    let report = stdout(&out);
+    (out, report)
 }
 
 #[test]
@@ -235,9 +273,102 @@ fn text_of(path: &std::path::Path) -> String {
     std::fs::read_to_string(path).unwrap()
 }
 
-/// A ledger logged by the uplink firmware on the Cortex-M4 under QEMU (`cargo xtask qemu`, as
-/// `defmt-print` shows it) converts to JSON lines and replays on the host with no divergence:
-/// the fingerprint and every decision agree across targets.
+/// A policy line edited by hand from one preset's settings to another's, its fingerprint
+/// changed with them, is a policy like any other: the records made under that policy replay
+/// with no divergence.
+#[test]
+fn a_policy_line_edited_consistently_to_another_preset_replays() {
+    let basic = Policy::builder(Preset::Basic)
+        .base(Duration::from_millis(200))
+        .cap(Duration::from_secs(5))
+        .budget(Duration::from_secs(20))
+        .deadline(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let text = write_ledger_under(&basic);
+    let default = Policy::builder(Preset::Default).build().unwrap();
+    // The default preset's line, edited into the basic policy's settings and fingerprint, as a
+    // person would edit the file.
+    let mut edited: serde_json::Value = serde_json::from_str(&Line::Policy(default).to_json()).unwrap();
+    let settings = serde_json::to_value(basic).unwrap();
+    assert_ne!(edited["policy"], settings);
+    for (field, value) in settings.as_object().unwrap() {
+        edited["policy"][field] = value.clone();
+    }
+    edited["fingerprint"] = format!("{:08x}", basic.fingerprint()).into();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    assert!(lines[0].starts_with("{\"type\":\"policy\""), "{}", lines[0]);
+    lines[0] = edited.to_string();
+    let (out, report) = replay_text("edited.jsonl", &lines.join("\n"));
+    assert!(out.status.success(), "{report}");
+    assert!(
+        report.contains("replayed 5 calls") && report.contains(": 0 divergences, 0 unreadable"),
+        "{report}"
+    );
+
+    // Settings edited without their fingerprint: the line is refused, clearly, and the records
+    // it should have described diverge.
+    let mut stale = edited.clone();
+    stale["fingerprint"] = format!("{:08x}", default.fingerprint()).into();
+    lines[0] = stale.to_string();
+    let (out, report) = replay_text("stale.jsonl", &lines.join("\n"));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let why = format!(
+        "policy line fingerprint {:08x}, but its policy's is {:08x}",
+        default.fingerprint(),
+        basic.fingerprint()
+    );
+    assert!(err.contains("line 1") && err.contains(&why), "{err}");
+    assert!(report.contains("no policy line for fingerprint"), "{report}");
+}
+
+/// Records made under a policy with a 409 rule, and a policy line without it: the line's own
+/// settings give its own fingerprint, not the records', so no decision can be checked against
+/// it, and every call says so.
+#[test]
+fn a_status_rule_left_out_of_the_policy_line_is_a_divergence() {
+    let with_409 = Policy::builder(Preset::Default)
+        .table(Table::DEFAULT.with_status(409, Rule::RetryAny).unwrap())
+        .deadline(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let text = write_ledger_under(&with_409);
+    let (out, report) = replay_text("with-409.jsonl", &text);
+    assert!(out.status.success() && report.contains(": 0 divergences"), "{report}");
+    let without = with_409.to_builder().table(Table::DEFAULT).build().unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines[0] = Line::Policy(without).to_json();
+    let (out, report) = replay_text("without-409.jsonl", &lines.join("\n"));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let missing = format!("the core decides no policy line for fingerprint {:08x}", with_409.fingerprint());
+    assert_eq!(report.matches(&missing).count(), 5, "{report}");
+    assert!(report.contains(": 5 divergences, 0 unreadable lines"), "{report}");
+}
+
+/// A ledger with no policy line at all: every call is a divergence that names the fingerprint.
+#[test]
+fn a_missing_policy_line_is_a_divergence() {
+    let text = write_ledger();
+    let fp = PolicySpec { preset: Some("default".into()), deadline: Some(20_000), ..PolicySpec::default() }
+        .build()
+        .unwrap()
+        .fingerprint();
+    let attempts: Vec<&str> = text.lines().skip(1).collect();
+    let (out, report) = replay_text("no-policy.jsonl", &attempts.join("\n"));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let line = format!("the core decides no policy line for fingerprint {fp:08x}");
+    assert!(
+        report.contains("divergence: call 00000007000000010000000000000000 attempt 1: ledger says ok"),
+        "{report}"
+    );
+    assert_eq!(report.matches(&line).count(), 5, "{report}");
+}
+
+/// The device lines of an uplink run on the Cortex-M4 under QEMU (`cargo xtask qemu`, as
+/// `defmt-print` shows them), in the device line format of this ledger version, convert to JSON
+/// lines and replay on the host with no divergence: the fingerprint and every decision agree
+/// across targets.
 #[test]
 fn a_device_ledger_from_defmt_replays_on_the_host() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
@@ -246,20 +377,34 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty(), "fingerprints disagree: {}", String::from_utf8_lossy(&out.stderr));
     let jsonl = stdout(&out);
-    let attempts = log.lines().filter(|l| l.contains("wary-ledger v1")).count();
+    let attempts = log.lines().filter(|l| l.contains(wary::DEVICE_TAG)).count();
+    assert!(attempts > 40, "{attempts} device lines");
     assert_eq!(jsonl.lines().count(), attempts + 1, "one policy line, then one line per attempt");
+    let (out, report) = replay_text("device.jsonl", &jsonl);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains(": 0 divergences, 0 unreadable lines"), "{report}");
+    // Under another policy the same lines are reported, not silently accepted.
     let dir = std::env::temp_dir().join(format!("wary-defmt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("device.jsonl");
-    std::fs::write(&path, &jsonl).unwrap();
-    let out = wary(&["replay", path.to_str().unwrap()], "");
-    let report = stdout(&out);
-    assert!(out.status.success(), "{report}");
-    assert!(report.contains(": 0 divergences"), "{report}");
-    // Under another policy the same lines are reported, not silently accepted.
     let other = dir.join("other.toml");
     std::fs::write(&other, "preset = \"default\"\nbase = 100\ncap = 2000\nbudget = 9000\nmax_attempts = 6\n")
         .unwrap();
     let out = wary(&["ledger", "from-defmt", "--policy", other.to_str().unwrap()], &log);
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the one given"));
+}
+
+/// A device line of the first ledger format is refused by its version, with the line number,
+/// and the exit status says so; the lines around it still convert.
+#[test]
+fn a_device_line_of_another_version_is_refused() {
+    let v1 = "3.017 INFO  wary-ledger v1 0a386001a4cf94560000000000000000 1 keyed_write response_timeout 0 -1 retry unit 17852510 50 3005 3005 - - -1 3383049023";
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let log = std::fs::read_to_string(format!("{data}/uplink-defmt.log")).unwrap();
+    let first = log.lines().next().unwrap();
+    let input = format!("{first}\n{v1}\n{first}\n");
+    let out = wary(&["ledger", "from-defmt"], &input);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2: ledger line version 1, this wary reads version 2"), "{err}");
+    assert_eq!(stdout(&out).lines().count(), 2, "the v2 lines around it");
 }

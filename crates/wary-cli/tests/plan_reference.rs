@@ -1,6 +1,8 @@
 //! `wary plan` against a reference model of the formula it answers, on thousands of generated
-//! cases: every policy of non-negative integers gets the model's answer (a budget of 0, a cap
-//! below the base and waits of 0 included), and every invalid line gets `{"error": …}`.
+//! cases: every policy of non-negative integers up to wary's largest duration gets the model's
+//! answer (a budget of 0, a cap below the base, waits of 0 and numbers at the limit included),
+//! a policy number past that limit gets `{"error": …}` naming the field and the limit, and every
+//! other invalid line gets `{"error": …}`.
 //!
 //! The model is written from the contract alone, in 128-bit arithmetic, sharing no code with
 //! the core: if the two disagree, one of them is wrong.
@@ -12,30 +14,49 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-/// The reference: `Ok((waits, verdict))`, or `Err(())` for a line that must be refused.
-fn model(case: &Value) -> Result<(Vec<u64>, &'static str), ()> {
-    let obj = case.as_object().ok_or(())?;
-    let num = |v: &Value| v.as_u64().ok_or(());
-    let policy = obj.get("policy").and_then(Value::as_object).ok_or(())?;
-    let base = u128::from(num(policy.get("base").ok_or(())?)?);
-    let cap = u128::from(num(policy.get("cap").ok_or(())?)?);
-    let budget = u128::from(num(policy.get("budget").ok_or(())?)?);
-    let op = obj.get("op").and_then(Value::as_str).ok_or(())?;
+/// The largest base, cap or budget wary's durations hold: 2³² − 2 (2³² − 1 milliseconds stands
+/// for "longer than wary counts").
+const LARGEST: u64 = (1 << 32) - 2;
+
+/// Why the model refuses a line.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Not a case of the contract at all.
+    Invalid,
+    /// A policy number past [`LARGEST`]: refused by name rather than answered wrongly.
+    TooLarge(&'static str),
+}
+
+/// The reference: `Ok((waits, verdict))`, or why the line must be refused.
+fn model(case: &Value) -> Result<(Vec<u64>, &'static str), Refusal> {
+    use Refusal::Invalid;
+    let obj = case.as_object().ok_or(Invalid)?;
+    let num = |v: &Value| v.as_u64().ok_or(Invalid);
+    let policy = obj.get("policy").and_then(Value::as_object).ok_or(Invalid)?;
+    let field = |name| num(policy.get(name).ok_or(Invalid)?);
+    let (base, cap, budget) = (field("base")?, field("cap")?, field("budget")?);
+    for (name, n) in [("base", base), ("cap", cap), ("budget", budget)] {
+        if n > LARGEST {
+            return Err(Refusal::TooLarge(name));
+        }
+    }
+    let (base, cap, budget) = (u128::from(base), u128::from(cap), u128::from(budget));
+    let op = obj.get("op").and_then(Value::as_str).ok_or(Invalid)?;
     if !["read", "keyed_write", "write"].contains(&op) {
-        return Err(());
+        return Err(Invalid);
     }
     let draws: Vec<u128> = match obj.get("draws") {
         None => Vec::new(),
         Some(d) => {
-            d.as_array().ok_or(())?.iter().map(|x| num(x).map(u128::from)).collect::<Result<_, _>>()?
+            d.as_array().ok_or(Invalid)?.iter().map(|x| num(x).map(u128::from)).collect::<Result<_, _>>()?
         }
     };
     if draws.iter().any(|d| *d > 99) {
-        return Err(());
+        return Err(Invalid);
     }
-    let outcomes = obj.get("outcomes").and_then(Value::as_array).ok_or(())?;
+    let outcomes = obj.get("outcomes").and_then(Value::as_array).ok_or(Invalid)?;
     if outcomes.len() > 64 {
-        return Err(());
+        return Err(Invalid);
     }
     // Each outcome as (status or None for ok, is a timeout, Retry-After).
     enum O {
@@ -52,12 +73,12 @@ fn model(case: &Value) -> Result<(Vec<u64>, &'static str), ()> {
             Value::Array(pair) if pair.len() == 2 => {
                 O::Status(num(&pair[0])?, Some(u128::from(num(&pair[1])?)))
             }
-            _ => return Err(()),
+            _ => return Err(Invalid),
         });
         if let Some(O::Status(code, _)) = parsed.last()
             && !(100..=999).contains(code)
         {
-            return Err(());
+            return Err(Invalid);
         }
     }
     let idempotent = op != "write";
@@ -79,7 +100,7 @@ fn model(case: &Value) -> Result<(Vec<u64>, &'static str), ()> {
         if k == parsed.len() {
             return Ok((waits, "gave_up"));
         }
-        let draw = *draws.get(k - 1).ok_or(())?;
+        let draw = *draws.get(k - 1).ok_or(Invalid)?;
         // base·2^(k−1), exact while it fits; past 2¹²⁷ it is above any cap a u64 can hold.
         let grown = if k > 127 { u128::MAX } else { base.saturating_mul(1u128 << (k - 1)) };
         let c = cap.min(grown);
@@ -90,7 +111,7 @@ fn model(case: &Value) -> Result<(Vec<u64>, &'static str), ()> {
         if spent + wait > budget {
             return Ok((waits, "gave_up"));
         }
-        waits.push(u64::try_from(wait).map_err(|_| ())?);
+        waits.push(u64::try_from(wait).map_err(|_| Invalid)?);
         spent += wait;
     }
     Ok((waits, "gave_up"))
@@ -122,14 +143,17 @@ enum Kind {
     ZeroBudget,
     CapBelowBase,
     ZeroWaits,
+    /// Numbers up to the largest wary holds: answered exactly.
     Huge,
+    /// One number past it: refused by name.
+    TooLarge,
 }
 
 fn number(g: &mut Gen, kind: Kind, role: &str) -> u64 {
     match (kind, role) {
         (Kind::Huge, _) => {
             let small = g.below(1000);
-            g.pick(&[u64::MAX, u64::MAX - 1, 1 << 63, (1 << 48) + 1, small])
+            g.pick(&[LARGEST, LARGEST - 1, 1 << 31, (1 << 31) + 1, (1 << 24) + 3, small])
         }
         (Kind::ZeroBudget, "budget") => 0,
         (Kind::ZeroWaits, "base") => g.pick(&[0, 1]),
@@ -142,17 +166,23 @@ fn number(g: &mut Gen, kind: Kind, role: &str) -> u64 {
 }
 
 fn policy(g: &mut Gen, kind: Kind) -> Value {
-    let base = number(g, kind, "base");
-    let mut cap = number(g, kind, "cap");
+    let number_kind = if kind == Kind::TooLarge { g.pick(&[Kind::Usual, Kind::Huge]) } else { kind };
+    let base = number(g, number_kind, "base");
+    let mut cap = number(g, number_kind, "cap");
     if kind == Kind::CapBelowBase {
         cap = g.below(base.max(1));
     }
-    json!({ "base": base, "cap": cap, "budget": number(g, kind, "budget") })
+    let mut p = json!({ "base": base, "cap": cap, "budget": number(g, number_kind, "budget") });
+    if kind == Kind::TooLarge {
+        let field = g.pick(&["base", "cap", "budget"]);
+        p[field] = json!(g.pick(&[LARGEST + 1, LARGEST + 2, 1 << 40, (1 << 48) + 1, 1 << 63, u64::MAX]));
+    }
+    p
 }
 
 fn outcome(g: &mut Gen, huge: bool) -> Value {
     let small = g.below(200);
-    let ra = if huge { g.pick(&[u64::MAX, 1 << 62, small]) } else { small % 150 };
+    let ra = if huge { g.pick(&[u64::MAX, 1 << 62, LARGEST + 1, LARGEST, small]) } else { small % 150 };
     match g.below(14) {
         0 | 1 => json!("ok"),
         2 | 3 => json!("timeout"),
@@ -177,9 +207,11 @@ fn case(g: &mut Gen) -> (String, Kind, bool) {
         Kind::CapBelowBase,
         Kind::ZeroWaits,
         Kind::Huge,
+        Kind::TooLarge,
     ]);
     let n = g.below(13) as usize;
-    let outcomes: Vec<Value> = (0..n).map(|_| outcome(g, kind == Kind::Huge)).collect();
+    let outcomes: Vec<Value> =
+        (0..n).map(|_| outcome(g, matches!(kind, Kind::Huge | Kind::TooLarge))).collect();
     let mut draws: Vec<Value> = (0..n.saturating_sub(1)).map(|_| json!(g.below(100))).collect();
     let op = g.pick(&["read", "keyed_write", "write"]);
     let mut c = json!({ "outcomes": outcomes, "op": op, "policy": policy(g, kind), "draws": draws });
@@ -232,9 +264,10 @@ fn wary_plan_answers_every_policy_the_formula_defines() {
     let mut answered = std::collections::HashMap::<String, usize>::new();
     let mut any_error = false;
     let mut zero_waits = 0;
+    let mut too_large = 0;
     for ((line, kind, _), got) in cases.iter().zip(&answers) {
         let got: Value = serde_json::from_str(got).unwrap();
-        let want = serde_json::from_str::<Value>(line).map_err(|_| ()).and_then(|v| model(&v));
+        let want = serde_json::from_str::<Value>(line).map_err(|_| Refusal::Invalid).and_then(|v| model(&v));
         match want {
             Ok((waits, verdict)) => {
                 assert_eq!(got, json!({ "waits": waits, "verdict": verdict }), "{line}");
@@ -243,7 +276,16 @@ fn wary_plan_answers_every_policy_the_formula_defines() {
                     zero_waits += 1;
                 }
             }
-            Err(()) => {
+            Err(Refusal::TooLarge(field)) => {
+                any_error = true;
+                too_large += 1;
+                let e = got["error"].as_str().unwrap_or_else(|| panic!("{line} → {got}"));
+                assert!(
+                    e.contains(&format!("policy {field} ")) && e.contains(&LARGEST.to_string()),
+                    "{line} → {e}"
+                );
+            }
+            Err(Refusal::Invalid) => {
                 any_error = true;
                 assert!(got["error"].as_str().is_some_and(|e| !e.is_empty()), "{line} → {got}");
             }
@@ -255,5 +297,6 @@ fn wary_plan_answers_every_policy_the_formula_defines() {
         let n = answered.get(kind).copied().unwrap_or(0);
         assert!(n >= 300, "{kind}: only {n} answered cases");
     }
+    assert!(too_large >= 300, "only {too_large} policies past the limit");
     assert!(zero_waits >= 100, "only {zero_waits} plans with a wait of 0");
 }
