@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use wary::Key;
+use wary::{GiveUp, Key};
 use wary_cloud::{Cloud, Faults};
 use wary_gateway::{Config, Gateway};
 use wary_host::spec::PolicySpec;
@@ -217,7 +217,7 @@ async fn main() -> Result<()> {
         } else {
             faults.parse().map_err(anyhow::Error::msg)?
         })?;
-        let start = keyed.now_ms();
+        let start = keyed.now();
         let until = if secs == 0 { MAX_RUN } else { t0.elapsed() + Duration::from_secs(secs) };
         while t0.elapsed() < until && !(secs == 0 && sensors.is_empty()) {
             tokio::select! {
@@ -233,7 +233,7 @@ async fn main() -> Result<()> {
                 f64::from(keyed.fleet_tokens_milli()) / 1000.0,
             );
         }
-        bands.push((name, start, keyed.now_ms()));
+        bands.push((name, start, keyed.now()));
     }
     eprintln!();
     sensors.abort_all();
@@ -298,7 +298,11 @@ async fn main() -> Result<()> {
         "phases: {}",
         bands
             .iter()
-            .map(|(n, a, b)| format!("{n} {:.0}-{:.0}s", *a as f64 / 1e3, *b as f64 / 1e3))
+            .map(|(n, a, b)| format!(
+                "{n} {:.0}-{:.0}s",
+                a.as_millis() as f64 / 1e3,
+                b.as_millis() as f64 / 1e3
+            ))
             .collect::<Vec<_>>()
             .join(", ")
     )?;
@@ -311,7 +315,7 @@ async fn main() -> Result<()> {
         o,
         "{:<34}{:>10}",
         "  of which fleet-throttled",
-        km.gave_up.get("throttled").copied().unwrap_or(0) + lm.gave_up.get("throttled").copied().unwrap_or(0)
+        [&km, &lm].map(|m| m.gave_up.get(GiveUp::Throttled.name()).copied().unwrap_or(0)).iter().sum::<u64>()
     )?;
     writeln!(o, "{:<34}{:>10}", "unknowns resolved: landed", lm.probe_landed)?;
     writeln!(o, "{:<34}{:>10}", "unknowns resolved: not landed", lm.probe_not_landed)?;

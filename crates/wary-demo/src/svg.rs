@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use wary::Verdict;
+use wary::{Failure, Instant, Outcome, Verdict};
 use wary_gateway::Event;
 
 const W: f64 = 1200.0;
@@ -14,26 +14,27 @@ const BOTTOM: f64 = 40.0;
 const ROWS: u32 = 10;
 
 fn colour(e: &Event) -> &'static str {
-    match (e.outcome, e.code) {
-        ("ok", _) => "#2a9d4a",
-        (_, Some(503)) => "#f08c00",
-        (_, Some(429)) => "#7b3fbf",
-        (_, Some(_)) => "#d9480f",
-        ("bad_body", _) => "#868e96",
-        _ => "#c92a2a",
+    match e.code {
+        Some(503) => "#f08c00",
+        Some(429) => "#7b3fbf",
+        Some(_) => "#d9480f",
+        None if e.outcome == Outcome::Ok.name() => "#2a9d4a",
+        None if e.outcome == Failure::BadBody.name() => "#868e96",
+        None => "#c92a2a",
     }
 }
 
-/// The SVG text for `events` and the phase `bands` (name, start ms, end ms).
-pub fn timeline(events: &[Event], bands: &[(&str, u64, u64)]) -> String {
+/// The SVG text for `events` and the phase `bands` (name, start, end), on the gateway's clock.
+pub fn timeline(events: &[Event], bands: &[(&str, Instant, Instant)]) -> String {
     let end = events
         .iter()
-        .map(|e| e.at_ms.saturating_add(e.wait_ms))
+        .map(|e| e.at + e.wait)
         .chain(bands.iter().map(|b| b.2))
+        .map(Instant::as_millis)
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    let x = |ms: u64| LEFT + (W - LEFT - 10.0) * (ms as f64 / end);
+    let x = |t: Instant| LEFT + (W - LEFT - 10.0) * (t.as_millis() as f64 / end);
     let row_h = (H - TOP - BOTTOM) / f64::from(ROWS);
     let y = |attempt: u32| H - BOTTOM - row_h * (f64::from(attempt.clamp(1, ROWS)) - 0.5);
     let mut s = String::new();
@@ -67,17 +68,17 @@ pub fn timeline(events: &[Event], bands: &[(&str, u64, u64)]) -> String {
         H - 12.0,
         end / 1000.0
     );
-    for e in events.iter().filter(|e| e.wait_ms > 0) {
+    for e in events.iter().filter(|e| e.wait > wary::Duration::ZERO) {
         let _ = write!(
             s,
             "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.2}\" height=\"3\" fill=\"#1c7ed6\" fill-opacity=\"0.25\"/>",
-            x(e.at_ms),
+            x(e.at),
             y(e.attempt) + 4.0,
-            (x(e.at_ms + e.wait_ms) - x(e.at_ms)).max(0.5),
+            (x(e.at + e.wait) - x(e.at)).max(0.5),
         );
     }
     for e in events {
-        let (cx, cy) = (x(e.at_ms), y(e.attempt));
+        let (cx, cy) = (x(e.at), y(e.attempt));
         let _ = write!(
             s,
             "<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"2\" fill=\"{}\" fill-opacity=\"0.7\"/>",

@@ -1,15 +1,18 @@
 //! The gateway: a bounded queue, workers running wary calls, an answer after each verdict.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::Duration as StdDuration;
 
 use http::StatusCode;
+use rand::rngs::StdRng;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use wary::ledger::{Record, Sink};
-use wary::run::{Attempt, Runner, Stopped};
-use wary::{FleetBudget, GiveUp, Key, Operation, Policy, Verdict};
+use wary::{
+    Attempt, Backoff, Draw, Duration, FleetBudget, FleetBudgetError, GiveUp, Instant, Jitter, Key, Operation,
+    Policy, Record, Runner, Sink, Stopped, Verdict,
+};
 use wary_host::ledger::JsonLedger;
 use wary_host::spec::PolicySpec;
 use wary_host::time::{MonotonicClock, TokioDelay};
@@ -72,11 +75,8 @@ pub enum GatewayError {
     #[error("policy: {0}")]
     Policy(#[from] wary_host::spec::SpecError),
     /// The fleet budget settings are invalid.
-    #[error("fleet budget: {0:?}")]
-    Fleet(wary::PolicyError),
-    /// The policy counts in other ticks than the gateway's millisecond clock.
-    #[error("the gateway's policy must count milliseconds (tick_hz 1000), not {0} ticks per second")]
-    TickRate(u32),
+    #[error("fleet budget: {0}")]
+    Fleet(#[from] FleetBudgetError),
     /// The gateway has stopped.
     #[error("gateway stopped")]
     Stopped,
@@ -149,6 +149,8 @@ struct Shared {
     fleet: FleetBudget,
     ledger: Mutex<JsonLedger<Box<dyn Write + Send>>>,
     metrics: Mutex<Metrics>,
+    /// Retry-After values from the upstream that could not be read at all.
+    unreadable: AtomicU64,
     clock: MonotonicClock,
     client: HttpClient,
 }
@@ -163,7 +165,7 @@ struct GatewaySink(Arc<Shared>);
 impl Sink for GatewaySink {
     fn record(&mut self, record: &Record) {
         lock(&self.0.ledger).record(record);
-        lock(&self.0.metrics).record(record, self.0.clock.millis());
+        lock(&self.0.metrics).record(record, self.0.clock.now());
     }
 }
 
@@ -179,19 +181,15 @@ impl Gateway {
     /// Starts the workers on the current tokio runtime; `ledger` gets the JSON lines.
     pub fn start(config: Config, ledger: Box<dyn Write + Send>) -> Result<Gateway, GatewayError> {
         let policy = config.policy.build()?;
-        // The runner's clock and the sleeps are in milliseconds.
-        if policy.tick_hz() != 1000 {
-            return Err(GatewayError::TickRate(policy.tick_hz()));
-        }
         // A `[fleet]` in the policy spec wins over the config's own fields.
         let (tokens, ratio) = match config.policy.fleet {
             Some(f) => (f.tokens, f.ratio_milli),
             None => (config.fleet_max_tokens, config.fleet_ratio_milli),
         };
-        let fleet = FleetBudget::new(tokens, ratio).map_err(GatewayError::Fleet)?;
+        let fleet = FleetBudget::new(tokens, ratio)?;
         let mut json = JsonLedger::new(ledger);
         // A ledger that cannot be written never stops the gateway; it counts the failures.
-        let _ = json.policy(&policy, &config.policy);
+        let _ = json.policy(&policy);
         let metrics = Metrics { events: config.timeline.then(Vec::new), ..Metrics::default() };
         let client = client(config.upstream.attempt_timeout);
         let (tx, rx) = mpsc::channel(config.queue.max(1));
@@ -205,6 +203,7 @@ impl Gateway {
             fleet,
             ledger: Mutex::new(json),
             metrics: Mutex::new(metrics),
+            unreadable: AtomicU64::new(0),
             clock: MonotonicClock::new(),
             client,
             config,
@@ -253,7 +252,9 @@ impl Gateway {
 
     /// A snapshot of the counters.
     pub fn metrics(&self) -> Metrics {
-        lock(&self.shared.metrics).clone()
+        let mut m = lock(&self.shared.metrics).clone();
+        m.retry_after_unreadable = self.shared.unreadable.load(Ordering::Relaxed);
+        m
     }
 
     /// The fleet budget's tokens now, thousandths.
@@ -266,14 +267,15 @@ impl Gateway {
         self.tx.max_capacity().saturating_sub(self.tx.capacity())
     }
 
-    /// Gateway milliseconds since start (the timeline's clock).
-    pub fn now_ms(&self) -> u64 {
-        self.shared.clock.millis()
+    /// The gateway's time since start (the timeline's clock).
+    pub fn now(&self) -> Instant {
+        self.shared.clock.now()
     }
 
     /// The Prometheus text exposition.
     pub fn prometheus(&self) -> String {
-        let m = lock(&self.shared.metrics);
+        let mut m = lock(&self.shared.metrics);
+        m.retry_after_unreadable = self.shared.unreadable.load(Ordering::Relaxed);
         m.prometheus(
             self.shared.fleet.tokens_milli(),
             self.shared.fleet.max_milli(),
@@ -302,35 +304,48 @@ impl Drop for Gateway {
     }
 }
 
-/// The sleep after a failed `accept`: 5 ms, doubling up to 1 s, back to 5 ms after a success.
-/// Accept errors (out of file descriptors, out of buffers) tend to last a while; accepting
-/// again at once would spin a core and starve the workers.
+/// The sleep after a failed `accept`: the core's [`Backoff`] from 5 ms, doubling up to 1 s,
+/// back to the start after a success. Accept errors (out of file descriptors, out of buffers)
+/// tend to last a while; accepting again at once would spin a core and starve the workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcceptBackoff {
-    next: Duration,
+    backoff: Backoff,
+    /// Failures since the last success.
+    failures: u32,
+    previous: Duration,
 }
 
 impl AcceptBackoff {
+    /// The schedule: exactly the ceilings, 5 ms to 1 s. One process's accept loop has no herd
+    /// to spread, so no jitter; [`AcceptBackoff::with`] takes another.
+    pub const BACKOFF: Backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1), Jitter::None);
     /// The first sleep.
-    pub const FIRST: Duration = Duration::from_millis(5);
+    pub const FIRST: Duration = Self::BACKOFF.base;
     /// The longest sleep.
-    pub const CAP: Duration = Duration::from_secs(1);
+    pub const CAP: Duration = Self::BACKOFF.cap;
 
-    /// A backoff that has seen no error.
+    /// A backoff that has seen no error, on [`Self::BACKOFF`].
     pub const fn new() -> Self {
-        AcceptBackoff { next: Self::FIRST }
+        Self::with(Self::BACKOFF)
     }
 
-    /// An accept failed: the sleep before the next one.
-    pub fn failed(&mut self) -> Duration {
-        let d = self.next;
-        self.next = d.saturating_mul(2).min(Self::CAP);
+    /// A backoff that has seen no error, on `backoff`.
+    pub const fn with(backoff: Backoff) -> Self {
+        AcceptBackoff { backoff, failures: 0, previous: Duration::ZERO }
+    }
+
+    /// An accept failed: the sleep before the next one, drawn with `draw` under the jitter.
+    pub fn failed(&mut self, draw: Draw) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let d = self.backoff.wait(self.failures, self.previous, draw);
+        self.previous = d;
         d
     }
 
-    /// An accept succeeded: the next error starts from [`Self::FIRST`] again.
+    /// An accept succeeded: the next error starts from the first sleep again.
     pub fn succeeded(&mut self) {
-        self.next = Self::FIRST;
+        self.failures = 0;
+        self.previous = Duration::ZERO;
     }
 }
 
@@ -341,7 +356,8 @@ impl Default for AcceptBackoff {
 }
 
 /// Accepts forever: each success goes to `handle`; after an error `on_error` is told it and
-/// the sleep, then the loop sleeps ([`AcceptBackoff`]) before accepting again.
+/// the sleep, then the loop sleeps ([`AcceptBackoff`], draws from wary-host's generator)
+/// before accepting again.
 pub async fn accept_loop<T, E, A, Fut, H, O>(mut accept: A, mut handle: H, mut on_error: O)
 where
     A: FnMut() -> Fut,
@@ -350,6 +366,7 @@ where
     O: FnMut(&E, Duration),
 {
     let mut backoff = AcceptBackoff::new();
+    let mut rng = wary_host::draw::for_call();
     loop {
         match accept().await {
             Ok(conn) => {
@@ -357,9 +374,9 @@ where
                 handle(conn);
             }
             Err(e) => {
-                let d = backoff.failed();
+                let d = backoff.failed(Draw::from_rng(&mut rng));
                 on_error(&e, d);
-                tokio::time::sleep(d).await;
+                wary_host::time::sleep(d).await;
             }
         }
     }
@@ -379,21 +396,17 @@ fn answer(policy: &Policy, result: Result<Delivered, Stopped>) -> Answer {
         Verdict::Unknown => Answer::Unknown,
         Verdict::Cancelled => Answer::Cancelled,
         Verdict::GaveUp(reason) => {
-            let asked_ms = match reason {
+            let asked = match reason {
                 GiveUp::RetryAfterTooLong { asked } => asked,
-                _ => s.last.and_then(|o| o.retry_after()).unwrap_or(0).saturating_mul(1000),
+                _ => s.last.and_then(|f| f.retry_after()).unwrap_or(Duration::ZERO),
             };
-            let ms = asked_ms.max(policy.backoff().cap);
-            Answer::GaveUp { reason, retry_after_secs: ms.div_ceil(1000).max(1) }
+            let ms = asked.max(policy.backoff().cap).as_millis();
+            Answer::GaveUp { reason, retry_after_secs: u64::from(ms.div_ceil(1000).max(1)) }
         }
     }
 }
 
-async fn worker(
-    shared: Arc<Shared>,
-    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
-    rng: rand::rngs::StdRng,
-) {
+async fn worker(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>, rng: StdRng) {
     let policy = shared.policy;
     let upstream = shared.config.upstream.clone();
     let mut runner = Runner::new(&policy, TokioDelay, shared.clock, rng)
@@ -404,13 +417,13 @@ async fn worker(
         let Some(job) = job else { break };
         let r = &job.reading;
         let client = &shared.client;
-        // Ticks are milliseconds here (checked in `Gateway::start`).
-        let send = |a: Attempt| upstream.send(client, &policy, r, a.remaining);
+        let unreadable = &shared.unreadable;
+        let send = |a: Attempt| upstream.send(client, &policy, r, a.remaining, unreadable);
         // The call's deadline, for the probe (the runner tells attempts, not probes).
-        let deadline = policy.deadline().map(|d| tokio::time::Instant::now() + Duration::from_millis(d));
+        let deadline = policy.deadline().map(|d| tokio::time::Instant::now() + StdDuration::from(d));
         let result = if upstream.legacy {
             let reading_id = r.key.to_str().unwrap_or_default();
-            let probe = LegacyProbe { client, upstream: &upstream, reading_id, deadline };
+            let probe = LegacyProbe { client, upstream: &upstream, reading_id, deadline, unreadable };
             runner.call_with_probe(Operation::Write, r.wary_key, send, probe).await
         } else {
             runner.call(Operation::KeyedWrite, r.wary_key, send).await
@@ -437,10 +450,18 @@ mod tests {
     #[test]
     fn accept_backoff_grows_caps_and_resets() {
         let mut b = AcceptBackoff::new();
-        let ms: Vec<u128> = (0..10).map(|_| b.failed().as_millis()).collect();
+        let ms: Vec<u32> = (0..10).map(|_| b.failed(Draw::TOP).as_millis()).collect();
         assert_eq!(ms, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
         b.succeeded();
-        assert_eq!(b.failed(), AcceptBackoff::FIRST);
+        assert_eq!(b.failed(Draw::TOP), AcceptBackoff::FIRST);
+        // Another schedule of the core's: equal jitter draws between half the ceiling and all of it.
+        let mut j = AcceptBackoff::with(Backoff::new(
+            Duration::from_millis(5),
+            Duration::from_secs(1),
+            Jitter::Equal,
+        ));
+        assert_eq!(j.failed(Draw::ZERO), Duration::from_millis(2));
+        assert_eq!(j.failed(Draw::TOP), Duration::from_millis(9));
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -458,7 +479,7 @@ mod tests {
                 errors.fetch_add(1, Ordering::Relaxed);
             },
         );
-        assert!(tokio::time::timeout(Duration::from_millis(300), run).await.is_err());
+        assert!(tokio::time::timeout(StdDuration::from_millis(300), run).await.is_err());
         // 5 + 10 + 20 + 40 + 80 + 160 ms: about six tries in 300 ms, not millions.
         let n = calls.load(Ordering::Relaxed);
         assert!((3..=8).contains(&n), "{n} accepts in 300 ms");
@@ -475,33 +496,40 @@ mod tests {
             std::future::ready(if n == 5 { Ok(()) } else { Err(()) })
         };
         let run = accept_loop(accept, |()| {}, |_, d: Duration| lock(&sleeps).push(d.as_millis()));
-        let _ = tokio::time::timeout(Duration::from_millis(400), run).await;
+        let _ = tokio::time::timeout(StdDuration::from_millis(400), run).await;
         let s = lock(&sleeps).clone();
         assert_eq!(s.get(..7), Some(&[5, 10, 20, 40, 80, 5, 10][..]), "{s:?}");
     }
 
     #[test]
     fn answers_map_verdicts_to_statuses_a_device_understands() {
-        let p = Policy::builder(wary::Preset::Default).base(100).cap(2_500).budget(5_000).build().unwrap();
+        let ms = Duration::from_millis;
+        let p = Policy::builder(wary::Preset::Default)
+            .base(ms(100))
+            .cap(ms(2_500))
+            .budget(ms(5_000))
+            .build()
+            .unwrap();
         let stopped = |verdict, last| Err(Stopped { verdict, attempts: 3, last });
-        let a = answer(&p, stopped(Verdict::GaveUp(GiveUp::Budget), Some(wary::Outcome::status(503))));
+        let a = answer(&p, stopped(Verdict::GaveUp(GiveUp::Budget), Some(wary::Failure::status(503))));
         // No Retry-After from upstream: the policy's cap, 2.5 s, rounded up.
         assert_eq!(a, Answer::GaveUp { reason: GiveUp::Budget, retry_after_secs: 3 });
         assert_eq!(a.status(), StatusCode::SERVICE_UNAVAILABLE);
         let a = answer(
             &p,
-            stopped(Verdict::GaveUp(GiveUp::Throttled), Some(wary::Outcome::status_after(503, 7))),
+            stopped(
+                Verdict::GaveUp(GiveUp::Throttled),
+                Some(wary::Failure::status_after(503, Duration::from_secs(7))),
+            ),
         );
         assert_eq!(a, Answer::GaveUp { reason: GiveUp::Throttled, retry_after_secs: 7 });
-        let a = answer(&p, stopped(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: 60_001 }), None));
-        assert_eq!(
-            a,
-            Answer::GaveUp { reason: GiveUp::RetryAfterTooLong { asked: 60_001 }, retry_after_secs: 61 }
-        );
-        let a = answer(&p, stopped(Verdict::Failed, Some(wary::Outcome::status(401))));
+        let asked = ms(60_001);
+        let a = answer(&p, stopped(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }), None));
+        assert_eq!(a, Answer::GaveUp { reason: GiveUp::RetryAfterTooLong { asked }, retry_after_secs: 61 });
+        let a = answer(&p, stopped(Verdict::Failed, Some(wary::Failure::status(401))));
         assert_eq!(a, Answer::Failed { upstream_status: Some(401) });
         assert_eq!(a.status(), StatusCode::FAILED_DEPENDENCY);
-        let a = answer(&p, stopped(Verdict::Unknown, Some(wary::Outcome::Reset)));
+        let a = answer(&p, stopped(Verdict::Unknown, Some(wary::Failure::Reset)));
         assert_eq!((a.name(), a.status()), ("unknown", StatusCode::CONFLICT));
         // The device's own default table must not resend either of them.
         let t = wary::Policy::builder(wary::Preset::Default).build().unwrap();

@@ -222,8 +222,8 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener) {
             let _ = conn.await;
         });
     };
-    let on_error = |e: &std::io::Error, d: Duration| {
-        eprintln!("wary-gateway: accept failed ({:?}); next try in {} ms", e.kind(), d.as_millis());
+    let on_error = |e: &std::io::Error, d: wary::Duration| {
+        eprintln!("wary-gateway: accept failed ({:?}); next try in {d}", e.kind());
     };
     accept_loop(|| listener.accept(), on_conn, on_error).await;
 }

@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use wary::ledger::{AttemptStats, Record};
-use wary::{Class, Key, Verdict};
+use wary::{AttemptStats, Class, Duration, Instant, Key, Record, Verdict};
 
 /// Attempt-count buckets (the last holds "this many or more").
 pub const BUCKETS: usize = 32;
@@ -16,17 +15,17 @@ pub const SURFACED_KEPT: usize = 1024;
 /// One attempt on the timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
-    /// Gateway milliseconds when the attempt's record was written (the attempt's end).
-    pub at_ms: u64,
+    /// Gateway time when the attempt's record was written (the attempt's end).
+    pub at: Instant,
     /// The call's key.
     pub key: Key,
     /// Attempt number.
     pub attempt: u32,
-    /// The attempt's own time, ms.
-    pub attempt_ms: u64,
-    /// The wait after it, ms (0 if none).
-    pub wait_ms: u64,
-    /// The outcome's kind.
+    /// The attempt's own time.
+    pub attempt_time: Duration,
+    /// The wait after it (zero if none).
+    pub wait: Duration,
+    /// The outcome's name ([`wary::Outcome::name`]).
     pub outcome: &'static str,
     /// The status, if any.
     pub code: Option<u16>,
@@ -59,18 +58,21 @@ pub struct Metrics {
     /// Requests answered before the queue: `full` (503 at once) or `bad_request` (400, 404,
     /// 405, 413).
     pub refused: BTreeMap<&'static str, u64>,
-    /// Attempts by outcome kind or status.
+    /// Attempts by outcome name or status.
     pub outcomes: BTreeMap<String, u64>,
+    /// Retry-After values from the upstream that could not be read at all (neither a number
+    /// nor an HTTP-date) and so were ignored: a server sending garbage shows here.
+    pub retry_after_unreadable: u64,
     /// Every attempt, if the timeline is on.
     pub events: Option<Vec<Event>>,
 }
 
 impl Metrics {
-    /// Counts one ledger record written at gateway time `at_ms`.
-    pub fn record(&mut self, r: &Record, at_ms: u64) {
+    /// Counts one ledger record written at gateway time `at`.
+    pub fn record(&mut self, r: &Record, at: Instant) {
         let name = match r.outcome.code() {
             Some(c) => c.to_string(),
-            None => r.outcome.kind_name().to_owned(),
+            None => r.outcome.name().to_owned(),
         };
         *self.outcomes.entry(name).or_default() += 1;
         match (r.class, r.verdict) {
@@ -88,12 +90,12 @@ impl Metrics {
         }
         if let Some(ev) = &mut self.events {
             ev.push(Event {
-                at_ms,
+                at,
                 key: r.key,
                 attempt: r.attempt,
-                attempt_ms: r.attempt_ticks,
-                wait_ms: r.wait,
-                outcome: r.outcome.kind_name(),
+                attempt_time: r.attempt_time,
+                wait: r.wait,
+                outcome: r.outcome.name(),
                 code: r.outcome.code(),
                 verdict: r.verdict,
             });
@@ -129,7 +131,16 @@ impl Metrics {
                 let _ = writeln!(s, "{name}{labels} {v}");
             }
         };
-        let verdicts: Vec<_> = ["ok", "failed", "unknown", "gave_up", "cancelled"]
+        // Every verdict's name, each give-up reason counted under `gave_up`.
+        let names = [
+            Verdict::Ok,
+            Verdict::Failed,
+            Verdict::Unknown,
+            Verdict::GaveUp(wary::GiveUp::Budget),
+            Verdict::Cancelled,
+        ]
+        .map(|v| v.name());
+        let verdicts: Vec<_> = names
             .iter()
             .map(|v| (format!("{{verdict=\"{v}\"}}"), self.verdicts.get(v).copied().unwrap_or(0).to_string()))
             .collect();
@@ -185,6 +196,12 @@ impl Metrics {
             "Readings that landed with a body failing the body check (never resent).",
             &one(self.landed_bad_body.to_string()),
         );
+        metric(
+            "wary_gateway_retry_after_unreadable_total",
+            "counter",
+            "Retry-After values from the upstream that could not be read (neither seconds nor a date), ignored.",
+            &one(self.retry_after_unreadable.to_string()),
+        );
         let refused: Vec<_> = ["full", "bad_request"]
             .iter()
             .map(|r| (format!("{{reason=\"{r}\"}}"), self.refused.get(r).copied().unwrap_or(0).to_string()))
@@ -215,5 +232,18 @@ impl Metrics {
         );
         metric("wary_gateway_queue_capacity", "gauge", "Queue capacity.", &one(queue_cap.to_string()));
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreadable_retry_after_values_are_exposed() {
+        let m = Metrics { retry_after_unreadable: 3, ..Metrics::default() };
+        let text = m.prometheus(1_000, 2_000, 0, 8);
+        assert!(text.contains("\nwary_gateway_retry_after_unreadable_total 3\n"), "{text}");
+        assert!(text.contains("wary_gateway_calls_total{verdict=\"gave_up\"} 0"), "{text}");
     }
 }

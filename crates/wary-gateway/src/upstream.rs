@@ -5,6 +5,7 @@
 //! (reported as [`Delivered::body_ok`] `false`), never resent: sending it again would do the
 //! work twice and still not change the body.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,10 +15,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use wary::run::{Landed, Probe, Runner};
-use wary::{Key, Operation, Outcome, Policy, Preset};
+use wary::{Failure, Key, Landed, Operation, Outcome, Policy, Preset, Probe, Runner};
 use wary_host::draw::process_rng;
-use wary_host::http::{error_outcome, outcome};
+use wary_host::http::{error_failure, outcome};
 use wary_host::time::{MonotonicClock, TokioDelay, WallClock};
 
 /// Largest response body read, bytes.
@@ -136,15 +136,17 @@ impl Upstream {
         self.probe_grace.unwrap_or(self.attempt_timeout)
     }
 
-    /// Sends one reading once. `remaining` is the call's time left before its deadline, in
-    /// milliseconds: the attempt's timeout is capped to it.
+    /// Sends one reading once. `remaining` is the call's time left before its deadline: the
+    /// attempt's timeout is capped to it. Retry-After values that cannot be read at all are
+    /// added to `unreadable`.
     pub async fn send(
         &self,
         client: &HttpClient,
         policy: &Policy,
         reading: &Forward,
-        remaining: Option<u64>,
-    ) -> Result<Delivered, Outcome> {
+        remaining: Option<wary::Duration>,
+        unreadable: &AtomicU64,
+    ) -> Result<Delivered, Failure> {
         let mut b = Request::builder().method(Method::POST).uri(format!("{}{}", self.base, self.path));
         if let Some(ct) = &reading.content_type {
             b = b.header(CONTENT_TYPE, ct.clone());
@@ -157,30 +159,27 @@ impl Upstream {
         for h in &self.headers {
             b = b.header(h.name.clone(), h.value.clone());
         }
-        let req = b.body(Full::new(reading.body.clone())).map_err(|_| Outcome::BadBody)?;
+        let req = b.body(Full::new(reading.body.clone())).map_err(|_| Failure::BadBody)?;
         let attempt = async {
-            let resp = client.request(req).await.map_err(|e| error_outcome(&e))?;
+            let resp = client.request(req).await.map_err(|e| error_failure(&e))?;
             let status = resp.status();
-            let o = outcome(policy, status, resp.headers(), WallClock.unix_secs());
+            let o = read_outcome(policy, status, resp.headers(), unreadable);
             let content_type = resp.headers().get(CONTENT_TYPE).cloned();
             // Read the body under a size limit; a 2xx whose body breaks may have landed: a
             // reset, which a keyed write may resend and an unkeyed one never does.
             let body = match Limited::new(resp.into_body(), MAX_RESPONSE).collect().await {
                 Ok(c) => c.to_bytes(),
-                Err(_) if o == Outcome::Ok => return Err(Outcome::Reset),
+                Err(_) if o == Outcome::Ok => return Err(Failure::Reset),
                 Err(_) => Bytes::new(),
             };
-            if o != Outcome::Ok {
-                return Err(o);
-            }
+            o.into_result()?;
             let body_ok = self.body_check.passes(content_type.as_ref(), &body);
             Ok(Delivered { status, content_type, body, body_ok })
         };
-        let limit =
-            remaining.map_or(self.attempt_timeout, |ms| self.attempt_timeout.min(Duration::from_millis(ms)));
+        let limit = remaining.map_or(self.attempt_timeout, |left| self.attempt_timeout.min(left.into()));
         match tokio::time::timeout(limit, attempt).await {
             Ok(r) => r,
-            Err(_) => Err(Outcome::ResponseTimeout),
+            Err(_) => Err(Failure::ResponseTimeout),
         }
     }
 }
@@ -229,49 +228,72 @@ pub struct LegacyProbe<'a> {
     pub reading_id: &'a str,
     /// When the call must be over (its deadline), if it has one.
     pub deadline: Option<tokio::time::Instant>,
+    /// Where Retry-After values that cannot be read at all are counted.
+    pub unreadable: &'a AtomicU64,
+}
+
+/// A response's outcome through the core's `Outcome::from_response` (by way of
+/// `wary_host::http::outcome`), its unreadable Retry-After values counted.
+fn read_outcome(
+    policy: &Policy,
+    status: StatusCode,
+    headers: &http::HeaderMap,
+    unreadable: &AtomicU64,
+) -> Outcome {
+    let (o, reading) = outcome(policy, status, headers, WallClock.unix_secs());
+    if reading.unreadable > 0 {
+        unreadable.fetch_add(u64::from(reading.unreadable), Ordering::Relaxed);
+    }
+    o
 }
 
 /// The probe's own read timeout floor: a read given less than this is not worth starting.
 const MIN_PROBE_READ: Duration = Duration::from_millis(10);
 
 /// The probe's own policy: four reads at most, within three seconds of waiting, and by
-/// `deadline_ms` from its first read when the call has a deadline.
-fn probe_policy(deadline_ms: Option<u64>) -> Option<Policy> {
-    let mut b = Policy::builder(Preset::Default).base(100).cap(1_000).budget(3_000).max_attempts(4);
-    if let Some(d) = deadline_ms {
-        b = b.deadline(d).min_attempt(MIN_PROBE_READ.as_millis() as u64);
+/// `deadline` from its first read when the call has a deadline.
+fn probe_policy(deadline: Option<wary::Duration>) -> Option<Policy> {
+    let ms = wary::Duration::from_millis;
+    let mut b =
+        Policy::builder(Preset::Default).base(ms(100)).cap(ms(1_000)).budget(ms(3_000)).max_attempts(4);
+    if let Some(d) = deadline {
+        b = b.deadline(d).min_attempt(MIN_PROBE_READ.into());
     }
     b.build().ok()
 }
 
 impl LegacyProbe<'_> {
-    /// One read: `Ok` with a definite answer, `Err` with the outcome that left it open.
-    /// `remaining` (ms) caps its timeout.
-    async fn check_once(&self, policy: &Policy, remaining: Option<u64>) -> Result<Landed<()>, Outcome> {
+    /// One read: `Ok` with a definite answer, `Err` with the failure that left it open.
+    /// `remaining` caps its timeout.
+    async fn check_once(
+        &self,
+        policy: &Policy,
+        remaining: Option<wary::Duration>,
+    ) -> Result<Landed<()>, Failure> {
         let uri = format!("{}{}/{}", self.upstream.base, self.upstream.path, self.reading_id);
         let mut b = Request::builder().method(Method::GET).uri(uri);
         for h in &self.upstream.headers {
             b = b.header(h.name.clone(), h.value.clone());
         }
-        let req = b.body(Full::new(Bytes::new())).map_err(|_| Outcome::BadBody)?;
+        let req = b.body(Full::new(Bytes::new())).map_err(|_| Failure::BadBody)?;
         let check = async {
-            let resp = self.client.request(req).await.map_err(|e| error_outcome(&e))?;
+            let resp = self.client.request(req).await.map_err(|e| error_failure(&e))?;
             let status = resp.status();
-            let o = outcome(policy, status, resp.headers(), WallClock.unix_secs());
-            Limited::new(resp.into_body(), MAX_RESPONSE).collect().await.map_err(|_| Outcome::Reset)?;
-            match status {
-                StatusCode::OK => Ok(Landed::Yes(())),
-                StatusCode::NOT_FOUND => Ok(Landed::No),
-                _ if o == Outcome::Ok => Err(Outcome::BadBody),
-                _ => Err(o),
+            let o = read_outcome(policy, status, resp.headers(), self.unreadable);
+            Limited::new(resp.into_body(), MAX_RESPONSE).collect().await.map_err(|_| Failure::Reset)?;
+            match (status, o) {
+                (StatusCode::OK, _) => Ok(Landed::Yes(())),
+                (StatusCode::NOT_FOUND, _) => Ok(Landed::No),
+                // Another 2xx answers neither yes nor no.
+                (_, Outcome::Ok) => Err(Failure::BadBody),
+                (_, Outcome::Failure(f)) => Err(f),
             }
         };
-        let limit = remaining.map_or(self.upstream.attempt_timeout, |ms| {
-            self.upstream.attempt_timeout.min(Duration::from_millis(ms))
-        });
+        let limit = remaining
+            .map_or(self.upstream.attempt_timeout, |left| self.upstream.attempt_timeout.min(left.into()));
         match tokio::time::timeout(limit, check).await {
             Ok(r) => r,
-            Err(_) => Err(Outcome::ResponseTimeout),
+            Err(_) => Err(Failure::ResponseTimeout),
         }
     }
 }
@@ -287,10 +309,9 @@ impl Probe<Delivered> for LegacyProbe<'_> {
             return Landed::Unknown;
         }
         tokio::time::sleep(grace).await;
-        let left_ms = left.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
-        let Some(policy) = probe_policy(left_ms) else { return Landed::Unknown };
+        let Some(policy) = probe_policy(left.map(wary::Duration::from)) else { return Landed::Unknown };
         let clock = MonotonicClock::new();
-        let mut runner = Runner::new(&policy, TokioDelay, &clock, process_rng());
+        let mut runner = Runner::new(&policy, TokioDelay, clock, process_rng());
         let this = &*self;
         match runner.call(Operation::Read, key, |a| this.check_once(&policy, a.remaining)).await {
             // The write's own answer was lost; the read says it landed. No upstream body to
@@ -323,6 +344,21 @@ mod tests {
         assert!(field.passes(None, br#"{"id": 7}"#));
         assert!(!field.passes(None, br#"{"ID": 7}"#));
         assert!(!field.passes(None, b"created"));
+    }
+
+    #[test]
+    fn unreadable_retry_after_values_are_counted() {
+        let policy = Policy::builder(Preset::Default).build().unwrap();
+        let n = AtomicU64::new(0);
+        let mut h = http::HeaderMap::new();
+        h.append("retry-after", HeaderValue::from_static("whenever"));
+        h.append("retry-after", HeaderValue::from_static("3"));
+        let o = read_outcome(&policy, StatusCode::SERVICE_UNAVAILABLE, &h, &n);
+        assert_eq!(o, Outcome::status_after(503, wary::Duration::from_secs(3)));
+        assert_eq!(n.load(Ordering::Relaxed), 1);
+        // A 2xx reads no Retry-After at all.
+        assert_eq!(read_outcome(&policy, StatusCode::CREATED, &h, &n), Outcome::Ok);
+        assert_eq!(n.load(Ordering::Relaxed), 1);
     }
 
     #[test]

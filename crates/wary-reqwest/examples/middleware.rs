@@ -7,9 +7,8 @@
 use std::sync::{Arc, Mutex};
 
 use reqwest_middleware::ClientBuilder;
-use wary::{Policy, Preset, Verdict};
+use wary::{Duration, Policy, Preset, Verdict};
 use wary_host::ledger::JsonLedger;
-use wary_host::spec::PolicySpec;
 use wary_reqwest::WaryMiddleware;
 
 #[tokio::main]
@@ -17,18 +16,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let faults = "503=0.3,429=0.2:ra=date+1,drop_after_effect=0.2,seed=4".parse()?;
     let cloud = wary_cloud::Cloud::start("127.0.0.1:0", faults).await?;
 
-    let policy = Policy::builder(Preset::Default).base(50).cap(500).deadline(10_000).build()?;
+    let ms = Duration::from_millis;
+    let policy = Policy::builder(Preset::Default).base(ms(50)).cap(ms(500)).deadline(ms(10_000)).build()?;
     // A policy line first, so `wary replay` can recompute every decision from stdout alone.
     let mut json = JsonLedger::new(std::io::stdout());
-    json.policy(&policy, &PolicySpec::describe(Preset::Default, &policy, &[]))?;
+    json.policy(&policy)?;
     let ledger = Arc::new(Mutex::new(json));
-    let wary = WaryMiddleware::new(policy)?.add_idempotency_key().ledger(ledger);
+    let wary = WaryMiddleware::new(policy).add_idempotency_key().ledger(ledger);
     let client = ClientBuilder::new(reqwest::Client::new()).with(wary).build();
 
     for t in 20..24 {
         let resp = client.post(cloud.url("/readings")).body(format!("{{\"t\":{t}}}")).send().await?;
-        let verdict = resp.extensions().get::<Verdict>().copied();
-        println!("# {} {verdict:?}", resp.status());
+        let verdict = resp.extensions().get::<Verdict>().map_or_else(|| "-".to_owned(), Verdict::to_string);
+        println!("# {} {verdict}", resp.status());
     }
     let stats = cloud.stats();
     println!(

@@ -13,7 +13,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cloud = wary_cloud::Cloud::start("127.0.0.1:0", "503=0.4,429=0.2:ra=1,seed=4".parse()?).await?;
     let url = cloud.url("/readings");
 
-    let policy = Policy::builder(Preset::Default).base(50).cap(500).deadline(10_000).build()?;
+    let ms = wary::Duration::from_millis;
+    let policy = Policy::builder(Preset::Default).base(ms(50)).cap(ms(500)).deadline(ms(10_000)).build()?;
     let client = reqwest::Client::new();
     let resp = policy
         .retry(Operation::KeyedWrite, |a| {
@@ -21,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .post(&url)
                 .header("idempotency-key", a.key.to_hex().as_str())
                 .header("content-type", "application/json")
-                .timeout(attempt_timeout(&policy, &a, Duration::from_secs(5)))
+                .timeout(attempt_timeout(&a, Duration::from_secs(5)))
                 .body(r#"{"t":21}"#);
             async { wary_reqwest::check(&policy, req.send().await) }
         })

@@ -3,13 +3,13 @@
 //!
 //! ```no_run
 //! use reqwest_middleware::ClientBuilder;
-//! use wary::{Policy, Preset};
+//! use wary::{Duration, Policy, Preset};
 //! use wary_reqwest::WaryMiddleware;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let policy = Policy::builder(Preset::Default).deadline(10_000).build()?;
+//! let policy = Policy::builder(Preset::Default).deadline(Duration::from_secs(10)).build()?;
 //! let client = ClientBuilder::new(reqwest::Client::new())
-//!     .with(WaryMiddleware::new(policy)?.add_idempotency_key())
+//!     .with(WaryMiddleware::new(policy).add_idempotency_key())
 //!     .build();
 //! let resp = client.post("http://127.0.0.1:8080/readings").body("{\"t\":21}").send().await?;
 //! # let _ = resp; Ok(()) }
@@ -21,32 +21,32 @@
 //!   after a failure that may have landed: it ends `unknown`. With
 //!   [`WaryMiddleware::add_idempotency_key`], a write without a key gets one, made once per
 //!   call and sent on every attempt.
-//! - **Retry-After** in both forms; a date is measured against the response's own `Date`
-//!   header (else the wall clock). The wait is never shorter than the server asked; an ask
-//!   longer than the call can afford ends the call at once (`gave_up (retry_after_too_long)`).
-//!   Other rate-limit headers are opt-in ([`WaryMiddleware::signals`]).
+//! - **Retry-After** in both forms, read by the core's `Outcome::from_response`; a date is
+//!   measured against the response's own `Date` header (else the wall clock). The wait is never
+//!   shorter than the server asked; an ask longer than the call can afford ends the call at
+//!   once (`gave_up (retry_after_too_long)`). Values that cannot be read are ignored and
+//!   counted ([`WaryMiddleware::unreadable_retry_after`]). Other rate-limit headers are opt-in
+//!   ([`WaryMiddleware::signals`]).
 //! - **Deadline**: each attempt's timeout (the request's own, if any) is capped to the time
 //!   left before the policy's deadline, so a stalled server cannot hold the call past it.
 //! - **Fleet budget and ledger**, both optional and shared: [`WaryMiddleware::fleet`] (an
-//!   `Arc` or a `&'static`), [`WaryMiddleware::ledger`] (any [`wary::ledger::Sink`], such as
+//!   `Arc` or a `&'static`), [`WaryMiddleware::ledger`] (any [`wary::Sink`], such as
 //!   `wary_host::ledger::JsonLedger`).
 //! - **A body that cannot be copied** (a stream) is sent once: the response carries
 //!   [`SentOnce::BodyNotCloneable`] in its extensions (a [`CallError`] carries it on the error
 //!   path), and a retry the policy would have made ends `gave_up (attempts)`.
 //! - **The verdict** of every call is in the final response's extensions
 //!   ([`wary::Verdict`]); a call that ends in a transport error returns
-//!   [`reqwest_middleware::Error::Middleware`] holding a [`CallError`] with the verdict, the
-//!   last outcome and the client's error as its source.
-//!
-//! The policy must count milliseconds (`tick_hz` 1000, the default).
+//!   [`reqwest_middleware::Error::Middleware`] holding a [`CallError`] with how the call
+//!   stopped (the core's [`wary::Stopped`]) and the client's error as its source.
 
 use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
-use wary::{Key, Operation, Outcome, Policy, Verdict};
-use wary_host::call::{Adapter, Call, Fleet, SharedSink, Step, TickRateError};
+use wary::{Failure, Key, Operation, Outcome, Policy, Stopped, Verdict};
+use wary_host::call::{Adapter, Call, Fleet, SharedSink, Step};
 use wary_host::ratelimit::Signals;
 use wary_host::spec::{PolicySpec, SpecError};
 
@@ -61,17 +61,14 @@ pub enum SentOnce {
     BodyNotCloneable,
 }
 
-/// A call that ended without a response: the verdict, the last attempt's outcome and the
-/// client's own error as the [`source`](std::error::Error::source). Its text names the verdict
-/// and the outcome's kind, never the client error's text.
+/// A call that ended without a response: how it stopped (the verdict, the attempts, the last
+/// failure) and the client's own error as the [`source`](std::error::Error::source). Its text
+/// is the core's [`Stopped`], never the client error's text.
 #[derive(Debug, thiserror::Error)]
-#[error("{} after a {}{}", wary_host::retry::verdict_text(.verdict), .last.kind_name(),
-    if .sent_once.is_some() { " (sent once: the body cannot be copied)" } else { "" })]
+#[error("{stopped}{}", if .sent_once.is_some() { " (sent once: the body cannot be copied)" } else { "" })]
 pub struct CallError {
-    /// How the call ended.
-    pub verdict: Verdict,
-    /// The last attempt's outcome.
-    pub last: Outcome,
+    /// How the call stopped.
+    pub stopped: Stopped,
     /// Set when the request could be sent only once.
     pub sent_once: Option<SentOnce>,
     /// The client's error.
@@ -86,9 +83,6 @@ pub enum BuildError {
     /// The spec is not a valid policy.
     #[error(transparent)]
     Spec(#[from] SpecError),
-    /// The policy does not count milliseconds.
-    #[error(transparent)]
-    TickRate(#[from] TickRateError),
 }
 
 /// The middleware. Clones share the fleet budget, the ledger and the draws.
@@ -99,16 +93,15 @@ pub struct WaryMiddleware {
 }
 
 impl WaryMiddleware {
-    /// Runs `policy`, with draws split from the process's generator. A policy whose `tick_hz`
-    /// is not 1000 is refused.
-    pub fn new(policy: Policy) -> Result<Self, TickRateError> {
-        Ok(WaryMiddleware { adapter: Adapter::new(policy)?, add_key: false })
+    /// Runs `policy`, with draws split from the process's generator.
+    pub fn new(policy: Policy) -> Self {
+        WaryMiddleware { adapter: Adapter::new(policy), add_key: false }
     }
 
     /// Runs the policy of a spec (a policy file), with its rate-limit signals and its fleet
     /// budget, if it names one.
     pub fn from_spec(spec: &PolicySpec) -> Result<Self, BuildError> {
-        let mut m = Self::new(spec.build()?)?.signals(spec.signals());
+        let mut m = Self::new(spec.build()?).signals(spec.signals());
         if let Some(f) = &spec.fleet {
             m = m.fleet(std::sync::Arc::new(f.build()?));
         }
@@ -144,6 +137,12 @@ impl WaryMiddleware {
     pub fn policy(&self) -> &Policy {
         self.adapter.policy()
     }
+
+    /// Retry-After values this middleware and its clones could not read at all (neither a
+    /// number nor an HTTP-date), and so ignored: a server sending garbage shows here.
+    pub fn unreadable_retry_after(&self) -> u64 {
+        self.adapter.unreadable_retry_after()
+    }
 }
 
 /// The operation of a request under `policy`, and its ledger key: a keyed write's key (hex
@@ -153,33 +152,33 @@ pub fn request_op(policy: &Policy, req: &Request) -> (Operation, Key) {
     wary_host::call::operation_and_key(policy, req.method().as_str(), req.url().path(), header)
 }
 
-/// The outcome of a reqwest error: timeouts by whether the connection was made, the rest by
-/// the error's source chain (`wary_host::http::error_outcome`): connect failures were never
-/// sent, anything later may have landed.
-pub fn error_outcome(err: &reqwest::Error) -> Outcome {
+/// The failure a reqwest error stands for: timeouts by whether the connection was made, the
+/// rest by the error's source chain (`wary_host::http::error_failure`): connect failures were
+/// never sent, anything later may have landed.
+pub fn error_failure(err: &reqwest::Error) -> Failure {
     match (err.is_timeout(), err.is_connect()) {
-        (true, true) => Outcome::ConnectTimeout,
-        (true, false) => Outcome::ResponseTimeout,
-        _ => wary_host::http::error_outcome(err),
+        (true, true) => Failure::ConnectTimeout,
+        (true, false) => Failure::ResponseTimeout,
+        _ => wary_host::http::error_failure(err),
     }
 }
 
-fn middleware_error_outcome(err: &reqwest_middleware::Error) -> Outcome {
+fn middleware_error_failure(err: &reqwest_middleware::Error) -> Failure {
     match err {
-        reqwest_middleware::Error::Reqwest(e) => error_outcome(e),
-        reqwest_middleware::Error::Middleware(e) => wary_host::http::error_outcome(e.as_ref()),
+        reqwest_middleware::Error::Reqwest(e) => error_failure(e),
+        reqwest_middleware::Error::Middleware(e) => wary_host::http::error_failure(e.as_ref()),
     }
 }
 
 /// An attempt's result as the one-line entry point wants it: the response if it is a success,
-/// else the outcome that failed it (`policy.retry(op, |a| async { check(&policy, send(a).await) })`).
-pub fn check(policy: &Policy, sent: Result<Response, reqwest::Error>) -> Result<Response, Outcome> {
+/// else the failure (`policy.retry(op, |a| async { check(&policy, send(a).await) })`).
+pub fn check(policy: &Policy, sent: Result<Response, reqwest::Error>) -> Result<Response, Failure> {
     match sent {
-        Ok(r) => match wary_host::http::outcome_now(policy, r.status(), r.headers()) {
+        Ok(r) => match wary_host::http::outcome_now(policy, r.status(), r.headers()).0 {
             Outcome::Ok => Ok(r),
-            o => Err(o),
+            Outcome::Failure(f) => Err(f),
         },
-        Err(e) => Err(error_outcome(&e)),
+        Err(e) => Err(error_failure(&e)),
     }
 }
 
@@ -242,20 +241,20 @@ impl WaryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Option<reqwest_middleware::Result<Response>> {
-        if let Some(ms) = a.call.start_attempt(&self.adapter) {
-            let cap = Duration::from_millis(ms.max(1));
+        if let Some(left) = a.call.start_attempt(&self.adapter) {
+            let cap = Duration::from(left).max(Duration::from_millis(1));
             *req.timeout_mut() = Some(a.own_timeout.map_or(cap, |t| t.min(cap)));
         }
         let result = next.run(req, extensions).await;
         let outcome = match &result {
             Ok(r) => self.adapter.outcome(r.status(), r.headers()),
-            Err(e) => middleware_error_outcome(e),
+            Err(e) => middleware_error_failure(e).into(),
         };
         let verdict = match a.sent_once {
             None => match a.call.after(&self.adapter, a.op, a.key, outcome) {
-                Step::Retry { wait_ms } => {
+                Step::Retry { wait } => {
                     drop(result);
-                    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                    wary_host::time::sleep(wait).await;
                     return None;
                 }
                 Step::Done(v) => v,
@@ -275,8 +274,7 @@ impl WaryMiddleware {
                 Ok(r)
             }
             Err(error) => Err(reqwest_middleware::Error::middleware(CallError {
-                verdict,
-                last: outcome,
+                stopped: Stopped { verdict, attempts: a.call.attempts(), last: outcome.failure().copied() },
                 sent_once: a.sent_once,
                 error,
             })),

@@ -8,13 +8,18 @@ use std::time::{Duration, Instant};
 use http::Extensions;
 use reqwest::{Request, Response, StatusCode};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use wary::{GiveUp, Outcome, Policy, Preset, Verdict};
+use wary::{Duration as Ms, Failure, GiveUp, Policy, Preset, Verdict};
 use wary_cloud::{Cloud, Faults};
 use wary_host::ledger::{JsonLedger, Line, read_lines};
 use wary_reqwest::{CallError, SentOnce, WaryMiddleware};
 
 fn fast() -> Policy {
-    Policy::builder(Preset::Default).base(10).cap(40).budget(10_000).build().unwrap()
+    Policy::builder(Preset::Default)
+        .base(Ms::from_millis(10))
+        .cap(Ms::from_millis(40))
+        .budget(Ms::from_secs(10))
+        .build()
+        .unwrap()
 }
 
 /// Notes when each attempt leaves, from below the retry middleware.
@@ -59,7 +64,7 @@ async fn a_503_storm_ends_in_one_effect_per_call_with_keys_made_once() {
         Ok(f) => f,
         Err(_) => panic!("a valid fleet budget"),
     };
-    let mw = WaryMiddleware::new(fast()).unwrap().add_idempotency_key().fleet(&FLEET).ledger(ledger.clone());
+    let mw = WaryMiddleware::new(fast()).add_idempotency_key().fleet(&FLEET).ledger(ledger.clone());
     let sends = Sends::default();
     let c = client(mw, &sends);
     for _ in 0..8 {
@@ -86,13 +91,13 @@ async fn a_503_storm_ends_in_one_effect_per_call_with_keys_made_once() {
     let lines: Vec<_> = read_lines(&text)
         .map(|(_, l)| match l.unwrap() {
             Line::Attempt(a) => a,
-            Line::Policy { .. } => panic!("no policy line was asked for"),
+            Line::Policy(_) => panic!("no policy line was asked for"),
         })
         .collect();
     assert_eq!(lines.len() as u64, stats.requests);
-    let oks: Vec<_> = lines.iter().filter(|l| l.verdict.as_deref() == Some("ok")).collect();
+    let oks: Vec<_> = lines.iter().filter(|l| l.verdict == Some(Verdict::Ok)).collect();
     assert_eq!(oks.len(), 8);
-    let mut keys: Vec<_> = lines.iter().map(|l| l.key.clone()).collect();
+    let mut keys: Vec<_> = lines.iter().map(|l| l.key).collect();
     keys.dedup();
     assert_eq!(keys.len(), 8, "a key changed inside a call");
     assert!(FLEET.tokens_milli() < FLEET.max_milli(), "the fleet was not charged");
@@ -124,7 +129,7 @@ async fn a_429_with_an_http_date_is_waited_out_where_reqwest_retry_does_not() {
     };
 
     let sends = Sends::default();
-    let wary_client = client(WaryMiddleware::new(fast()).unwrap(), &sends);
+    let wary_client = client(WaryMiddleware::new(fast()), &sends);
     let r = post(&wary_client, &key_429_then_ok(&faults, "wary")).await.unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
     let wary_gaps = sends.gaps_ms();
@@ -154,7 +159,7 @@ async fn a_429_with_an_http_date_is_waited_out_where_reqwest_retry_does_not() {
 async fn dropped_replies_after_the_effect_do_not_duplicate_a_keyed_post() {
     let cloud = Cloud::start("127.0.0.1:0", "drop_after_effect=0.5,seed=3".parse().unwrap()).await.unwrap();
     let sends = Sends::default();
-    let c = client(WaryMiddleware::new(fast()).unwrap().add_idempotency_key(), &sends);
+    let c = client(WaryMiddleware::new(fast()).add_idempotency_key(), &sends);
     for _ in 0..6 {
         let r = c
             .post(cloud.url("/readings"))
@@ -179,7 +184,7 @@ async fn dropped_replies_after_the_effect_do_not_duplicate_a_keyed_post() {
 async fn an_unkeyed_post_whose_reply_was_dropped_ends_unknown_not_resent() {
     let cloud = Cloud::start("127.0.0.1:0", "drop_after_effect=1.0,seed=1".parse().unwrap()).await.unwrap();
     let sends = Sends::default();
-    let c = client(WaryMiddleware::new(fast()).unwrap(), &sends);
+    let c = client(WaryMiddleware::new(fast()), &sends);
     let err = c
         .post(cloud.url("/legacy/readings"))
         .header("x-reading-id", "r-drop")
@@ -188,9 +193,9 @@ async fn an_unkeyed_post_whose_reply_was_dropped_ends_unknown_not_resent() {
         .await
         .unwrap_err();
     let err = call_error(err);
-    assert_eq!(err.verdict, Verdict::Unknown, "{err}");
-    assert_eq!(err.last, Outcome::Reset);
-    assert_eq!(err.to_string(), "unknown after a reset");
+    assert_eq!(err.stopped.verdict, Verdict::Unknown, "{err}");
+    assert_eq!(err.stopped.last, Some(Failure::Reset));
+    assert_eq!(err.to_string(), "unknown after 1 attempt, the last a reset");
     assert_eq!(cloud.reading_effects("r-drop"), 1);
     assert_eq!(cloud.stats().requests, 1);
     cloud.shutdown().await;
@@ -200,7 +205,7 @@ async fn an_unkeyed_post_whose_reply_was_dropped_ends_unknown_not_resent() {
 async fn a_streamed_body_is_sent_once_and_says_why() {
     let cloud = Cloud::start("127.0.0.1:0", "503=1.0,seed=1".parse().unwrap()).await.unwrap();
     let sends = Sends::default();
-    let c = client(WaryMiddleware::new(fast()).unwrap(), &sends);
+    let c = client(WaryMiddleware::new(fast()), &sends);
     let chunks =
         futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"t\":2}"))]);
     let r = c
@@ -222,10 +227,16 @@ async fn a_streamed_body_is_sent_once_and_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_attempts_timeout_is_capped_to_the_deadline() {
     let cloud = Cloud::start("127.0.0.1:0", "stall=1.0:ms=5000,seed=1".parse().unwrap()).await.unwrap();
-    let policy =
-        Policy::builder(Preset::Default).base(10).cap(40).deadline(400).min_attempt(50).build().unwrap();
+    let ms = Ms::from_millis;
+    let policy = Policy::builder(Preset::Default)
+        .base(ms(10))
+        .cap(ms(40))
+        .deadline(ms(400))
+        .min_attempt(ms(50))
+        .build()
+        .unwrap();
     let sends = Sends::default();
-    let c = client(WaryMiddleware::new(policy).unwrap(), &sends);
+    let c = client(WaryMiddleware::new(policy), &sends);
     let t0 = Instant::now();
     let err = c
         .post(cloud.url("/readings"))
@@ -237,8 +248,8 @@ async fn each_attempts_timeout_is_capped_to_the_deadline() {
         .unwrap_err();
     let took = t0.elapsed();
     let err = call_error(err);
-    assert_eq!(err.verdict, Verdict::GaveUp(GiveUp::Deadline), "{err}");
-    assert_eq!(err.last, Outcome::ResponseTimeout);
+    assert_eq!(err.stopped.verdict, Verdict::GaveUp(GiveUp::Deadline), "{err}");
+    assert_eq!(err.stopped.last, Some(Failure::ResponseTimeout));
     // The server stalls 5 s and the request's own timeout is 30 s; the deadline is 400 ms.
     assert!(took < Duration::from_millis(1_500), "{took:?}");
     cloud.shutdown().await;
