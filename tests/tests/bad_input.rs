@@ -9,23 +9,23 @@
 //! | 3 | budget 0 | `PolicyBuilder::build` | `PolicyError::ZeroBudget` |
 //! | 4 | deadline 0 | `PolicyBuilder::build` | `PolicyError::ZeroDeadline` |
 //! | 5 | attempt cap 0 | `PolicyBuilder::build` | `PolicyError::ZeroAttempts` |
-//! | 6 | tick rate 0 | `PolicyBuilder::build` | `PolicyError::ZeroTickRate` |
-//! | 7 | a duration above 2⁴⁸ ticks | `PolicyBuilder::build` | `PolicyError::TooLarge` |
-//! | 8 | full jitter (or a 1-tick cap) with no attempt cap | `PolicyBuilder::build` | `PolicyError::Unbounded` |
-//! | 9 | status below 100 in a table | `Table::with_status` | `PolicyError::BadStatus` |
-//! | 10 | status above 999 in a table | `Table::with_status` | `PolicyError::BadStatus` |
-//! | 11 | a 13th status rule | `Table::with_status` | `PolicyError::TableFull` |
-//! | 12 | fleet budget of 0 or over 1000 tokens, ratio 0 or over 1000 | `FleetBudget::new` | `PolicyError::BadFleetBudget` |
-//! | 13 | empty or blank Retry-After | `retry_after::parse` | `RetryAfterError::Empty` |
-//! | 14 | Retry-After neither seconds nor a date | `retry_after::parse` | `RetryAfterError::Malformed` |
+//! | 6 | a base shorter than a millisecond (a `core::time::Duration` of 500 µs) | `PolicyBuilder::build` | `PolicyError::ZeroBase` |
+//! | 7 | a duration of `Duration::MAX` (4294967295 ms, what anything longer saturates to) | `PolicyBuilder::build` | `PolicyError::TooLarge` |
+//! | 8 | full jitter (or a 1 ms cap) with no attempt cap | `PolicyBuilder::build` | `PolicyError::Unbounded` |
+//! | 9 | exact status rule below 400 in a table | `Table::with_status` | `TableError::BadStatus` |
+//! | 10 | exact status rule above 599 in a table | `Table::with_status` | `TableError::BadStatus` |
+//! | 11 | a rule for every 4xx and 5xx status | `Table::with_status` | accepted: a table is never full |
+//! | 12 | fleet budget of 0 or over 1000 tokens, ratio 0 or over 1000 | `FleetBudget::new` | `FleetBudgetError::Tokens` / `Ratio` |
+//! | 13 | empty or blank Retry-After | `parse_retry_after` | `RetryAfterError::Empty` |
+//! | 14 | Retry-After neither seconds nor a date | `parse_retry_after` | `RetryAfterError::Malformed` |
 //! | 15 | HTTP-date under integer-seconds rules | `Rules::read` | `RetryAfterError::DateNotAccepted` |
 //! | 16 | two Retry-After headers under strict rules | `Rules::read` | `RetryAfterError::Duplicate` |
 //! | 17 | HTTP-date with no Date header and no clock | `Rules::read` | `RetryAfterError::NoReference` |
-//! | 18 | Retry-After of 10²⁶ seconds | `parse`, then `Policy::decide` | saturates; `GiveUp::RetryAfterTooLong { asked: u64::MAX }`, no wait |
+//! | 18 | Retry-After of 10²⁶ seconds | `Outcome::from_response`, then `Policy::decide` | saturates; `GiveUp::RetryAfterTooLong { asked: Duration::MAX }`, no wait |
 //! | 19 | outcome status outside 100..=999 | `Policy::decide` | `Verdict::Failed`, no wait |
 //! | 20 | percent draw of 100 or more | `Draw::percent` | `DrawError::OutOfRange` |
-//! | 21 | fewer draws than retries | `plan::plan` | `PlanError::TooFewDraws { retry }` |
-//! | 22 | more waits than the plan's capacity | `plan::plan` | `PlanError::CapacityExceeded { capacity }` |
+//! | 21 | fewer draws than retries | `plan` | `PlanError::TooFewDraws { retry }` |
+//! | 22 | more waits than the plan's capacity | `plan` | `PlanError::CapacityExceeded { capacity }` |
 //! | 23 | shortest attempt time longer than the deadline | `PolicyBuilder::build` | `PolicyError::AttemptPastDeadline` |
 //! | 24 | `wary plan` line that is not JSON | `wary_cli::plan::answer` | `{"error": "invalid case: …"}` |
 //! | 25 | `wary plan` unknown op | `wary_cli::plan::answer` | `{"error": "unknown op …"}` |
@@ -33,7 +33,7 @@
 //! | 27 | `wary plan` too few draws | `wary_cli::plan::answer` | `{"error": "too few draws: retry n has none"}` |
 //! | 28 | `wary plan` more outcomes than the capacity (64) | `wary_cli::plan::answer` | `{"error": "… more than the capacity of 64"}` |
 //! | 29 | `wary plan` status not a three-digit HTTP status | `wary_cli::plan::answer` | `{"error": "status … is not a three-digit HTTP status"}` |
-//! | 30 | `wary plan` invalid policy | `wary_cli::plan::answer` | `{"error": "invalid policy: …"}` |
+//! | 30 | `wary plan` policy number negative, fractional, or past 4294967294 | `wary_cli::plan::answer` | `{"error": "invalid case: …"}`, `{"error": "policy budget … is larger than wary counts (at most 4294967294)"}` |
 //! | 31 | a modem line longer than the chat's buffer | `wary_dial::Chat::dial` (`crates/wary-dial/tests/scripted_modem.rs`: `overlong_line_is_dropped_and_counted`) | dropped and counted, the chat goes on |
 //! | 32 | binary garbage from the modem | `wary_dial::Chat::dial` (`garbage_and_unsolicited_noise_are_skipped`, `endless_garbage_is_bounded_by_the_deadline`) | skipped as noise, bounded by the step's deadline |
 //! | 33 | a reply whose status line is not HTTP | `wary_uplink::http::post` (on target: `nettest` `/garbage`) | `HttpError::Malformed` → `Outcome::Reset` (may have landed) |
@@ -45,117 +45,142 @@
 //! | 39 | gateway request cut short inside its body | `wary_gateway::ingress::parse` | `BadRequest::Broken`: nothing queued, nothing sent upstream |
 //! | 40 | a reply header block larger than the device's buffer | `wary_uplink::http::post` (`nettest` `/huge-headers`) | `HttpError::HeadersTooLarge` → `Outcome::Reset` (may have landed) |
 
-use wary::classify::TABLE_STATUSES;
-use wary::policy::MAX_TICKS;
-use wary::retry_after::{RetryAfter, RetryAfterError, Rules, parse};
 use wary::{
-    CallState, Decision, Draw, DrawError, FleetBudget, GiveUp, Jitter, Operation, Outcome, PlanError, Policy,
-    PolicyBuilder, PolicyError, Preset, Rule, Table, Verdict, plan::plan,
+    CallState, Decision, Draw, DrawError, Duration, FleetBudget, FleetBudgetError, GiveUp, Jitter, Operation,
+    Outcome, PlanError, Policy, PolicyBuilder, PolicyError, Preset, RetryAfter, RetryAfterError, Rule, Rules,
+    Table, TableError, Verdict, parse_retry_after as parse, plan,
 };
 
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The longest duration a setting may have: one below [`Duration::MAX`].
+const LONGEST: u64 = u32::MAX as u64 - 1;
+
 /// A valid starting point, so each row changes exactly one setting.
-fn exercise() -> PolicyBuilder {
-    Policy::builder(Preset::Exercise).tick_hz(1).base(2).cap(60).budget(120)
+fn basic() -> PolicyBuilder {
+    Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120))
 }
 
 const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
 
 #[test]
 fn the_starting_point_is_valid() {
-    assert!(exercise().build().is_ok());
+    assert!(basic().build().is_ok());
 }
 
 #[test]
 fn row_01_zero_base() {
-    assert_eq!(exercise().base(0).build(), Err(PolicyError::ZeroBase));
+    assert_eq!(basic().base(ms(0)).build(), Err(PolicyError::ZeroBase));
 }
 
 #[test]
 fn row_02_cap_below_base() {
-    assert_eq!(exercise().base(10).cap(9).build(), Err(PolicyError::CapBelowBase));
+    assert_eq!(basic().base(ms(10)).cap(ms(9)).build(), Err(PolicyError::CapBelowBase));
 }
 
 #[test]
 fn row_03_zero_budget() {
-    assert_eq!(exercise().budget(0).build(), Err(PolicyError::ZeroBudget));
+    assert_eq!(basic().budget(ms(0)).build(), Err(PolicyError::ZeroBudget));
 }
 
 #[test]
 fn row_04_zero_deadline() {
-    assert_eq!(exercise().deadline(0).build(), Err(PolicyError::ZeroDeadline));
+    assert_eq!(basic().deadline(ms(0)).build(), Err(PolicyError::ZeroDeadline));
 }
 
 #[test]
 fn row_05_zero_attempts() {
-    assert_eq!(exercise().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
+    assert_eq!(basic().max_attempts(0).build(), Err(PolicyError::ZeroAttempts));
 }
 
 #[test]
-fn row_06_zero_tick_rate() {
-    assert_eq!(exercise().tick_hz(0).build(), Err(PolicyError::ZeroTickRate));
+fn row_06_a_base_shorter_than_a_millisecond() {
+    // The unit is the type's, not a rate set beside it: a std duration below a millisecond is no
+    // time to wary, and a base of no time is refused, not run as a spin.
+    let half = Duration::from(core::time::Duration::from_micros(500));
+    assert_eq!(half, Duration::ZERO);
+    assert_eq!(basic().base(half).build(), Err(PolicyError::ZeroBase));
+    // Rounded up instead, it is a millisecond, and a base.
+    assert!(basic().base(Duration::from_micros_ceil(500)).build().is_ok());
 }
 
 #[test]
 fn row_07_too_large() {
     for b in [
-        exercise().cap(MAX_TICKS + 1),
-        exercise().budget(MAX_TICKS + 1),
-        exercise().deadline(MAX_TICKS + 1),
-        exercise().min_attempt(MAX_TICKS + 1),
-        exercise().max_retry_after(MAX_TICKS + 1),
-        exercise().budget(u64::MAX),
+        basic().cap(Duration::MAX),
+        basic().budget(Duration::MAX),
+        basic().deadline(Duration::MAX),
+        basic().min_attempt(Duration::MAX),
+        basic().max_retry_after(Duration::MAX),
+        basic().budget(ms(LONGEST + 1)),
+        // Anything longer saturates to the same.
+        basic().budget(ms(u64::MAX)),
+        basic().budget(Duration::from_secs(365 * 86_400)),
     ] {
         assert_eq!(b.build(), Err(PolicyError::TooLarge));
     }
     // The limit itself is accepted.
-    assert!(exercise().budget(MAX_TICKS).build().is_ok());
+    assert!(basic().budget(ms(LONGEST)).build().is_ok());
 }
 
 #[test]
 fn row_08_unbounded_full_jitter() {
-    assert_eq!(exercise().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
-    // Equal jitter with a 1-tick ceiling draws waits of 0 too.
-    assert_eq!(exercise().base(1).cap(1).build(), Err(PolicyError::Unbounded));
+    assert_eq!(basic().jitter(Jitter::Full).build(), Err(PolicyError::Unbounded));
+    // Equal jitter with a 1 ms ceiling draws waits of 0 too.
+    assert_eq!(basic().base(ms(1)).cap(ms(1)).build(), Err(PolicyError::Unbounded));
     // An attempt cap bounds them.
-    assert!(exercise().jitter(Jitter::Full).max_attempts(4).build().is_ok());
+    assert!(basic().jitter(Jitter::Full).max_attempts(4).build().is_ok());
 }
 
 #[test]
-fn row_09_status_below_range_in_a_table() {
-    for code in [0, 99] {
-        assert_eq!(Table::DEFAULT.with_status(code, Rule::RetryAny), Err(PolicyError::BadStatus));
+fn row_09_exact_status_below_range_in_a_table() {
+    // Exact rules are for 4xx and 5xx; any other status follows the table's other-status rule.
+    for code in [0, 99, 100, 200, 399] {
+        assert_eq!(Table::DEFAULT.with_status(code, Rule::RetryAny), Err(TableError::BadStatus), "{code}");
     }
-    assert!(Table::DEFAULT.with_status(100, Rule::Fail).is_ok());
+    assert!(Table::DEFAULT.with_status(400, Rule::Fail).is_ok());
+    let t = Table::DEFAULT.with_other_statuses(Rule::RetryAny);
+    assert_eq!(t.status_rule(399), Rule::RetryAny);
 }
 
 #[test]
-fn row_10_status_above_range_in_a_table() {
-    for code in [1000, u16::MAX] {
-        assert_eq!(Table::DEFAULT.with_status(code, Rule::RetryAny), Err(PolicyError::BadStatus));
+fn row_10_exact_status_above_range_in_a_table() {
+    for code in [600, 999, 1000, u16::MAX] {
+        assert_eq!(Table::DEFAULT.with_status(code, Rule::RetryAny), Err(TableError::BadStatus), "{code}");
     }
-    assert!(Table::DEFAULT.with_status(999, Rule::Fail).is_ok());
+    assert!(Table::DEFAULT.with_status(599, Rule::Fail).is_ok());
 }
 
 #[test]
-fn row_11_table_full() {
-    // The exercise table uses one slot, so every other slot can be filled.
-    let mut t = Table::EXERCISE;
-    for code in (600u16..).take(TABLE_STATUSES - 1) {
-        t = t.with_status(code, Rule::Fail).unwrap();
+fn row_11_a_table_is_never_full() {
+    // Every 4xx and 5xx status has its own rule: the two hundredth exact rule fits like the
+    // first, and each reads back.
+    let mut t = Table::BASIC;
+    for code in 400u16..=599 {
+        let rule = Rule::ALL[usize::from(code) % Rule::ALL.len()];
+        t = t.with_status(code, rule).unwrap();
     }
-    assert_eq!(t.with_status(999, Rule::Fail), Err(PolicyError::TableFull));
-    // Replacing a rule already there needs no free slot.
-    assert!(t.with_status(600, Rule::RetryAny).is_ok());
+    assert_eq!(t.exact_rules().count(), 200);
+    for code in 400u16..=599 {
+        assert_eq!(t.status_rule(code), Rule::ALL[usize::from(code) % Rule::ALL.len()], "{code}");
+    }
+    // Replacing a rule already there adds none.
+    let t = t.with_status(429, Rule::Fail).unwrap();
+    assert_eq!((t.exact_rules().count(), t.status_rule(429)), (200, Rule::Fail));
 }
 
 #[test]
 fn row_12_bad_fleet_budget() {
-    for (tokens, ratio) in [(0, 100), (1001, 100), (10, 0), (10, 1001), (u32::MAX, u32::MAX)] {
-        assert_eq!(
-            FleetBudget::new(tokens, ratio).err(),
-            Some(PolicyError::BadFleetBudget),
-            "{tokens} {ratio}"
-        );
+    for (tokens, ratio, want) in [
+        (0, 100, FleetBudgetError::Tokens),
+        (1001, 100, FleetBudgetError::Tokens),
+        (10, 0, FleetBudgetError::Ratio),
+        (10, 1001, FleetBudgetError::Ratio),
+        (u32::MAX, u32::MAX, FleetBudgetError::Tokens),
+    ] {
+        assert_eq!(FleetBudget::new(tokens, ratio).err(), Some(want), "{tokens} {ratio}");
     }
     assert!(FleetBudget::new(1000, 1000).is_ok());
 }
@@ -216,27 +241,31 @@ fn row_17_retry_after_date_without_reference() {
 fn row_18_huge_retry_after_gives_up_now() {
     let huge = b"99999999999999999999999999";
     assert_eq!(parse(huge), Ok(RetryAfter::Seconds(u64::MAX)));
-    let secs = Rules::LENIENT.read([huge.as_slice()], None, None).unwrap().unwrap();
-    for preset in [Preset::Default, Preset::Exercise, Preset::Strict] {
+    assert_eq!(Rules::LENIENT.read([huge.as_slice()], None, None), Ok(Some(u64::MAX)));
+    for preset in [Preset::Default, Preset::Basic, Preset::Strict] {
         let p = Policy::builder(preset).build().unwrap();
+        let (outcome, reading) =
+            Outcome::from_response(429, [huge.as_slice()], None, None, p.retry_after_rules());
+        assert_eq!((outcome.retry_after(), reading.unreadable), (Some(Duration::MAX), 0), "{preset:?}");
         let mut s = CallState::new();
-        let d = p.decide(&mut s, Operation::Read, &Outcome::status_after(429, secs), Draw::ZERO, None);
+        let d = p.decide(&mut s, Operation::Read, &outcome, Draw::ZERO, None);
         assert_eq!(
             d,
-            Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: u64::MAX })),
+            Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: Duration::MAX })),
             "{preset:?}"
         );
-        assert_eq!(s.waited(), 0);
+        assert_eq!(s.waited(), Duration::ZERO);
     }
 }
 
 #[test]
 fn row_19_outcome_status_out_of_range_fails_without_a_wait() {
-    for preset in [Preset::Default, Preset::Exercise, Preset::Strict] {
+    for preset in [Preset::Default, Preset::Basic, Preset::Strict] {
         let p = Policy::builder(preset).build().unwrap();
         for code in [0, 99, 1000, u16::MAX] {
             let mut s = CallState::new();
-            let d = p.decide(&mut s, Operation::Read, &Outcome::status_after(code, 1), Draw::ZERO, None);
+            let o = Outcome::status_after(code, Duration::from_secs(1));
+            let d = p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None);
             assert_eq!(d, Decision::Done(Verdict::Failed), "{preset:?} {code}");
         }
     }
@@ -252,7 +281,7 @@ fn row_20_draw_out_of_range() {
 
 #[test]
 fn row_21_too_few_draws() {
-    let p = exercise().build().unwrap();
+    let p = basic().build().unwrap();
     let o = [Outcome::status(503); 5];
     let two = [Draw::ZERO; 2];
     assert_eq!(plan::<8>(&p, Operation::Read, &o, &two), Err(PlanError::TooFewDraws { retry: 3 }));
@@ -264,18 +293,18 @@ fn row_21_too_few_draws() {
 
 #[test]
 fn row_22_capacity_exceeded() {
-    let p = exercise().build().unwrap();
+    let p = basic().build().unwrap();
     let o = [Outcome::status(503); 10];
     let draws = [Draw::ZERO; 9];
     assert_eq!(plan::<3>(&p, Operation::Read, &o, &draws), Err(PlanError::CapacityExceeded { capacity: 3 }));
-    // Seven retries at most under the exercise policy: a capacity of 7 always holds them.
+    // Seven retries at most under the basic policy: a capacity of 7 always holds them.
     assert!(plan::<7>(&p, Operation::Read, &o, &draws).is_ok());
 }
 
 #[test]
 fn row_23_attempt_longer_than_the_deadline() {
-    assert_eq!(exercise().deadline(10).min_attempt(11).build(), Err(PolicyError::AttemptPastDeadline));
-    assert!(exercise().deadline(10).min_attempt(10).build().is_ok());
+    assert_eq!(basic().deadline(ms(10)).min_attempt(ms(11)).build(), Err(PolicyError::AttemptPastDeadline));
+    assert!(basic().deadline(ms(10)).min_attempt(ms(10)).build().is_ok());
 }
 
 // ---- `wary plan` JSON lines: each gets `{"error": …}` and the run goes on ----
@@ -326,7 +355,7 @@ fn row_29_plan_status_not_http() {
 }
 
 #[test]
-fn row_30_plan_policy_not_a_non_negative_integer() {
+fn row_30_plan_policy_not_a_non_negative_integer_or_too_large() {
     for policy in [r#"{"base":5,"cap":-4,"budget":120}"#, r#"{"base":5,"cap":4.5,"budget":120}"#] {
         let e = plan_error(&format!(r#"{{"outcomes":["ok"],"op":"read","policy":{policy},"draws":[]}}"#));
         assert!(e.starts_with("invalid case"), "{e}");
@@ -335,7 +364,21 @@ fn row_30_plan_policy_not_a_non_negative_integer() {
     // refuses it for a running call.
     let line = r#"{"outcomes":[503,"ok"],"op":"read","policy":{"base":5,"cap":4,"budget":120},"draws":[0]}"#;
     assert_eq!(wary_cli::plan::answer(line).unwrap(), r#"{"waits":[2],"verdict":"ok"}"#);
-    assert_eq!(exercise().base(5).cap(4).build(), Err(PolicyError::CapBelowBase));
+    assert_eq!(basic().base(ms(5)).cap(ms(4)).build(), Err(PolicyError::CapBelowBase));
+    // A number past what wary counts is refused by name, with the limit; at the limit it is
+    // answered.
+    for (field, policy) in [
+        ("base", r#"{"base":4294967295,"cap":60,"budget":120}"#),
+        ("cap", r#"{"base":2,"cap":18446744073709551615,"budget":120}"#),
+        ("budget", r#"{"base":2,"cap":60,"budget":4294967296}"#),
+    ] {
+        let e = plan_error(&format!(r#"{{"outcomes":["ok"],"op":"read","policy":{policy},"draws":[]}}"#));
+        assert!(e.starts_with(&format!("policy {field} ")), "{e}");
+        assert!(e.ends_with("is larger than wary counts (at most 4294967294)"), "{e}");
+    }
+    let line =
+        r#"{"outcomes":[503,"ok"],"op":"read","policy":{"base":2,"cap":60,"budget":4294967294},"draws":[0]}"#;
+    assert_eq!(wary_cli::plan::answer(line).unwrap(), r#"{"waits":[1],"verdict":"ok"}"#);
 }
 
 // ---- gateway requests ----

@@ -1,11 +1,12 @@
 //! wary's conformance cases, read from `tests/data/conformance.jsonl` (the on-target
 //! conformance binary reads the same file): each line is a `wary plan` case with the waits, the
 //! verdict and, for a give-up, the reason the core must give. Every case is checked through the
-//! core's plan and through `wary plan`'s own line handling.
+//! core's plan and through `wary plan`'s own line handling. A case's numbers are in its own
+//! unit; the core reads one unit as one millisecond, as `wary plan` does.
 
 use serde_json::{Value, json};
-use wary::{Class, Draw, GiveUp, Operation, Outcome, Policy, Preset, Table, Verdict};
-use wary_tests::{exercise_policy, plan_percent};
+use wary::{Class, Draw, Failure, GiveUp, Operation, Outcome, Policy, Preset, Table, Verdict};
+use wary_tests::{basic_policy, plan_percent, unit, units};
 
 const CASES: &str = include_str!("../data/conformance.jsonl");
 
@@ -25,11 +26,11 @@ struct Case {
 fn outcome(v: &Value) -> Outcome {
     match v {
         Value::String(s) if s == "ok" => Outcome::Ok,
-        Value::String(s) if s == "timeout" => Outcome::ResponseTimeout,
+        Value::String(s) if s == "timeout" => Failure::ResponseTimeout.into(),
         Value::Number(n) => Outcome::status(u16::try_from(n.as_u64().unwrap()).unwrap()),
         Value::Array(pair) => Outcome::status_after(
             u16::try_from(pair[0].as_u64().unwrap()).unwrap(),
-            pair[1].as_u64().unwrap(),
+            unit(pair[1].as_u64().unwrap()),
         ),
         other => panic!("not an outcome: {other}"),
     }
@@ -86,20 +87,19 @@ fn the_data_file_holds_every_case_once() {
 fn the_core_plans_every_case_as_written() {
     for c in cases() {
         let (base, cap, budget) = c.policy;
-        let plan = Policy::builder(Preset::Exercise)
-            .tick_hz(1)
-            .base(base)
-            .cap(cap)
-            .budget(budget)
+        let plan = Policy::builder(Preset::Basic)
+            .base(unit(base))
+            .cap(unit(cap))
+            .budget(unit(budget))
             .plan::<64>(c.op, &c.outcomes, &c.draws)
             .unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_eq!(plan.waits.as_slice(), c.waits.as_slice(), "{}", c.name);
+        assert_eq!(units(&plan.waits), c.waits, "{}", c.name);
         assert_eq!(plan.verdict.name(), c.verdict, "{}", c.name);
         match (plan.verdict, c.reason.as_deref()) {
             (Verdict::GaveUp(why), Some(reason)) => {
                 assert_eq!(why.name(), reason, "{}", c.name);
                 if let GiveUp::RetryAfterTooLong { asked } = why {
-                    assert_eq!(Some(asked), c.asked, "{}: what the server asked", c.name);
+                    assert_eq!(Some(asked), c.asked.map(unit), "{}: what the server asked", c.name);
                 }
             }
             (Verdict::GaveUp(why), None) => {
@@ -109,9 +109,17 @@ fn the_core_plans_every_case_as_written() {
             (v, Some(r)) => panic!("{}: {} has a reason {r}", c.name, v.name()),
         }
         // Where the running call's builder accepts the policy, the checked path agrees.
-        if let Ok(p) = Policy::builder(Preset::Exercise).tick_hz(1).base(base).cap(cap).budget(budget).build()
+        if let Ok(p) =
+            Policy::builder(Preset::Basic).base(unit(base)).cap(unit(cap)).budget(unit(budget)).build()
         {
-            let percents: Vec<u8> = c.draws.iter().map(|d| d.as_percent().unwrap()).collect();
+            let percents: Vec<u8> = c
+                .draws
+                .iter()
+                .map(|d| match d {
+                    Draw::Percent(p) => *p,
+                    Draw::Unit(_) => unreachable!("the cases' draws are percents"),
+                })
+                .collect();
             let checked = plan_percent(&c.outcomes, c.op, &p, &percents);
             assert_eq!(
                 (checked.waits.as_slice(), checked.verdict),
@@ -145,12 +153,12 @@ fn s(code: u16) -> Outcome {
 
 #[test]
 fn seven_retries_at_most_with_every_draw_at_zero() {
-    assert_eq!(exercise_policy().max_retries(), Some(7));
+    assert_eq!(basic_policy().max_retries(), Some(7));
     // 1 + 2 + 4 + 8 + 16 + 30 + 30 = 91; another 30 would pass 120.
-    let p = plan_percent(&[s(503); 30], Operation::Read, &exercise_policy(), &[0; 29]);
-    assert_eq!(p.waits.iter().sum::<u64>(), 91);
+    let p = plan_percent(&[s(503); 30], Operation::Read, &basic_policy(), &[0; 29]);
+    assert_eq!(units(&p.waits).iter().sum::<u64>(), 91);
     assert_eq!(p.verdict, Verdict::GaveUp(GiveUp::Budget));
-    let p = plan_percent(&[s(503), OK], Operation::Read, &exercise_policy(), &[0]);
+    let p = plan_percent(&[s(503), OK], Operation::Read, &basic_policy(), &[0]);
     assert_eq!(p.verdict, Verdict::Ok);
 }
 
@@ -169,10 +177,14 @@ fn the_default_table_retries_what_may_succeed_and_fails_what_will_not() {
     for code in [500, 502, 503, 504] {
         assert_eq!(class(s(code), Operation::Read), Class::Retry, "{code}: server-side, usually temporary");
     }
-    for o in [Outcome::ResponseTimeout, Outcome::Reset] {
+    for o in [Failure::ResponseTimeout.into(), Failure::Reset.into()] {
         assert_eq!(class(o, Operation::Read), Class::Retry, "yes, if idempotent");
         assert_eq!(class(o, Operation::KeyedWrite), Class::Retry, "yes, if idempotent");
         assert_eq!(class(o, Operation::Write), Class::Unknown, "nobody knows whether it landed");
     }
-    assert_eq!(class(Outcome::BadBody, Operation::Read), Class::Failed, "a validation bug, not transport");
+    assert_eq!(
+        class(Failure::BadBody.into(), Operation::Read),
+        Class::Failed,
+        "a validation bug, not transport"
+    );
 }

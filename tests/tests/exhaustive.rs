@@ -1,9 +1,10 @@
 //! Every outcome sequence up to length 6 over a representative alphabet, every operation, a grid
 //! of policies and draws of 0, 50 and 99, checked against the core's `plan`.
 //!
-//! Under the `exercise` preset the expected schedule comes from a model of `wary plan`'s formula,
-//! written below without calling the core's classification or backoff. Under the
-//! `default` and `strict` presets the design's invariants are asserted instead.
+//! Under the `basic` preset the expected schedule comes from a model of `wary plan`'s formula,
+//! written below without calling the core's classification or backoff, in the cases' own unit
+//! (one unit is one millisecond to the core, as `wary plan` reads it). Under the `default` and
+//! `strict` presets the design's invariants are asserted instead.
 //!
 //! Sequences are walked as a tree: once a call has ended, the outcomes after it cannot matter, so
 //! each ended prefix stands for every sequence that starts with it (checked by appending one more
@@ -11,12 +12,12 @@
 
 use std::time::Instant;
 
-use wary::{Draw, GiveUp, Operation, Outcome, Policy, Preset, Verdict, plan::plan};
+use wary::{Draw, Duration, Failure, GiveUp, Operation, Outcome, Policy, Preset, Verdict, plan};
 
 const MAX_LEN: usize = 6;
-/// Seconds, under `tick_hz(1)`: fits most budgets in the grid.
+/// A Retry-After in the case's Retry-After unit ([`Case::ra_ms`]): fits most budgets in the grid.
 const RA_SMALL: u64 = 5;
-/// Seconds: longer than any budget in the grid, in any tick unit.
+/// Longer than any budget in the grid, in either Retry-After unit.
 const RA_HUGE: u64 = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,16 +51,22 @@ const ALPHABET: [Sym; 13] = [
 const OPS: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
 const DRAWS: [u8; 3] = [0, 50, 99];
 
-fn to_outcome(s: Sym) -> Outcome {
+/// The core's outcome of a symbol; a Retry-After of `ra` units lasts `ra · ra_ms` milliseconds.
+fn to_outcome(s: Sym, ra_ms: u64) -> Outcome {
     match s {
         Sym::Ok => Outcome::Ok,
-        Sym::Timeout => Outcome::ResponseTimeout,
+        Sym::Timeout => Failure::ResponseTimeout.into(),
         Sym::Status(c) => Outcome::status(c),
-        Sym::StatusAfter(c, ra) => Outcome::status_after(c, ra),
-        Sym::ConnectTimeout => Outcome::ConnectTimeout,
-        Sym::Reset => Outcome::Reset,
-        Sym::BadBody => Outcome::BadBody,
+        Sym::StatusAfter(c, ra) => Outcome::status_after(c, Duration::from_millis(ra * ra_ms)),
+        Sym::ConnectTimeout => Failure::ConnectTimeout.into(),
+        Sym::Reset => Failure::Reset.into(),
+        Sym::BadBody => Failure::BadBody.into(),
     }
+}
+
+/// Milliseconds as a number.
+fn ms(d: Duration) -> u64 {
+    u64::from(d.as_millis())
 }
 
 fn retry_after(s: Sym) -> Option<u64> {
@@ -86,7 +93,7 @@ fn expect_of(v: Verdict) -> Option<Expect> {
         Verdict::Failed => Expect::Failed,
         Verdict::Unknown => Expect::Unknown,
         Verdict::GaveUp(GiveUp::Budget) => Expect::GaveUpBudget,
-        Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) => Expect::GaveUpRetryAfter(asked),
+        Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) => Expect::GaveUpRetryAfter(ms(asked)),
         Verdict::GaveUp(GiveUp::OutcomesExhausted) => Expect::GaveUpExhausted,
         _ => return None,
     })
@@ -100,7 +107,7 @@ enum ModelClass {
     Failed,
 }
 
-/// The exercise table's classification, extended to the outcomes `wary plan` does not name by the default
+/// The basic table's classification, extended to the outcomes `wary plan` does not name by the default
 /// table (a connect timeout was never sent: retry any; a reset may have landed; a bad body fails).
 fn model_classify(s: Sym, op: Operation) -> ModelClass {
     let idempotent = matches!(op, Operation::Read | Operation::KeyedWrite);
@@ -114,7 +121,7 @@ fn model_classify(s: Sym, op: Operation) -> ModelClass {
     }
 }
 
-/// The exercise formula in integer seconds, with the reason for giving up the core adds.
+/// The basic formula in the case's integer unit, with the reason for giving up the core adds.
 fn model_solve(
     outcomes: &[Sym],
     op: Operation,
@@ -155,8 +162,8 @@ fn model_solve(
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
-    /// `exercise` in seconds with this base, cap and budget: compared with the model.
-    Exercise { base: u64, cap: u64, budget: u64 },
+    /// `basic` in case units with this base, cap and budget: compared with the model.
+    Basic { base: u64, cap: u64, budget: u64 },
     /// A preset checked by invariants only.
     Invariants(Preset),
 }
@@ -165,32 +172,45 @@ struct Case {
     name: &'static str,
     kind: Kind,
     policy: Policy,
+    /// Milliseconds per unit of the alphabet's Retry-After: 1 where the case counts in its own
+    /// unit (as `wary plan`), 1000 where the policy runs in real time and a Retry-After is the
+    /// header's seconds.
+    ra_ms: u64,
 }
 
-fn exercise(name: &'static str, base: u64, cap: u64, budget: u64) -> Case {
-    let policy = Policy::builder(Preset::Exercise).tick_hz(1).base(base).cap(cap).budget(budget).build();
-    Case { name, kind: Kind::Exercise { base, cap, budget }, policy: policy.unwrap() }
+fn basic(name: &'static str, base: u64, cap: u64, budget: u64) -> Case {
+    let unit = Duration::from_millis;
+    let policy = Policy::builder(Preset::Basic).base(unit(base)).cap(unit(cap)).budget(unit(budget)).build();
+    Case { name, kind: Kind::Basic { base, cap, budget }, policy: policy.unwrap(), ra_ms: 1 }
 }
 
 fn grid() -> Vec<Case> {
-    let seconds = Policy::builder(Preset::Default).tick_hz(1).base(2).cap(60).budget(12).build().unwrap();
+    let s = Duration::from_secs;
+    let seconds = Policy::builder(Preset::Default).base(s(2)).cap(s(60)).budget(s(12)).build().unwrap();
     vec![
-        exercise("exercise base 2 cap 60 budget 120", 2, 60, 120),
+        basic("basic base 2 cap 60 budget 120", 2, 60, 120),
         // The rest have budgets that end calls before six attempts, which keeps the walk short.
-        exercise("exercise tight budget", 2, 60, 12),
-        exercise("exercise low cap", 3, 4, 6),
-        exercise("exercise budget exactly 1+2+4", 2, 60, 7),
-        exercise("exercise wide", 10, 1000, 40),
+        basic("basic tight budget", 2, 60, 12),
+        basic("basic low cap", 3, 4, 6),
+        basic("basic budget exactly 1+2+4", 2, 60, 7),
+        basic("basic wide", 10, 1000, 40),
         Case {
             name: "default ms",
             kind: Kind::Invariants(Preset::Default),
             policy: Policy::builder(Preset::Default).build().unwrap(),
+            ra_ms: 1000,
         },
-        Case { name: "default seconds", kind: Kind::Invariants(Preset::Default), policy: seconds },
+        Case {
+            name: "default seconds",
+            kind: Kind::Invariants(Preset::Default),
+            policy: seconds,
+            ra_ms: 1000,
+        },
         Case {
             name: "strict",
             kind: Kind::Invariants(Preset::Strict),
             policy: Policy::builder(Preset::Strict).build().unwrap(),
+            ra_ms: 1000,
         },
     ]
 }
@@ -213,11 +233,11 @@ fn preset_retries(preset: Preset, s: Sym, op: Operation) -> bool {
             (_, Some(429 | 502 | 503 | 504)) | (Sym::Timeout | Sym::Reset | Sym::ConnectTimeout, _) => read,
             _ => false,
         },
-        Preset::Exercise => model_classify(s, op) == ModelClass::Retry,
+        Preset::Basic => model_classify(s, op) == ModelClass::Retry,
     }
 }
 
-/// The design's invariants for one planned call.
+/// The design's invariants for one planned call; `waits` in milliseconds.
 fn check_invariants(
     case: &Case,
     preset: Preset,
@@ -229,11 +249,11 @@ fn check_invariants(
 ) {
     let p = &case.policy;
     let ctx = || format!("{} {op:?} draw {draw} {outcomes:?} -> {waits:?} {verdict:?}", case.name);
-    let hz = u64::from(p.tick_hz());
-    let (base, cap) = (p.backoff().base, p.backoff().cap);
+    let ra_ms = case.ra_ms;
+    let (base, cap, budget) = (ms(p.backoff().base), ms(p.backoff().cap), ms(p.budget()));
 
     // Waits never sum past the budget.
-    assert!(waits.iter().sum::<u64>() <= p.budget(), "budget: {}", ctx());
+    assert!(waits.iter().sum::<u64>() <= budget, "budget: {}", ctx());
     // No more waits than the policy's bound on retries.
     assert!(waits.len() as u64 <= u64::from(p.max_retries().unwrap()), "max_retries: {}", ctx());
 
@@ -257,10 +277,10 @@ fn check_invariants(
                 assert!(w >= floor, "wait below {floor}: {}", ctx());
             }
             Some(ra) => {
-                let asked = ra * hz;
+                let asked = ra * ra_ms;
                 assert!(w >= asked, "Retry-After lowered the wait: {}", ctx());
                 assert!(w <= c.max(asked + c), "wait above ceiling and Retry-After: {}", ctx());
-                assert!(asked <= p.budget() - spent, "waited on a Retry-After past the budget: {}", ctx());
+                assert!(asked <= budget - spent, "waited on a Retry-After past the budget: {}", ctx());
             }
         }
         spent += w;
@@ -292,9 +312,9 @@ fn check_invariants(
             let attempts_left = p.max_attempts().is_none_or(|m| end as u64 + 1 < u64::from(m));
             match retry_after(last) {
                 // A Retry-After beyond the remaining budget gives up now and says what was asked.
-                Some(ra) if ra * hz > p.budget() - spent && attempts_left => assert_eq!(
+                Some(ra) if ra * ra_ms > budget - spent && attempts_left => assert_eq!(
                     verdict,
-                    Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: ra * hz }),
+                    Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: Duration::from_millis(ra * ra_ms) }),
                     "{}",
                     ctx()
                 ),
@@ -328,19 +348,20 @@ fn check(
 ) -> bool {
     let draws = [Draw::percent(draw).unwrap(); MAX_LEN];
     let got = plan::<8>(&case.policy, op, core_outcomes, &draws).unwrap();
+    let waits: Vec<u64> = got.waits.iter().map(|w| ms(*w)).collect();
     stats.cases += 1;
     match case.kind {
-        Kind::Exercise { base, cap, budget } => {
+        Kind::Basic { base, cap, budget } => {
             let want = model_solve(outcomes, op, base, cap, budget, &[draw; MAX_LEN]);
             assert_eq!(
-                (got.waits.as_slice(), expect_of(got.verdict)),
+                (waits.as_slice(), expect_of(got.verdict)),
                 (want.0.as_slice(), Some(want.1)),
                 "{} {op:?} draw {draw} outcomes {outcomes:?}",
                 case.name
             );
         }
         Kind::Invariants(preset) => {
-            check_invariants(case, preset, outcomes, op, draw, &got.waits, got.verdict);
+            check_invariants(case, preset, outcomes, op, draw, &waits, got.verdict);
         }
     }
     let live =
@@ -371,7 +392,7 @@ fn walk(
 ) {
     for s in ALPHABET {
         prefix.push(s);
-        core.push(to_outcome(s));
+        core.push(to_outcome(s, case.ra_ms));
         if check(case, prefix, core, op, draw, stats) && prefix.len() < MAX_LEN {
             walk(case, prefix, core, op, draw, stats);
         }
@@ -427,14 +448,18 @@ fn the_model_reproduces_the_conformance_cases() {
         };
         assert_eq!((&got, name), (&waits, verdict.as_str()), "model: {outcomes:?}");
         // And the core agrees where its running-call builder accepts the policy.
-        let Ok(p) = Policy::builder(Preset::Exercise).tick_hz(1).base(base).cap(cap).budget(budget).build()
+        let Ok(p) = Policy::builder(Preset::Basic)
+            .base(Duration::from_millis(base))
+            .cap(Duration::from_millis(cap))
+            .budget(Duration::from_millis(budget))
+            .build()
         else {
             continue;
         };
-        let core: Vec<Outcome> = outcomes.iter().map(|s| to_outcome(*s)).collect();
+        let core: Vec<Outcome> = outcomes.iter().map(|s| to_outcome(*s, 1)).collect();
         let planned = wary_tests::plan_percent(&core, op, &p, &draws);
         assert_eq!(
-            (planned.waits.to_vec(), planned.verdict.name()),
+            (wary_tests::units(&planned.waits), planned.verdict.name()),
             (waits, verdict.as_str()),
             "core: {outcomes:?}"
         );

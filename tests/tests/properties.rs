@@ -3,16 +3,25 @@
 
 use proptest::prelude::*;
 use wary::{
-    CallState, Decision, Draw, FleetBudget, GiveUp, Jitter, Operation, Outcome, Policy, Preset,
-    RetryAfterMode, Verdict, plan::plan,
+    CallState, Decision, Draw, Duration, Failure, FleetBudget, GiveUp, Jitter, Operation, Outcome, Policy,
+    Preset, RetryAfterMode, Verdict, plan,
 };
 
 const CAPACITY: usize = 64;
 
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Milliseconds as a number.
+fn millis(d: Duration) -> u64 {
+    u64::from(d.as_millis())
+}
+
+/// Settings in milliseconds.
 #[derive(Debug, Clone)]
 struct Settings {
     preset: Preset,
-    tick_hz: u32,
     base: u64,
     cap_over_base: u64,
     budget: u64,
@@ -23,10 +32,9 @@ struct Settings {
 impl Settings {
     fn build(&self) -> Option<Policy> {
         let mut b = Policy::builder(self.preset)
-            .tick_hz(self.tick_hz)
-            .base(self.base)
-            .cap(self.base.saturating_add(self.cap_over_base))
-            .budget(self.budget);
+            .base(ms(self.base))
+            .cap(ms(self.base.saturating_add(self.cap_over_base)))
+            .budget(ms(self.budget));
         if let Some(j) = self.jitter {
             b = b.jitter(j);
         }
@@ -41,8 +49,7 @@ impl Settings {
 
 fn settings() -> impl Strategy<Value = Settings> {
     (
-        prop_oneof![Just(Preset::Default), Just(Preset::Exercise), Just(Preset::Strict)],
-        prop_oneof![Just(1u32), Just(1000)],
+        prop_oneof![Just(Preset::Default), Just(Preset::Basic), Just(Preset::Strict)],
         1u64..=2_000,
         0u64..=60_000,
         1u64..=200_000,
@@ -55,9 +62,8 @@ fn settings() -> impl Strategy<Value = Settings> {
         ],
         prop_oneof![Just(None), (1u32..=12).prop_map(Some)],
     )
-        .prop_map(|(preset, tick_hz, base, cap_over_base, budget, jitter, max_attempts)| Settings {
+        .prop_map(|(preset, base, cap_over_base, budget, jitter, max_attempts)| Settings {
             preset,
-            tick_hz,
             base,
             cap_over_base,
             budget,
@@ -67,7 +73,14 @@ fn settings() -> impl Strategy<Value = Settings> {
 }
 
 fn outcome() -> impl Strategy<Value = Outcome> {
-    let retry_after = prop_oneof![Just(None), (0u64..=300).prop_map(Some), any::<u64>().prop_map(Some)];
+    // Up to 300 of the policy's milliseconds or of the header's seconds, or anything at all
+    // (saturating at what wary counts).
+    let retry_after = prop_oneof![
+        Just(None),
+        (0u64..=300).prop_map(|n| Some(ms(n))),
+        (0u64..=300).prop_map(|n| Some(Duration::from_secs(n))),
+        any::<u64>().prop_map(|n| Some(ms(n))),
+    ];
     let status = prop_oneof![
         Just(400u16),
         Just(408),
@@ -82,15 +95,15 @@ fn outcome() -> impl Strategy<Value = Outcome> {
     ];
     prop_oneof![
         1 => Just(Outcome::Ok),
-        3 => (status, retry_after).prop_map(|(code, retry_after)| Outcome::Status { code, retry_after }),
-        1 => Just(Outcome::ConnectTimeout),
-        1 => Just(Outcome::ResponseTimeout),
-        1 => Just(Outcome::Refused),
-        1 => Just(Outcome::Reset),
-        1 => Just(Outcome::Tls),
-        1 => Just(Outcome::BadBody),
-        1 => any::<bool>().prop_map(|forwarded| Outcome::StreamBroken { forwarded }),
-        1 => Just(Outcome::Cancelled),
+        3 => (status, retry_after).prop_map(|(code, retry_after)| Failure::Status { code, retry_after }.into()),
+        1 => Just(Failure::ConnectTimeout.into()),
+        1 => Just(Failure::ResponseTimeout.into()),
+        1 => Just(Failure::Refused.into()),
+        1 => Just(Failure::Reset.into()),
+        1 => Just(Failure::Tls.into()),
+        1 => Just(Failure::BadBody.into()),
+        1 => any::<bool>().prop_map(|forwarded| Failure::StreamBroken { forwarded }.into()),
+        1 => Just(Failure::Cancelled.into()),
     ]
 }
 
@@ -113,13 +126,15 @@ fn call() -> impl Strategy<Value = (Settings, Operation, Vec<Outcome>, Vec<Draw>
 /// The work may have landed: a resend of an unkeyed write could do it twice.
 fn ambiguous(o: &Outcome) -> bool {
     match o {
-        Outcome::ResponseTimeout | Outcome::Reset | Outcome::StreamBroken { forwarded: false } => true,
-        Outcome::Status { code, .. } => (500..=599).contains(code),
+        Outcome::Failure(
+            Failure::ResponseTimeout | Failure::Reset | Failure::StreamBroken { forwarded: false },
+        ) => true,
+        Outcome::Failure(Failure::Status { code, .. }) => (500..=599).contains(code),
         _ => false,
     }
 }
 
-/// `min(cap, base·2^(k−1))`, computed here rather than by the core.
+/// `min(cap, base·2^(k−1))` in milliseconds, computed here rather than by the core.
 fn ceiling(base: u64, cap: u64, k: usize) -> u64 {
     let grown = if k > 64 { u64::MAX } else { base.saturating_mul(1u64 << (k - 1)) };
     grown.min(cap)
@@ -132,7 +147,7 @@ proptest! {
     fn waits_never_sum_past_the_budget((s, op, outcomes, draws) in call()) {
         let Some(p) = s.build() else { return Ok(()) };
         let r = plan::<CAPACITY>(&p, op, &outcomes, &draws).unwrap();
-        prop_assert!(r.waits.iter().sum::<u64>() <= p.budget());
+        prop_assert!(r.waits.iter().map(|w| millis(*w)).sum::<u64>() <= millis(p.budget()));
         prop_assert!(r.waits.len() as u64 <= u64::from(p.max_retries().unwrap()));
     }
 
@@ -158,14 +173,16 @@ proptest! {
         let Some(p) = s.build() else { return Ok(()) };
         let r = plan::<CAPACITY>(&p, op, &outcomes, &draws).unwrap();
         let b = p.backoff();
-        for (i, &w) in r.waits.iter().enumerate() {
-            let c = ceiling(b.base, b.cap, i + 1);
+        let (base, cap) = (millis(b.base), millis(b.cap));
+        for (i, w) in r.waits.iter().enumerate() {
+            let w = millis(*w);
+            let c = ceiling(base, cap, i + 1);
             // Decorrelated waits grow from the last one, bounded by the cap.
-            let limit = if b.jitter == Jitter::Decorrelated { b.cap } else { c };
+            let limit = if b.jitter == Jitter::Decorrelated { cap } else { c };
             match outcomes[i].retry_after() {
                 None => prop_assert!(w <= limit, "wait {} of retry {} above {}", w, i + 1, limit),
-                Some(secs) => {
-                    let asked = secs.saturating_mul(u64::from(p.tick_hz()));
+                Some(asked) => {
+                    let asked = millis(asked);
                     prop_assert!(w >= asked, "Retry-After lowered the wait");
                     let spread = match p.retry_after_mode() {
                         RetryAfterMode::Max => 0,
@@ -214,26 +231,27 @@ proptest! {
         let outcomes: Vec<Outcome> = outcomes
             .into_iter()
             .map(|o| match o {
-                Outcome::Status { code, .. } => Outcome::status(code),
+                Outcome::Failure(Failure::Status { code, .. }) => Outcome::status(code),
                 o => o,
             })
             .collect();
         let draws: Vec<Draw> = raw.iter().map(|x| Draw::unit(*x)).collect();
         let r = plan::<CAPACITY>(&p, op, &outcomes, &draws).unwrap();
         let b = p.backoff();
-        let mut previous = 0;
-        for (i, &w) in r.waits.iter().enumerate() {
+        let (base, cap) = (millis(b.base), millis(b.cap));
+        let mut previous = Duration::ZERO;
+        for (i, &wait) in r.waits.iter().enumerate() {
             let k = u32::try_from(i + 1).unwrap();
             let (lo, hi) = (b.min_wait(k, previous), b.max_wait(k, previous));
-            prop_assert!(lo <= w && w <= hi, "retry {}: {} outside [{}, {}]", k, w, lo, hi);
-            let c = ceiling(b.base, b.cap, i + 1);
+            prop_assert!(lo <= wait && wait <= hi, "retry {}: {} outside [{}, {}]", k, wait, lo, hi);
+            let (w, c) = (millis(wait), ceiling(base, cap, i + 1));
             match b.jitter {
                 Jitter::Equal => prop_assert!(c / 2 <= w && w <= c),
                 Jitter::Full => prop_assert!(w < c),
                 Jitter::None => prop_assert_eq!(w, c),
-                Jitter::Decorrelated => prop_assert!(b.base <= w && w <= b.cap),
+                Jitter::Decorrelated => prop_assert!(base <= w && w <= cap),
             }
-            previous = w;
+            previous = wait;
         }
     }
 
@@ -247,13 +265,12 @@ proptest! {
         let Some(p) = s.build() else { return Ok(()) };
         let Ok(p) = Policy::builder(Preset::Default)
             .table(*p.table())
-            .tick_hz(p.tick_hz())
             .base(p.backoff().base)
             .cap(p.backoff().cap)
             .jitter(p.backoff().jitter)
             .budget(p.budget())
-            .deadline(deadline)
-            .min_attempt(min_attempt)
+            .deadline(ms(deadline))
+            .min_attempt(ms(min_attempt))
             .max_attempts(p.max_attempts().unwrap_or(20))
             .build()
         else {
@@ -263,8 +280,9 @@ proptest! {
         let mut elapsed = 0u64;
         for (i, o) in outcomes.iter().enumerate() {
             elapsed += attempt_times[i];
-            match p.decide(&mut state, op, o, draws[i], Some(elapsed)) {
+            match p.decide(&mut state, op, o, draws[i], Some(ms(elapsed))) {
                 Decision::Retry { wait } => {
+                    let wait = millis(wait);
                     let end = elapsed + wait + min_attempt;
                     prop_assert!(end <= deadline, "{} + {} + {} > {}", elapsed, wait, min_attempt, deadline);
                     prop_assert!(state.waited() <= p.budget());
@@ -307,15 +325,14 @@ proptest! {
 /// stops at the deadline too, and `plan_static`'s compile-time capacity check holds.
 #[test]
 fn plan_with_a_deadline_stays_within_max_retries() {
-    use wary::policy::StaticPolicy;
+    use wary::StaticPolicy;
     struct WithDeadline;
     impl StaticPolicy for WithDeadline {
-        const POLICY: Policy = match Policy::builder(Preset::Exercise)
-            .tick_hz(1)
-            .base(2)
-            .cap(60)
-            .budget(120)
-            .deadline(3)
+        const POLICY: Policy = match Policy::builder(Preset::Basic)
+            .base(Duration::from_millis(2))
+            .cap(Duration::from_millis(60))
+            .budget(Duration::from_millis(120))
+            .deadline(Duration::from_millis(3))
             .build()
         {
             Ok(p) => p,
@@ -325,17 +342,21 @@ fn plan_with_a_deadline_stays_within_max_retries() {
     // Waits of 1 and 2 fill the deadline of 3: two retries at most.
     assert_eq!(WithDeadline::MAX_RETRIES, 2);
     let outcomes = [Outcome::status(503); 10];
-    let r = wary::plan::plan_static::<WithDeadline, 2>(Operation::Read, &outcomes, &[Draw::ZERO; 9]);
+    let r = wary::plan_static::<WithDeadline, 2>(Operation::Read, &outcomes, &[Draw::ZERO; 9]);
     assert!(r.is_ok(), "{r:?}");
-    assert!(r.unwrap().waits.iter().sum::<u64>() <= 3);
+    assert!(r.unwrap().waits.iter().map(|w| millis(*w)).sum::<u64>() <= 3);
 }
 
 /// Past the deadline no attempt can finish in time, whatever the wait: not even a wait of 0.
 #[test]
 fn no_retry_once_the_deadline_has_passed() {
-    let p =
-        Policy::builder(Preset::Default).jitter(Jitter::Full).max_attempts(5).deadline(100).build().unwrap();
+    let p = Policy::builder(Preset::Default)
+        .jitter(Jitter::Full)
+        .max_attempts(5)
+        .deadline(ms(100))
+        .build()
+        .unwrap();
     let mut s = CallState::new();
-    let d = p.decide(&mut s, Operation::Read, &Outcome::status(503), Draw::ZERO, Some(150));
+    let d = p.decide(&mut s, Operation::Read, &Outcome::status(503), Draw::ZERO, Some(ms(150)));
     assert_eq!(d, Decision::Done(Verdict::GaveUp(GiveUp::Deadline)));
 }
