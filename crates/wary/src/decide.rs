@@ -46,6 +46,9 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict's name, in a fixed order (for metrics that list each one).
+    pub const NAMES: [&'static str; 5] = ["ok", "failed", "unknown", "gave_up", "cancelled"];
+
     /// The verdict's name as `wary plan` and the ledgers spell it (`gave_up` for any reason).
     pub const fn name(&self) -> &'static str {
         match self {
@@ -104,6 +107,10 @@ pub enum GiveUp {
 }
 
 impl GiveUp {
+    /// Every reason's name, in a fixed order.
+    pub const NAMES: [&'static str; 6] =
+        ["budget", "deadline", "attempts", "retry_after_too_long", "throttled", "outcomes_exhausted"];
+
     /// A short stable name for logs and ledgers.
     pub const fn name(&self) -> &'static str {
         match self {
@@ -677,14 +684,17 @@ mod tests {
             GiveUp::OutcomesExhausted,
         ] {
             assert_eq!(GiveUp::from_name(g.name(), ms(5)), Some(g));
+            assert!(GiveUp::NAMES.contains(&g.name()));
             assert_eq!(Verdict::from_name("gave_up", Some(g)), Some(Verdict::GaveUp(g)));
         }
         for v in [Verdict::Ok, Verdict::Failed, Verdict::Unknown, Verdict::Cancelled] {
             assert_eq!(Verdict::from_name(v.name(), None), Some(v));
             assert_eq!(Verdict::from_name(v.name(), Some(GiveUp::Budget)), None);
             assert_eq!(format!("{v}"), v.name());
+            assert!(Verdict::NAMES.contains(&v.name()));
         }
         assert_eq!(Verdict::from_name("gave_up", None), None);
+        assert!(Verdict::NAMES.contains(&Verdict::GaveUp(GiveUp::Budget).name()));
         assert_eq!(GiveUp::from_name("soon", ms(1)), None);
         assert_eq!(format!("{}", Verdict::GaveUp(GiveUp::Budget)), "gave_up (budget)");
         assert_eq!(
