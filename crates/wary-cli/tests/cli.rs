@@ -365,10 +365,12 @@ fn a_missing_policy_line_is_a_divergence() {
     assert_eq!(report.matches(&line).count(), 5, "{report}");
 }
 
-/// The device lines of an uplink run on the Cortex-M4 under QEMU (`cargo xtask qemu`, as
-/// `defmt-print` shows them), in the device line format of this ledger version, convert to JSON
-/// lines and replay on the host with no divergence: the fingerprint and every decision agree
-/// across targets.
+/// An uplink run's device lines as `defmt-print` shows them (`tests/data/uplink-defmt.log`) convert
+/// to JSON lines and replay on the host with no divergence: the fingerprint and every decision
+/// agree across targets. The run is the Cortex-M4's under QEMU (`cargo xtask qemu`): its
+/// outcomes, draws and times, written in this ledger version's device format under the uplink's
+/// policy; its throttled attempts, whose draws the first format did not log, carry draws of
+/// their own.
 #[test]
 fn a_device_ledger_from_defmt_replays_on_the_host() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
