@@ -29,9 +29,7 @@ use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use embassy_sync::signal::Signal;
 use embassy_time::{Duration, Instant, Timer, with_timeout};
 use rand_core::RngCore;
-use wary::Draw;
-use wary::Outcome;
-use wary::backoff::{Backoff, Jitter};
+use wary::{Backoff, Draw, Failure, Jitter};
 use wary_dial::{Chat, Class};
 use wary_uplink::Transport;
 
@@ -41,10 +39,10 @@ pub const NEGOTIATION_LIMIT: Duration = Duration::from_secs(30);
 /// Connection attempts in a row that timed out after which the link counts as dead.
 pub const STALE_AFTER: u32 = 3;
 /// The first ceiling of the wait between dials.
-pub const REDIAL_BASE: Duration = Duration::from_secs(5);
+pub const REDIAL_BASE: wary::Duration = wary::Duration::from_secs(5);
 /// The longest ceiling of the wait between dials (and the wait, jittered, after the network
 /// refused the configuration).
-pub const REDIAL_CAP: Duration = Duration::from_secs(300);
+pub const REDIAL_CAP: wary::Duration = wary::Duration::from_secs(300);
 /// How often an attempt made while the link is down looks whether it came up.
 pub const LINK_POLL: Duration = Duration::from_millis(200);
 /// A session open at least this long starts the redial backoff again from its base: the link
@@ -78,10 +76,7 @@ pub struct Redial {
 impl Redial {
     /// Ceilings doubling from [`REDIAL_BASE`] to [`REDIAL_CAP`].
     pub const fn new() -> Self {
-        Redial {
-            backoff: Backoff::new(REDIAL_BASE.as_millis(), REDIAL_CAP.as_millis(), Jitter::Equal),
-            step: 0,
-        }
+        Redial { backoff: Backoff::new(REDIAL_BASE, REDIAL_CAP, Jitter::Equal), step: 0 }
     }
 
     /// The next wait. A refused configuration draws under the longest ceiling at once.
@@ -91,7 +86,7 @@ impl Redial {
             Some(Class::FixConfiguration) => u32::MAX,
             _ => self.step,
         };
-        Duration::from_millis(self.backoff.wait(retry, 0, draw))
+        self.backoff.wait(retry, wary::Duration::ZERO, draw).into()
     }
 
     /// Back to the base: a session lasted.
@@ -212,7 +207,7 @@ async fn session(
 ///
 /// - An attempt made while the link is down (dialling, negotiating) waits for it, within the
 ///   attempt's own time limit; if none comes up, the attempt is answered as never sent
-///   ([`Outcome::Refused`]): nothing left the device, so any operation may be sent again.
+///   ([`Failure::Refused`]): nothing left the device, so any operation may be sent again.
 /// - [`STALE_AFTER`] connection timeouts in a row tell the link task to end the session and
 ///   redial. Any other outcome (a reply, a refusal, a reset) shows the path works.
 pub struct LinkAware<T> {
@@ -236,9 +231,9 @@ impl<T> LinkAware<T> {
 }
 
 impl<T: Transport> Transport for LinkAware<T> {
-    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
+    async fn post(&mut self, key: &str, body: &[u8], limit: wary::Duration) -> Result<(), Failure> {
         let started = Instant::now();
-        let deadline = started.saturating_add(limit);
+        let deadline = started.saturating_add(limit.into());
         // Polled, not awaited: embassy-net keeps one waker for link and configuration changes,
         // and the link task holds it; a second waiter would evict it, and the two tasks would
         // wake each other in turn for as long as the link is down.
@@ -246,16 +241,18 @@ impl<T: Transport> Transport for LinkAware<T> {
             let now = Instant::now();
             if now >= deadline {
                 self.no_link = self.no_link.saturating_add(1);
-                return Outcome::Refused;
+                return Err(Failure::Refused);
             }
             Timer::at(now.saturating_add(LINK_POLL).min(deadline)).await;
         }
-        let Some(left) = limit.checked_sub(started.elapsed()).filter(|left| left.as_ticks() > 0) else {
+        let Some(left) =
+            limit.checked_sub(started.elapsed().into()).filter(|left| *left > wary::Duration::ZERO)
+        else {
             self.no_link = self.no_link.saturating_add(1);
-            return Outcome::Refused;
+            return Err(Failure::Refused);
         };
-        let outcome = self.inner.post(key, body, left).await;
-        if matches!(outcome, Outcome::ConnectTimeout) {
+        let result = self.inner.post(key, body, left).await;
+        if result == Err(Failure::ConnectTimeout) {
             self.timeouts_in_row = self.timeouts_in_row.saturating_add(1);
             if self.timeouts_in_row >= STALE_AFTER {
                 defmt::warn!(
@@ -268,6 +265,6 @@ impl<T: Transport> Transport for LinkAware<T> {
         } else {
             self.timeouts_in_row = 0;
         }
-        outcome
+        result
     }
 }

@@ -35,7 +35,7 @@ use embassy_nrf::{bind_interrupts, peripherals, rng, uarte};
 use embassy_time::{Delay, Duration, Timer};
 use panic_probe as _;
 use static_cell::{ConstStaticCell, StaticCell};
-use wary::ledger::Ledger;
+use wary::Ledger;
 use wary_dial::{Apn, Chat};
 use wary_outbox::Outbox;
 #[cfg(not(feature = "tls"))]
@@ -93,7 +93,7 @@ const _: () = assert!(config::path(PATH), "WARY_PATH: an absolute path of visibl
 const PERIOD: Duration = Duration::from_secs(60);
 /// The longest one exchange may take (connect, send, reply): a cellular round trip takes
 /// hundreds of milliseconds, more while the radio wakes; the call's 20 s deadline shortens it.
-const ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
+const ATTEMPT_LIMIT: wary::Duration = wary::Duration::from_secs(10);
 /// How long the device waits before it tries again to open an outbox that did not open.
 const OPEN_RETRY: Duration = Duration::from_secs(60);
 

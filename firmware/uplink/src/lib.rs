@@ -22,8 +22,9 @@
 //! - **One request per attempt**: the transport never retries; the runner decides.
 //! - **HTTPS** (feature `tls`): [`tls::TlsTransport`] is the same exchange over TLS 1.3, the
 //!   server authenticated by a CA pinned in the firmware.
-//! - Every attempt is logged with defmt by the ledger, as a `wary-ledger v1` line that
-//!   `wary ledger from-defmt` turns into the host's replayable JSON lines.
+//! - Every attempt is logged with defmt by the core's ledger, as a device line tagged
+//!   [`wary::DEVICE_TAG`] (`wary-ledger v2`) that `wary ledger from-defmt` turns into the
+//!   host's replayable JSON lines.
 
 #![no_std]
 #![deny(missing_docs)]
@@ -36,14 +37,14 @@ pub mod transport;
 
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
 use embassy_sync::mutex::Mutex;
-use embassy_time::{Duration, Instant, Timer};
+use embassy_time::{Instant, Timer};
 use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use rand_core::RngCore;
-use wary::backoff::{Backoff, Draw, Jitter};
-use wary::ledger::Ledger;
-use wary::run::{EmbassyClock, Runner};
-use wary::{FleetBudget, GiveUp, Key, Operation, Outcome, Policy, Preset, Verdict};
+use wary::{
+    Backoff, Draw, Duration, EmbassyClock, FleetBudget, GiveUp, Jitter, Key, Ledger, Operation, Policy,
+    Preset, Runner, Verdict,
+};
 use wary_outbox::Settlement;
 
 pub use store::{Reading, Store, offer, payload, sense};
@@ -131,11 +132,11 @@ pub struct RoundBackoff {
 impl RoundBackoff {
     /// A backoff doubling from `base` up to `cap`.
     pub const fn new(base: Duration, cap: Duration) -> Self {
-        RoundBackoff { backoff: Backoff::new(base.as_millis(), cap.as_millis(), Jitter::Equal), step: 0 }
+        RoundBackoff { backoff: Backoff::new(base, cap, Jitter::Equal), step: 0 }
     }
 
-    /// The ceiling of the next pause, in ms.
-    pub const fn ceiling_ms(&self, throttled: bool) -> u64 {
+    /// The ceiling of the next pause.
+    pub const fn ceiling(&self, throttled: bool) -> Duration {
         self.backoff.ceiling(self.retry(throttled))
     }
 
@@ -145,9 +146,9 @@ impl RoundBackoff {
 
     /// The next pause from `draw`, and one doubling more for the pause after it.
     pub fn next(&mut self, draw: Draw, throttled: bool) -> Duration {
-        let wait = self.backoff.wait(self.retry(throttled), 0, draw);
+        let wait = self.backoff.wait(self.retry(throttled), Duration::ZERO, draw);
         self.step = self.step.saturating_add(1);
-        Duration::from_millis(wait)
+        wait
     }
 
     /// Back to `base`: a round landed something.
@@ -187,18 +188,17 @@ impl Settle {
     }
 }
 
-/// The uplink's policy, in milliseconds: 100 ms base, 2 s cap, 8 s of waits per call, at most
-/// six attempts, and a 20 s deadline per call counting attempt time (an attempt is cut to the
-/// time left, and none starts with under 1 s left: a request over a cellular link rarely
-/// answers sooner). One definition for every board, so a device ledger replays under one known
-/// policy.
+/// The uplink's policy: 100 ms base, 2 s cap, 8 s of waits per call, at most six attempts, and
+/// a 20 s deadline per call counting attempt time (an attempt is cut to the time left, and none
+/// starts with under 1 s left: a request over a cellular link rarely answers sooner). One
+/// definition for every board, so a device ledger replays under one known policy.
 pub static POLICY: Policy = match Policy::builder(Preset::Default)
-    .base(100)
-    .cap(2_000)
-    .budget(8_000)
+    .base(Duration::from_millis(100))
+    .cap(Duration::from_secs(2))
+    .budget(Duration::from_secs(8))
     .max_attempts(6)
-    .deadline(20_000)
-    .min_attempt(1_000)
+    .deadline(Duration::from_secs(20))
+    .min_attempt(Duration::from_secs(1))
     .build()
 {
     Ok(p) => p,
@@ -316,11 +316,6 @@ where
     // The round pauses draw from their own stream, seeded from the device's generator.
     let mut pause_rng = SplitMix64::new(rng.next_u64());
     let mut pause = RoundBackoff::new(config.round_base, config.round_cap);
-    let hz = u64::from(policy.tick_hz());
-    let ticks_to_ms = |ticks: u64| {
-        u64::try_from(u128::from(ticks).saturating_mul(1000).checked_div(u128::from(hz)).unwrap_or(0))
-            .unwrap_or(u64::MAX)
-    };
     let mut runner = Runner::new(policy, delay, EmbassyClock, rng).fleet(fleet).ledger(&mut *ledger);
     let transport = Mutex::<NoopRawMutex, _>::new(transport);
     let attempt_limit = config.attempt_limit;
@@ -360,14 +355,8 @@ where
             let result = runner
                 .call(Operation::KeyedWrite, key, |attempt| async move {
                     let hex = attempt.key.to_hex();
-                    let limit = match attempt.remaining.map(|t| Duration::from_millis(ticks_to_ms(t))) {
-                        Some(left) if left < attempt_limit => left,
-                        _ => attempt_limit,
-                    };
-                    match transport.lock().await.post(&hex, body.as_bytes(), limit).await {
-                        Outcome::Ok => Ok(()),
-                        other => Err(other),
-                    }
+                    let limit = attempt.remaining.map_or(attempt_limit, |left| left.min(attempt_limit));
+                    transport.lock().await.post(&hex, body.as_bytes(), limit).await
                 })
                 .await;
             let verdict = match result {
@@ -407,7 +396,7 @@ where
                 }
             }
             if let Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) = verdict {
-                let until = Instant::now().saturating_add(Duration::from_millis(ticks_to_ms(asked)));
+                let until = Instant::now().saturating_add(asked.into());
                 hold_until = Some(hold_until.map_or(until, |h| h.max(until)));
                 summary.held = summary.held.saturating_add(1);
                 // The server asked the device to stay away: the rest of this round waits too.
@@ -421,13 +410,13 @@ where
             let throttled = !fleet.allows_retry();
             let wait = pause.next(Draw::from_rng(&mut pause_rng), throttled);
             defmt::info!(
-                "round {=u32} kept {=u32}: next round in {=u64} ms{=str}",
+                "round {=u32} kept {=u32}: next round in {=u32} ms{=str}",
                 summary.rounds,
                 kept,
                 wait.as_millis(),
                 if throttled { " (fleet budget refuses retries)" } else { "" }
             );
-            Timer::after(wait).await;
+            Timer::after(wait.into()).await;
         }
     }
     let stats = runner.ledger_ref().stats();

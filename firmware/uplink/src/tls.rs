@@ -30,8 +30,7 @@ use embedded_tls::{
     MaxFragmentLength, NoClock, TlsCipherSuite, TlsConfig, TlsConnection, TlsContext, TlsError, TlsVerifier,
 };
 use rand_chacha::ChaCha20Rng;
-use wary::Outcome;
-use wary::retry_after::Rules;
+use wary::{Failure, Rules};
 
 use crate::http::{self, Buffers, Handed, HttpError, Post, Response};
 use crate::transport::{Counts, Transport, outcome};
@@ -277,21 +276,22 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
 impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
     for TlsTransport<'_, '_, SOCKET_RX, SOCKET_TX, HEAD>
 {
-    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
+    async fn post(&mut self, key: &str, body: &[u8], limit: wary::Duration) -> Result<(), Failure> {
         let request = Post { path: self.path, idempotency_key: key, body };
         let records = Records { read: &mut *self.read, write: &mut *self.write, max_fragment: None };
         let result = post_tls(
             self.stack,
             self.server,
             &request,
-            limit,
+            limit.into(),
             self.buffers,
             records,
             &self.pinned,
             &mut self.rng,
         )
         .await;
-        self.counts.record(&result);
-        outcome(&result, &self.rules)
+        let (outcome, reading) = outcome(&result, &self.rules);
+        self.counts.record(&result, &reading);
+        outcome.into_result()
     }
 }

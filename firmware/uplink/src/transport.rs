@@ -1,15 +1,16 @@
 //! One attempt of a keyed write, as the wary runner sees it: a [`Transport`] sends exactly one
-//! request and names its result as a wary [`Outcome`].
+//! request and returns `Ok(())` or how it failed, a wary [`Failure`].
 //!
 //! [`HttpTransport`] is the real one: one HTTP/1.1 `POST` through an `embassy-net` stack
 //! ([`crate::http::post`]), whatever link is under the stack (Ethernet, PPP over a cellular
-//! modem, Wi-Fi). The mapping ([`outcome`]) follows what each failure says about whether the
-//! request may have reached the server:
+//! modem, Wi-Fi). A reply becomes an outcome through the core's one constructor,
+//! [`Outcome::from_response`] ([`outcome`]); a failed exchange maps ([`failure`]) by what it
+//! says about whether the request may have reached the server:
 //!
 //! | exchange result | outcome | why |
 //! |---|---|---|
 //! | 2xx | `Ok` | the server accepted it; no assumption about the body |
-//! | other status | `Status` with `Retry-After` (both forms, against the reply's `Date`) | the core's table decides |
+//! | other status | `Status` with `Retry-After` (read under the policy's rules, against the reply's `Date`) | the core's table decides |
 //! | no network, no route, refused | `Refused` | never sent: safe to send again |
 //! | connect or TLS handshake timed out | `ConnectTimeout` | never sent |
 //! | connection broke during the TLS handshake | `Refused` | never sent: the request waits for the handshake |
@@ -25,9 +26,7 @@
 use core::net::SocketAddrV4;
 
 use embassy_net::Stack;
-use embassy_time::Duration;
-use wary::Outcome;
-use wary::retry_after::Rules;
+use wary::{Duration, Failure, Outcome, Reading, Rules};
 
 use crate::http::{self, Buffers, HttpError, Post, Response};
 
@@ -35,50 +34,49 @@ use crate::http::{self, Buffers, HttpError, Post, Response};
 #[allow(async_fn_in_trait)]
 pub trait Transport {
     /// Sends `body` once with `key` as its `Idempotency-Key`, within `limit` (connecting,
-    /// sending and reading the reply), and names the result.
-    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome;
+    /// sending and reading the reply): `Ok(())` if it landed, else how it failed.
+    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Result<(), Failure>;
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
-    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
+    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Result<(), Failure> {
         (**self).post(key, body, limit).await
     }
 }
 
-/// The outcome of one exchange, read with the policy's Retry-After `rules`.
+/// The outcome of one exchange, a reply read by [`Outcome::from_response`] with the policy's
+/// Retry-After `rules`, and the [`Reading`] of its Retry-After values (default for a failed
+/// exchange).
 ///
 /// A reply's `Retry-After` is measured against its own `Date` header (a device has no wall
 /// clock): a date the server gave in the past means "now". A value that cannot be read under
-/// `rules` is ignored and the backoff alone decides.
-pub fn outcome(result: &Result<Response, HttpError>, rules: &Rules) -> Outcome {
+/// `rules` is ignored (and counted in the reading) and the backoff alone decides.
+pub fn outcome(result: &Result<Response, HttpError>, rules: &Rules) -> (Outcome, Reading) {
     match result {
-        Ok(reply) if (200..300).contains(&reply.status) => Outcome::Ok,
         Ok(reply) => {
             let values = reply.retry_after.iter().map(|v| v.as_slice());
-            let date = reply.date.as_deref();
-            let retry_after = rules.read(values, date, None).ok().flatten();
-            Outcome::Status { code: reply.status, retry_after }
+            Outcome::from_response(reply.status, values, reply.date.as_deref(), None, rules)
         }
-        Err(err) => error_outcome(*err),
+        Err(err) => (failure(*err).into(), Reading::default()),
     }
 }
 
 /// What a failed exchange means for the request; see the table in the module docs.
-pub const fn error_outcome(err: HttpError) -> Outcome {
+pub const fn failure(err: HttpError) -> Failure {
     match err {
         HttpError::NoNetwork | HttpError::NoRoute | HttpError::Refused | HttpError::SendFailed => {
-            Outcome::Refused
+            Failure::Refused
         }
-        HttpError::ConnectTimeout | HttpError::HandshakeTimeout => Outcome::ConnectTimeout,
-        HttpError::HandshakeBroken => Outcome::Refused,
-        HttpError::Tls => Outcome::Tls,
-        HttpError::BadRequest => Outcome::BadBody,
-        HttpError::ResponseTimeout => Outcome::ResponseTimeout,
+        HttpError::ConnectTimeout | HttpError::HandshakeTimeout => Failure::ConnectTimeout,
+        HttpError::HandshakeBroken => Failure::Refused,
+        HttpError::Tls => Failure::Tls,
+        HttpError::BadRequest => Failure::BadBody,
+        HttpError::ResponseTimeout => Failure::ResponseTimeout,
         HttpError::Reset
         | HttpError::Closed
         | HttpError::Truncated
         | HttpError::Malformed
-        | HttpError::HeadersTooLarge => Outcome::Reset,
+        | HttpError::HeadersTooLarge => Failure::Reset,
     }
 }
 
@@ -107,11 +105,17 @@ pub struct Counts {
     pub bodies_cut: u32,
     /// Replies with `Retry-After` values too long or too many to keep.
     pub retry_after_dropped: u32,
+    /// Replies with a `Retry-After` value that could not be read at all (neither a number nor
+    /// an HTTP-date).
+    pub retry_after_unreadable: u32,
 }
 
 impl Counts {
-    /// Counts one exchange's result.
-    pub fn record(&mut self, result: &Result<Response, HttpError>) {
+    /// Counts one exchange's result, with the reading of its Retry-After values.
+    pub fn record(&mut self, result: &Result<Response, HttpError>, reading: &Reading) {
+        if reading.unreadable > 0 {
+            self.retry_after_unreadable = self.retry_after_unreadable.saturating_add(1);
+        }
         self.exchanges = self.exchanges.saturating_add(1);
         match result {
             Ok(reply) => {
@@ -153,10 +157,11 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
 impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
     for HttpTransport<'_, '_, SOCKET_RX, SOCKET_TX, HEAD>
 {
-    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
+    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Result<(), Failure> {
         let request = Post { path: self.path, idempotency_key: key, body };
-        let result = http::post(self.stack, self.server, &request, limit, self.buffers).await;
-        self.counts.record(&result);
-        outcome(&result, &self.rules)
+        let result = http::post(self.stack, self.server, &request, limit.into(), self.buffers).await;
+        let (outcome, reading) = outcome(&result, &self.rules);
+        self.counts.record(&result, &reading);
+        outcome.into_result()
     }
 }

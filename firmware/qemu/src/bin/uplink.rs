@@ -38,8 +38,7 @@ use mps2_an386::flash::{self, PsramFlash, WORD_SIZE};
 use mps2_an386::{eth, exit, exit_code};
 use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
-use wary::Outcome;
-use wary::ledger::Ledger;
+use wary::{Failure, Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::Counts;
@@ -224,12 +223,12 @@ struct ResetInReply<T> {
 }
 
 impl<T: Transport> Transport for ResetInReply<T> {
-    async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Outcome {
+    async fn post(&mut self, key: &str, body: &[u8], limit: wary::Duration) -> Result<(), Failure> {
         if !self.armed {
             return self.inner.post(key, body, limit).await;
         }
         match select(self.inner.post(key, body, limit), Timer::after(REPLY_RESET_AFTER)).await {
-            Either::First(outcome) => outcome,
+            Either::First(result) => result,
             Either::Second(()) => {
                 defmt::info!(
                     "RESET reply: no reply after {=u64} ms, key={=str}",

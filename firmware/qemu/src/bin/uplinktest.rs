@@ -10,17 +10,17 @@
 use core::cell::RefCell;
 
 use embassy_executor::Spawner;
-use embassy_time::{Delay, Duration, Instant, Timer};
+use embassy_time::{Delay, Instant, Timer};
 use heapless::Vec;
 use mps2_an386::flash;
-use wary::backoff::Draw;
-use wary::ledger::Ledger;
-use wary::retry_after::Rules;
-use wary::{FleetBudget, GiveUp, Outcome, Policy, Preset, Verdict};
+use wary::{
+    Class, Draw, Duration, Failure, FleetBudget, GiveUp, Ledger, Operation, Outcome, Policy, Preset, Rules,
+    Verdict,
+};
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_qemu::Tally;
 use wary_uplink::http::{HttpError, Response};
-use wary_uplink::transport::{error_outcome, outcome};
+use wary_uplink::transport::{failure, outcome};
 use wary_uplink::{Config, POLICY, Reading, RoundBackoff, Settle, SplitMix64, Store, Transport, uplink};
 
 const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
@@ -30,7 +30,7 @@ const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 
 struct Scripted {
     script: &'static [Outcome],
     /// How long an attempt takes before it answers.
-    takes: Duration,
+    takes: embassy_time::Duration,
     sent: RefCell<Vec<Sent, 16>>,
 }
 
@@ -42,7 +42,7 @@ struct Sent {
 }
 
 impl Scripted {
-    fn new(script: &'static [Outcome], takes: Duration) -> Self {
+    fn new(script: &'static [Outcome], takes: embassy_time::Duration) -> Self {
         Scripted { script, takes, sent: RefCell::new(Vec::new()) }
     }
 
@@ -52,16 +52,16 @@ impl Scripted {
 }
 
 impl Transport for Scripted {
-    async fn post(&mut self, key: &str, _body: &[u8], limit: Duration) -> Outcome {
+    async fn post(&mut self, key: &str, _body: &[u8], limit: Duration) -> Result<(), Failure> {
         let n = self.sent.borrow().len();
         let mut k = [0u8; 32];
         for (d, s) in k.iter_mut().zip(key.bytes()) {
             *d = s;
         }
         let _ = self.sent.borrow_mut().push(Sent { key: k, limit, at: Instant::now() });
-        Timer::after(self.takes.min(limit)).await;
+        Timer::after(self.takes.min(limit.into())).await;
         let last = self.script.len().saturating_sub(1);
-        self.script.get(n.min(last)).copied().unwrap_or(Outcome::Ok)
+        self.script.get(n.min(last)).copied().unwrap_or(Outcome::Ok).into_result()
     }
 }
 
@@ -92,44 +92,43 @@ async fn main(_spawner: Spawner) {
     // What an exchange result means for the request.
     tally.check(
         "a 2xx is landed, whatever its body",
-        outcome(&Ok(reply(201, &[], None, false)), &rules) == Outcome::Ok,
+        outcome(&Ok(reply(201, &[], None, false)), &rules).0 == Outcome::Ok,
     );
     tally.check(
         "503 with Retry-After seconds",
-        outcome(&Ok(reply(503, &[b"2"], None, true)), &rules)
-            == Outcome::Status { code: 503, retry_after: Some(2) },
+        outcome(&Ok(reply(503, &[b"2"], None, true)), &rules).0
+            == Outcome::status_after(503, Duration::from_secs(2)),
     );
     tally.check(
         "429 with an HTTP-date Retry-After, measured against the reply's Date",
-        outcome(&Ok(reply(429, &[DATE_PLUS_5], Some(DATE), true)), &rules)
-            == Outcome::Status { code: 429, retry_after: Some(5) },
+        outcome(&Ok(reply(429, &[DATE_PLUS_5], Some(DATE), true)), &rules).0
+            == Outcome::status_after(429, Duration::from_secs(5)),
     );
-    tally.check(
-        "an unreadable Retry-After is ignored, the status kept",
-        outcome(&Ok(reply(503, &[b"soon"], None, true)), &rules)
-            == Outcome::Status { code: 503, retry_after: None },
-    );
+    let (status_kept, reading) = outcome(&Ok(reply(503, &[b"soon"], None, true)), &rules);
+    tally.check("an unreadable Retry-After is ignored, the status kept", status_kept == Outcome::status(503));
+    tally.check("an unreadable Retry-After is counted", reading.unreadable == 1);
     let table = [
-        (HttpError::NoNetwork, Outcome::Refused),
-        (HttpError::NoRoute, Outcome::Refused),
-        (HttpError::Refused, Outcome::Refused),
-        (HttpError::SendFailed, Outcome::Refused),
-        (HttpError::ConnectTimeout, Outcome::ConnectTimeout),
-        (HttpError::BadRequest, Outcome::BadBody),
-        (HttpError::ResponseTimeout, Outcome::ResponseTimeout),
-        (HttpError::Reset, Outcome::Reset),
-        (HttpError::Closed, Outcome::Reset),
-        (HttpError::Truncated, Outcome::Reset),
-        (HttpError::Malformed, Outcome::Reset),
-        (HttpError::HeadersTooLarge, Outcome::Reset),
+        (HttpError::NoNetwork, Failure::Refused),
+        (HttpError::NoRoute, Failure::Refused),
+        (HttpError::Refused, Failure::Refused),
+        (HttpError::SendFailed, Failure::Refused),
+        (HttpError::ConnectTimeout, Failure::ConnectTimeout),
+        (HttpError::BadRequest, Failure::BadBody),
+        (HttpError::ResponseTimeout, Failure::ResponseTimeout),
+        (HttpError::Reset, Failure::Reset),
+        (HttpError::Closed, Failure::Reset),
+        (HttpError::Truncated, Failure::Reset),
+        (HttpError::Malformed, Failure::Reset),
+        (HttpError::HeadersTooLarge, Failure::Reset),
     ];
     let mut mapped = true;
     for (err, expected) in table {
-        let got = error_outcome(err);
+        let got = failure(err);
         mapped &= got == expected;
+        mapped &= outcome(&Err(err), &rules).0 == Outcome::Failure(expected);
         // Never-sent failures are safe to resend on any write; the rest only with a key.
-        let retry_any = POLICY.classify(wary::Operation::Write, &got) == wary::Class::Retry;
-        mapped &= retry_any != err.may_have_landed() || expected == Outcome::BadBody;
+        let retry_any = POLICY.classify(Operation::Write, &got.into()) == Class::Retry;
+        mapped &= retry_any != err.may_have_landed() || expected == Failure::BadBody;
     }
     tally.check("every exchange failure maps by whether it may have landed", mapped);
 
@@ -139,11 +138,11 @@ async fn main(_spawner: Spawner) {
     let mut within_ok = true;
     for (raw, expected) in [0, u32::MAX, 0x9e37_79b9, 1, 12_345, u32::MAX / 3, 7, 0]
         .into_iter()
-        .zip([500u64, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000])
+        .zip([500u32, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000])
     {
-        let ceiling = b.ceiling_ms(false);
+        let ceiling = b.ceiling(false);
         let pause = b.next(Draw::unit(raw), false).as_millis();
-        ceilings_ok &= ceiling == expected;
+        ceilings_ok &= ceiling == Duration::from_millis(u64::from(expected));
         within_ok &= pause >= expected / 2 && pause <= expected;
     }
     tally.check("round pause ceilings double from 500 ms to the 30 s cap", ceilings_ok);
@@ -153,8 +152,8 @@ async fn main(_spawner: Spawner) {
     let (a, z) = (lo.next(Draw::ZERO, false).as_millis(), hi.next(Draw::unit(u32::MAX), false).as_millis());
     tally.check("round pause is jittered (draws 0 and max differ)", a == 250 && z > 250);
     b.reset();
-    tally.check("round pause resets to 500 ms", b.ceiling_ms(false) == 500);
-    tally.check("round pause one doubling longer while throttled", b.ceiling_ms(true) == 1_000);
+    tally.check("round pause resets to 500 ms", b.ceiling(false) == Duration::from_millis(500));
+    tally.check("round pause one doubling longer while throttled", b.ceiling(true) == Duration::from_secs(1));
 
     // How a verdict settles a reading.
     tally.check("cancelled: kept", Settle::of(&Verdict::Cancelled) == Settle::Keep);
@@ -164,7 +163,7 @@ async fn main(_spawner: Spawner) {
     tally.check("ok: landed", Settle::of(&Verdict::Ok) == Settle::Landed);
     tally.check(
         "POLICY: 20 s deadline, 1 s min_attempt",
-        POLICY.deadline() == Some(20_000) && POLICY.min_attempt() == 1_000,
+        POLICY.deadline() == Some(Duration::from_secs(20)) && POLICY.min_attempt() == Duration::from_secs(1),
     );
 
     // The loop over the outbox on the emulated flash.
@@ -185,8 +184,8 @@ async fn main(_spawner: Spawner) {
     let fleet = FleetBudget::new(10, 500).unwrap_or_else(|_| tally.finish());
 
     // A 503, then ok: one reading, two attempts with one key.
-    static RETRY_THEN_OK: [Outcome; 2] = [Outcome::Status { code: 503, retry_after: None }, Outcome::Ok];
-    let mut t = Scripted::new(&RETRY_THEN_OK, Duration::from_millis(1));
+    static RETRY_THEN_OK: [Outcome; 2] = [Outcome::status(503), Outcome::Ok];
+    let mut t = Scripted::new(&RETRY_THEN_OK, embassy_time::Duration::from_millis(1));
     let _ = store.push(Reading { milli_celsius: 21_000 }).await;
     let mut ledger = Ledger::<8>::new();
     let s = uplink(&config, &POLICY, &fleet, Delay, SplitMix64::new(1), &mut t, &store, &mut ledger).await;
@@ -195,22 +194,23 @@ async fn main(_spawner: Spawner) {
     tally.check("503 then ok: the same key on both attempts", sent.len() == 2 && sent[0].key == sent[1].key);
 
     // A 400 fails at once and leaves the outbox.
-    static BAD_REQUEST: [Outcome; 1] = [Outcome::Status { code: 400, retry_after: None }];
-    let mut t = Scripted::new(&BAD_REQUEST, Duration::from_millis(1));
+    static BAD_REQUEST: [Outcome; 1] = [Outcome::status(400)];
+    let mut t = Scripted::new(&BAD_REQUEST, embassy_time::Duration::from_millis(1));
     let _ = store.push(Reading { milli_celsius: 21_001 }).await;
     let s = uplink(&config, &POLICY, &fleet, Delay, SplitMix64::new(2), &mut t, &store, &mut ledger).await;
     tally.check("400: one attempt, failed, removed", t.sent().len() == 1 && s.failed == 1 && s.left == 0);
 
     // Retry-After longer than the call can wait (1 s against a 500 ms budget): the reading is
     // kept, and nothing is sent for 1 s; the second reading waits too.
+    let ms = Duration::from_millis;
     let Ok(policy) =
-        Policy::builder(Preset::Default).base(100).cap(2_000).budget(500).max_attempts(6).build()
+        Policy::builder(Preset::Default).base(ms(100)).cap(ms(2_000)).budget(ms(500)).max_attempts(6).build()
     else {
         tally.check("test policy builds", false);
         tally.finish()
     };
-    static TOO_LONG: [Outcome; 2] = [Outcome::Status { code: 429, retry_after: Some(1) }, Outcome::Ok];
-    let mut t = Scripted::new(&TOO_LONG, Duration::from_millis(1));
+    static TOO_LONG: [Outcome; 2] = [Outcome::status_after(429, Duration::from_secs(1)), Outcome::Ok];
+    let mut t = Scripted::new(&TOO_LONG, embassy_time::Duration::from_millis(1));
     let _ = store.push(Reading { milli_celsius: 21_002 }).await;
     let _ = store.push(Reading { milli_celsius: 21_003 }).await;
     let s = uplink(&config, &policy, &fleet, Delay, SplitMix64::new(3), &mut t, &store, &mut ledger).await;
@@ -233,28 +233,26 @@ async fn main(_spawner: Spawner) {
 
     // Each attempt's limit is the time left before the deadline (1.5 s here), never more.
     let Ok(policy) = Policy::builder(Preset::Default)
-        .base(100)
-        .cap(200)
-        .budget(1_000)
+        .base(ms(100))
+        .cap(ms(200))
+        .budget(ms(1_000))
         .max_attempts(6)
-        .deadline(1_500)
-        .min_attempt(100)
+        .deadline(ms(1_500))
+        .min_attempt(ms(100))
         .build()
     else {
         tally.check("deadline policy builds", false);
         tally.finish()
     };
-    static TIMEOUTS: [Outcome; 1] = [Outcome::ResponseTimeout];
-    let mut t = Scripted::new(&TIMEOUTS, Duration::from_millis(600));
+    static TIMEOUTS: [Outcome; 1] = [Outcome::Failure(Failure::ResponseTimeout)];
+    let mut t = Scripted::new(&TIMEOUTS, embassy_time::Duration::from_millis(600));
     let _ = store.push(Reading { milli_celsius: 21_004 }).await;
     let mut one_round = config;
     one_round.max_rounds = 1;
     let s = uplink(&one_round, &policy, &fleet, Delay, SplitMix64::new(4), &mut t, &store, &mut ledger).await;
     let sent = t.sent();
-    let limits_ok = sent.first().is_some_and(|a| a.limit.as_millis() == 1_500)
-        && sent
-            .windows(2)
-            .all(|w| w[1].limit.as_millis() + w[1].at.duration_since(w[0].at).as_millis() <= 1_500);
+    let limits_ok = sent.first().is_some_and(|a| a.limit == ms(1_500))
+        && sent.windows(2).all(|w| w[1].limit + Duration::from(w[1].at.duration_since(w[0].at)) <= ms(1_500));
     defmt::info!("deadline 1.5 s: {=usize} attempts; {}", sent.len(), s);
     tally.check("attempt limits: the first is the whole 1.5 s, each later one what is left", limits_ok);
     tally.check("attempt limits: the call gave up and kept the reading", s.gave_up == 1 && s.left == 1);

@@ -25,8 +25,7 @@ use mps2_an386::{exit, exit_code};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use static_cell::ConstStaticCell;
-use wary::Outcome;
-use wary::retry_after::Rules;
+use wary::{Failure, Rules};
 use wary_qemu::Tally;
 use wary_tls_probe::args::CommandLine;
 use wary_tls_probe::exchange::{Post, SocketBuffers, Timing};
@@ -218,7 +217,7 @@ async fn main(spawner: Spawner) {
     // the good server, and a server the pinned CA does not vouch for is a TLS failure, which
     // the policy fails at once (never resent).
     for (name, server, expected) in
-        [("uplink-good", "good", Outcome::Ok), ("uplink-rogue-ca", "rogue", Outcome::Tls)]
+        [("uplink-good", "good", Ok(())), ("uplink-rogue-ca", "rogue", Err(Failure::Tls))]
     {
         let Some(port) = line.port(server) else { exit(exit_code::FAIL) };
         let mut transport = TlsTransport::new(
@@ -233,7 +232,7 @@ async fn main(spawner: Spawner) {
             ChaCha20Rng::from_seed(seed_from(&mut rng)),
         );
         let key = key(CASES.len());
-        let got = transport.post(&key, body(CASES.len()).as_bytes(), LIMIT).await;
+        let got = transport.post(&key, body(CASES.len()).as_bytes(), LIMIT.into()).await;
         defmt::info!("{=str}: {}", name, got);
         tally.check(name, got == expected);
     }
