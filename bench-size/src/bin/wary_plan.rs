@@ -16,9 +16,12 @@ static POLICY: Policy = match Policy::builder(Preset::Default).build() {
 pub extern "C" fn _start() -> ! {
     wary_bench_size::run(|i| {
         let policy: &Policy = black_box(&POLICY);
-        let outcomes = black_box([Outcome::status(i[0] as u16); 8]);
-        let draws = black_box([Draw::unit(i[2]); 8]);
-        match plan::<16>(policy, Operation::Read, &outcomes, &draws) {
+        // Built in place and handed over by reference, as a caller's own arrays are: plan
+        // reads them where they are.
+        let outcomes = [Outcome::status(i[0] as u16); 8];
+        let draws = [Draw::unit(i[2]); 8];
+        let (outcomes, draws) = black_box((&outcomes, &draws));
+        match plan::<16>(policy, Operation::Read, outcomes, draws) {
             Ok(p) => p.waits.iter().map(|w| u64::from(w.as_millis())).sum(),
             Err(_) => 0,
         }

@@ -60,19 +60,23 @@ pub fn bench_fleet() -> FleetBudget {
 pub fn wary_calls(policy: &Policy, fleet: Option<&FleetBudget>, calls: u32) -> u64 {
     let mut rng = fastrand::Rng::with_seed(SEED);
     let mut total = 0u64;
+    let mut decide = |state: &mut CallState, outcome: &Outcome| {
+        let draw = Draw::unit(rng.u32(..));
+        let decision = match fleet {
+            Some(f) => policy.decide_with_fleet(state, Operation::Read, outcome, draw, None, f),
+            None => policy.decide(state, Operation::Read, outcome, draw, None),
+        };
+        match decision {
+            Decision::Retry { wait } => u64::from(wait.as_millis()),
+            Decision::Done(v) => u64::from(v == Verdict::Ok),
+        }
+    };
     for _ in 0..calls {
         let mut state = CallState::new();
-        for outcome in FAILURES.iter().chain(core::iter::once(&Outcome::Ok)) {
-            let draw = Draw::unit(rng.u32(..));
-            let decision = match fleet {
-                Some(f) => policy.decide_with_fleet(&mut state, Operation::Read, outcome, draw, None, f),
-                None => policy.decide(&mut state, Operation::Read, outcome, draw, None),
-            };
-            match decision {
-                Decision::Retry { wait } => total = total.wrapping_add(u64::from(wait.as_millis())),
-                Decision::Done(v) => total = total.wrapping_add(u64::from(v == Verdict::Ok)),
-            }
+        for outcome in &FAILURES {
+            total = total.wrapping_add(decide(&mut state, outcome));
         }
+        total = total.wrapping_add(decide(&mut state, &Outcome::Ok));
     }
     total
 }

@@ -188,6 +188,32 @@ fn main() -> Result<()> {
         _ => md.push_str("not measured: `cargo xtask bench` builds bench-size/ and passes --flash\n"),
     }
 
+    // The decision's targets, from the figures above.
+    let targets = targets(&js);
+    md.push_str("\n## Targets\n\n");
+    let rows: Vec<Vec<String>> = targets
+        .iter()
+        .map(|t| {
+            let value = t.value.map_or("not measured".to_owned(), |v| format!("{v:.3}"));
+            let met = t.value.map_or("-", |v| if v <= t.limit { "yes" } else { "no" });
+            vec![t.what.to_owned(), value, format!("{}", t.limit), met.to_owned()]
+        })
+        .collect();
+    md.push_str(&table(&["figure", "measured", "at most", "met"], &rows));
+    js.insert(
+        "targets".into(),
+        targets
+            .iter()
+            .map(|t| {
+                (
+                    t.key.to_owned(),
+                    json!({"value": t.value, "limit": t.limit, "met": t.value.map(|v| v <= t.limit)}),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    );
+
     // Fleet simulation.
     let started = Instant::now();
     let contenders = sim::contenders();
@@ -299,4 +325,54 @@ fn main() -> Result<()> {
     write("results.json", &serde_json::to_string_pretty(&serde_json::Value::Object(js))?)?;
     println!("\nwritten: {}/results.md, fleet.svg, results.json", args.out.display());
     Ok(())
+}
+
+/// One target of the decision's cost.
+struct Target {
+    key: &'static str,
+    what: &'static str,
+    value: Option<f64>,
+    limit: f64,
+}
+
+/// The decision's targets, read from this run's results: flash added by `decide` and by `plan`
+/// over the baseline binary, the per-call state, and `decide`'s instructions against backon's.
+fn targets(js: &serde_json::Map<String, serde_json::Value>) -> Vec<Target> {
+    let flash =
+        |bin: &str| js.get("flash")?.as_array()?.iter().find(|r| r["binary"] == bin)?["delta"].as_f64();
+    let ratio = |key: &str| {
+        js.get(key)?.as_array()?.iter().find(|r| r["bench"] == "wary_decide")?["ratio_to_backon"].as_f64()
+    };
+    vec![
+        Target {
+            key: "decide_flash_bytes",
+            what: "`decide` flash over the baseline (bytes)",
+            value: flash("wary"),
+            limit: 512.0,
+        },
+        Target {
+            key: "plan_flash_bytes",
+            what: "`plan` flash over the baseline (bytes)",
+            value: flash("wary_plan"),
+            limit: 1536.0,
+        },
+        Target {
+            key: "call_state_bytes",
+            what: "`wary::CallState` (bytes)",
+            value: Some(core::mem::size_of::<wary::CallState>() as f64),
+            limit: 12.0,
+        },
+        Target {
+            key: "decide_ratio_to_backon_lto",
+            what: "`decide` instructions ÷ backon's, fat LTO",
+            value: ratio("decision_lto"),
+            limit: 0.35,
+        },
+        Target {
+            key: "decide_ratio_to_backon_release",
+            what: "`decide` instructions ÷ backon's, release profile",
+            value: ratio("decision_release"),
+            limit: 0.35,
+        },
+    ]
 }

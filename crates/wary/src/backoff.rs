@@ -164,20 +164,37 @@ impl Backoff {
     /// The wait before retry `k`, given the previous wait (decorrelated jitter only) and a draw.
     #[inline]
     pub const fn wait(&self, k: u32, previous: Duration, draw: Draw) -> Duration {
-        match self.jitter {
-            Jitter::Equal => {
-                let c = self.ceiling(k);
-                let fixed = Duration::from_millis((c.as_millis() / 2) as u64);
-                fixed.saturating_add(draw.scale(c.saturating_sub(fixed)))
-            }
-            Jitter::Full => draw.scale(self.ceiling(k)),
+        self.wait_and_ceiling(k, previous, draw).0
+    }
+
+    /// [`Backoff::wait`] and [`Backoff::ceiling`] together, the ceiling computed once for both
+    /// (a Retry-After spread scales it too).
+    #[inline]
+    pub(crate) const fn wait_and_ceiling(
+        &self,
+        k: u32,
+        previous: Duration,
+        draw: Draw,
+    ) -> (Duration, Duration) {
+        let c = self.ceiling(k);
+        // Every jitter as one form, `floor + draw·span`, so a wait takes one scaling whatever
+        // the jitter (no jitter is a span of 0, which every draw scales to 0).
+        let (floor, span) = match self.jitter {
             Jitter::Decorrelated => {
                 let prev = previous.max(self.base);
                 let hi = prev.saturating_mul(3).min(self.cap).max(self.base);
-                self.base.saturating_add(draw.scale(hi.saturating_sub(self.base)))
+                (self.base, hi.saturating_sub(self.base))
             }
-            Jitter::None => self.ceiling(k),
-        }
+            // The fixed part is half the ceiling (equal), nothing (full) or all of it (none);
+            // the drawn part is the rest.
+            Jitter::Equal => {
+                let fixed = Duration::from_millis((c.as_millis() >> 1) as u64);
+                (fixed, c.saturating_sub(fixed))
+            }
+            Jitter::Full => (Duration::ZERO, c),
+            Jitter::None => (c, Duration::ZERO),
+        };
+        (floor.saturating_add(draw.scale(span)), c)
     }
 
     /// The shortest wait retry `k` can draw (every draw at 0), given the previous wait.

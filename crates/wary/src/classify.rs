@@ -436,15 +436,15 @@ pub struct Table {
     client_error: Rule,
     server_error: Rule,
     other_status: Rule,
-    connect_timeout: Rule,
-    response_timeout: Rule,
-    refused: Rule,
-    reset: Rule,
-    tls: Rule,
-    bad_body: Rule,
-    stream_before: Rule,
+    /// Two bits per [`Transport`], in [`Transport::ALL`]'s order, then [`Rule::Fail`] for the
+    /// failures no table retries (a stream broken after forwarding): a failure's rule is one
+    /// shift, whatever its kind.
+    transport: u16,
     reads_only: bool,
 }
+
+/// The slot in [`Table::transport`] of the failures no table retries.
+const NEVER: u32 = 7;
 
 impl core::fmt::Debug for Table {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -498,15 +498,18 @@ impl Table {
             client_error,
             server_error,
             other_status,
-            connect_timeout: Rule::RetryAny,
-            response_timeout: Rule::RetryIdempotent,
-            refused: Rule::RetryAny,
-            reset: Rule::RetryIdempotent,
-            tls: Rule::Fail,
-            bad_body: Rule::Fail,
-            stream_before: Rule::RetryIdempotent,
+            transport: 0,
             reads_only,
         };
+        t = t
+            .with_transport(Transport::ConnectTimeout, Rule::RetryAny)
+            .with_transport(Transport::ResponseTimeout, Rule::RetryIdempotent)
+            .with_transport(Transport::Refused, Rule::RetryAny)
+            .with_transport(Transport::Reset, Rule::RetryIdempotent)
+            .with_transport(Transport::Tls, Rule::Fail)
+            .with_transport(Transport::BadBody, Rule::Fail)
+            .with_transport(Transport::StreamBefore, Rule::RetryIdempotent);
+        t.transport |= (Rule::Fail as u16) << (2 * NEVER);
         let mut i = 0;
         while i < SPAN {
             t.put(i, if i < 100 { client_error } else { server_error });
@@ -592,15 +595,9 @@ impl Table {
 
     /// This table with `rule` for a failure other than a status.
     pub const fn with_transport(mut self, kind: Transport, rule: Rule) -> Table {
-        match kind {
-            Transport::ConnectTimeout => self.connect_timeout = rule,
-            Transport::ResponseTimeout => self.response_timeout = rule,
-            Transport::Refused => self.refused = rule,
-            Transport::Reset => self.reset = rule,
-            Transport::Tls => self.tls = rule,
-            Transport::BadBody => self.bad_body = rule,
-            Transport::StreamBefore => self.stream_before = rule,
-        }
+        // Seven kinds of two bits each: every shift is below 14.
+        let shift = (kind as u32).wrapping_mul(2);
+        self.transport = (self.transport & !(3u16 << shift)) | ((rule as u16) << shift);
         self
     }
 
@@ -657,15 +654,13 @@ impl Table {
 
     /// The rule for a failure other than a status.
     pub const fn transport_rule(&self, kind: Transport) -> Rule {
-        match kind {
-            Transport::ConnectTimeout => self.connect_timeout,
-            Transport::ResponseTimeout => self.response_timeout,
-            Transport::Refused => self.refused,
-            Transport::Reset => self.reset,
-            Transport::Tls => self.tls,
-            Transport::BadBody => self.bad_body,
-            Transport::StreamBefore => self.stream_before,
-        }
+        self.slot_rule(kind as u32)
+    }
+
+    /// The rule in slot `slot` (0..=7) of [`Table::transport`].
+    #[inline]
+    const fn slot_rule(&self, slot: u32) -> Rule {
+        Rule::from_bits(self.transport.wrapping_shr(slot.wrapping_mul(2)) as u8)
     }
 
     /// Feeds every rule to a fingerprint, in a fixed order: the 200 status rules, then the
@@ -717,18 +712,19 @@ impl Table {
     /// The rule for a failure.
     #[inline]
     pub fn rule(&self, failure: &Failure) -> Rule {
-        match failure {
-            Failure::Status { code, .. } => self.status_rule(*code),
-            Failure::ConnectTimeout => self.connect_timeout,
-            Failure::ResponseTimeout => self.response_timeout,
-            Failure::Refused => self.refused,
-            Failure::Reset => self.reset,
-            Failure::Tls => self.tls,
-            Failure::BadBody => self.bad_body,
-            Failure::StreamBroken { forwarded: false } => self.stream_before,
+        let slot = match failure {
+            Failure::Status { code, .. } => return self.status_rule(*code),
+            Failure::ConnectTimeout => Transport::ConnectTimeout as u32,
+            Failure::ResponseTimeout => Transport::ResponseTimeout as u32,
+            Failure::Refused => Transport::Refused as u32,
+            Failure::Reset => Transport::Reset as u32,
+            Failure::Tls => Transport::Tls as u32,
+            Failure::BadBody => Transport::BadBody as u32,
+            Failure::StreamBroken { forwarded: false } => Transport::StreamBefore as u32,
             // Bytes already reached the user: a retry would start the text again.
-            Failure::StreamBroken { forwarded: true } | Failure::Cancelled => Rule::Fail,
-        }
+            Failure::StreamBroken { forwarded: true } | Failure::Cancelled => NEVER,
+        };
+        self.slot_rule(slot)
     }
 
     /// The class of `outcome` for `op`.

@@ -269,7 +269,10 @@ impl Policy {
             Class::Cancelled => Verdict::Cancelled,
             Class::Retry => match self.next_wait(state.attempts, state, outcome, draw, elapsed) {
                 Ok(wait) => {
-                    state.waited = state.waited.saturating_add(wait);
+                    // A wait fits what is left of the budget, so the sum never passes the
+                    // budget (or stays where it was, if a state from another policy is past it).
+                    state.waited =
+                        Duration::from_millis(state.waited.as_millis().wrapping_add(wait.as_millis()) as u64);
                     state.last_wait = wait;
                     return Decision::Retry { wait };
                 }
@@ -308,7 +311,7 @@ impl Policy {
             },
             _ => left,
         };
-        let backoff = self.backoff.wait(k, state.last_wait, draw);
+        let (backoff, ceiling) = self.backoff.wait_and_ceiling(k, state.last_wait, draw);
         let wait = match outcome.retry_after() {
             None => backoff,
             Some(asked) => {
@@ -326,7 +329,7 @@ impl Policy {
                     // The spread past the server's value is ours: trimmed to what the call can
                     // still wait, so it never turns a Retry-After that fits into a give-up.
                     RetryAfterMode::Spread => {
-                        asked.saturating_add(draw.scale(self.backoff.ceiling(k))).min(room)
+                        asked.saturating_add(draw.scale(ceiling)).min(room)
                     }
                 };
                 raised.max(backoff)
