@@ -31,7 +31,7 @@ pub fn run_all(root: &Path) -> Result<()> {
             THUMB[0],
             "--no-default-features",
             "--features",
-            "defmt",
+            "runner,payload-key,serde,defmt,embassy-time",
             "--",
             "-D",
             "warnings",
@@ -40,7 +40,15 @@ pub fn run_all(root: &Path) -> Result<()> {
 
     for target in THUMB {
         step(&format!("core for {target}: no features, then each feature on its own, then all"));
-        for features in ["", "defmt", "embassy-time", "defmt,embassy-time"] {
+        for features in [
+            "",
+            "runner",
+            "payload-key",
+            "serde",
+            "defmt",
+            "embassy-time",
+            "runner,payload-key,serde,defmt,embassy-time",
+        ] {
             let mut args = vec!["build", "-p", "wary", "--target", target, "--no-default-features"];
             if !features.is_empty() {
                 args.extend(["--features", features]);
@@ -118,7 +126,21 @@ fn msrv(root: &Path) -> Result<()> {
         run(root, "rustup", &["toolchain", "install", &version, "--profile", "minimal"])?;
     }
     let toolchain = format!("+{version}");
-    run(root, "cargo", &[&toolchain, "build", "-p", "wary", "--locked", "--target-dir", "target/msrv"])
+    run(
+        root,
+        "cargo",
+        &[
+            &toolchain,
+            "build",
+            "-p",
+            "wary",
+            "--features",
+            "runner,payload-key,serde",
+            "--locked",
+            "--target-dir",
+            "target/msrv",
+        ],
+    )
 }
 
 /// API docs of the publishable crates with rustdoc warnings denied (broken intra-doc links,

@@ -224,19 +224,20 @@ impl Log {
                 log.resets.push((kind, log.boots.last().copied().unwrap_or(0), rest.to_owned()));
             } else if let Some(rest) = after(line, "SUMMARY ") {
                 log.summary = Some(rest.to_owned());
-            } else if let Some(rest) = after(line, "wary-ledger v1 ") {
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                let (Some(key), Some(verdict)) = (f.first(), f.get(12)) else {
+            } else if line.contains(wary::DEVICE_TAG) {
+                // The core writes the device line and reads it back: one format, one version.
+                let Ok(record) = wary::parse_device_line(line) else {
                     continue;
                 };
-                let n = open.entry((*key).to_owned()).or_insert(0);
+                let key = record.key.to_hex().as_str().to_owned();
+                let n = open.entry(key.clone()).or_insert(0);
                 *n += 1;
-                if *verdict != "-" {
+                if let Some(verdict) = record.verdict {
                     log.calls.push(*n);
-                    if *verdict == "gave_up" {
+                    if matches!(verdict, wary::Verdict::GaveUp(_)) {
                         log.gave_up += 1;
                     }
-                    open.remove(*key);
+                    open.remove(&key);
                 }
             }
         }
@@ -379,13 +380,14 @@ mod tests {
     const RUN: &str = "\
 0.009 INFO  BOOT 1: 0 pending, boot range reset Some(Corrupted)
 0.016 INFO  ACCEPTED boot=00000001 seq=0
-0.020 INFO  wary-ledger v1 K0 1 keyed_write reset 0 -1 retry unit 1 68 3 3 - - -1 1
-0.040 INFO  RESET reply: no reply after 800 ms, key=K0
+0.020 INFO  wary-ledger v2 0a386001000000010000000000000000 1 keyed_write reset 0 -1 retry unit 1 68 3 3 - - -1 1
+0.040 INFO  RESET reply: no reply after 800 ms, key=0a386001000000010000000000000000
 0.007 INFO  BOOT 2: 1 pending
 0.013 INFO  ACCEPTED boot=00000002 seq=0
-0.020 INFO  wary-ledger v1 K0 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1
-0.030 INFO  wary-ledger v1 K1 1 keyed_write 503 503 -1 retry unit 1 68 3 3 - - -1 1
-0.040 INFO  wary-ledger v1 K1 2 keyed_write 503 503 -1 retry unit 1 68 3 3 gave_up budget -1 1
+0.020 INFO  wary-ledger v2 0a386001000000010000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1
+0.030 INFO  wary-ledger v2 0a386001000000020000000000000000 1 keyed_write status 503 -1 retry unit 1 68 3 3 - - -1 1
+0.040 INFO  wary-ledger v2 0a386001000000020000000000000000 2 keyed_write status 503 -1 retry unit 1 68 3 3 gave_up budget -1 1
+0.041 INFO  wary-ledger v1 0a386001000000030000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1
 0.050 INFO  SUMMARY device=0a386001 boot=2 landed=1";
 
     #[test]
@@ -395,7 +397,8 @@ mod tests {
         assert_eq!(log.accepted, BTreeSet::from([(1, 0), (2, 0)]));
         assert_eq!(log.resets.len(), 1);
         assert_eq!((log.resets[0].0.as_str(), log.resets[0].1), ("reply", 1));
-        // K0's first call was cut off by the reset; its second took one attempt; K1 took two.
+        // The first key's first call was cut off by the reset, its second took one attempt, the
+        // second key took two; a line of the old format is not read as a call.
         assert_eq!(log.interrupted, 1);
         assert_eq!(log.calls, vec![1, 2]);
         assert_eq!(log.gave_up, 1);

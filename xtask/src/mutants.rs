@@ -20,10 +20,12 @@ use crate::util::{ensure_cargo_install, run, step};
 /// The core's decision path: the files whose every mutant a test must catch.
 pub const FILES: &[&str] = &[
     "crates/wary/src/backoff.rs",
-    "crates/wary/src/budget.rs",
+    "crates/wary/src/classify.rs",
+    "crates/wary/src/decide.rs",
     "crates/wary/src/policy.rs",
     "crates/wary/src/retry_after.rs",
     "crates/wary/src/throttle.rs",
+    "crates/wary/src/time.rs",
 ];
 
 /// Mutants no test can kill, each with why (cargo-mutants' `--exclude-re` patterns over the
@@ -35,14 +37,15 @@ pub const EXCLUDE: &[&str] = &[
     // The const min and max of two durations: at equality either operand is the answer, so
     // `<` → `<=` (and `>` → `>=`) gives the same result for every input. Their other mutants
     // (`==`, the reversed comparison, a constant result) are tested.
-    r"replace < with <= in at_most",
-    r"replace > with >= in at_least",
+    r"replace < with <= in Duration::min",
+    r"replace > with >= in Duration::max",
     // `max_retries` divides once the shortest wait stops changing (the ceiling at the cap, or
     // decorrelated jitter, whose shortest wait is always the base) and otherwise walks one retry
-    // at a time up to the 64th, where it divides anyway. Dropping the `!` before the
+    // at a time up to the 33rd, where it divides anyway. Dropping the `!` before the
     // decorrelated test only moves equal, full and no jitter to the walk, which reaches the same
-    // count by the 64th retry: no input can tell. (`||` → `&&` beside it is not excluded: with
-    // decorrelated jitter and a huge budget it walks 2⁴⁸ retries, and a test times out.)
+    // count by the 33rd retry: no input can tell. (`||` → `&&` beside it is not excluded: with
+    // decorrelated jitter and the longest budget it walks four billion retries, and a test
+    // times out.)
     r"delete ! in Policy::retries_within",
 ];
 
@@ -64,8 +67,10 @@ pub fn mutants(
     ensure_cargo_install("cargo-mutants", "cargo-mutants", &[])?;
     let chosen: Vec<String> =
         if files.is_empty() { FILES.iter().map(|f| (*f).to_owned()).collect() } else { files.to_vec() };
-    let mut args: Vec<String> =
-        ["mutants", "-p", "wary", "--test-package", "wary"].iter().map(|s| (*s).to_owned()).collect();
+    let mut args: Vec<String> = ["mutants", "-p", "wary", "--test-package", "wary", "--all-features"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
     // Unit and integration tests, not doctests: the examples show the API, the tests pin the
     // rules, and compiling every example again for each mutant would double the run.
     let mut test_args = vec!["--lib".to_owned(), "--test".to_owned(), "runner".to_owned()];

@@ -50,8 +50,8 @@ pub use retry_after::{
     Duplicates, Reading, RetryAfter, Rules, parse as parse_retry_after, parse_http_date,
     parse_lenient as parse_retry_after_lenient,
 };
-#[cfg(feature = "embassy-time")]
-#[cfg_attr(docsrs, doc(cfg(feature = "embassy-time")))]
+#[cfg(all(feature = "runner", feature = "embassy-time"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "runner", feature = "embassy-time"))))]
 pub use run::EmbassyClock;
 #[cfg(feature = "runner")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runner")))]

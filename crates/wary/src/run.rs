@@ -55,7 +55,7 @@ impl<F: Fn() -> Instant> Clock for F {
 
 /// `embassy_time::Instant::now()`.
 #[cfg(feature = "embassy-time")]
-#[cfg_attr(docsrs, doc(cfg(feature = "embassy-time")))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "runner", feature = "embassy-time"))))]
 #[derive(Debug, Clone, Copy, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct EmbassyClock;
