@@ -194,7 +194,9 @@ fn main() -> Result<()> {
     let rows: Vec<Vec<String>> = targets
         .iter()
         .map(|t| {
-            let value = t.value.map_or("not measured".to_owned(), |v| format!("{v:.3}"));
+            let value = t.value.map_or("not measured".to_owned(), |v| {
+                if v.fract() == 0.0 { format!("{v}") } else { format!("{v:.3}") }
+            });
             let met = t.value.map_or("-", |v| if v <= t.limit { "yes" } else { "no" });
             vec![t.what.to_owned(), value, format!("{}", t.limit), met.to_owned()]
         })
