@@ -59,7 +59,7 @@ fn outcome(o: &OutcomeIn) -> Outcome {
     let f = match *o {
         OutcomeIn::Ok => return Outcome::Ok,
         OutcomeIn::Status(code, retry_after) => {
-            Failure::Status { code, retry_after: retry_after.map(Duration::from_millis) }
+            Failure::Status { code, retry_after: retry_after.map(Duration::from_millis), unreadable: 0 }
         }
         OutcomeIn::ConnectTimeout => Failure::ConnectTimeout,
         OutcomeIn::ResponseTimeout => Failure::ResponseTimeout,

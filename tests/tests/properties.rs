@@ -95,7 +95,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
     ];
     prop_oneof![
         1 => Just(Outcome::Ok),
-        3 => (status, retry_after).prop_map(|(code, retry_after)| Failure::Status { code, retry_after }.into()),
+        3 => (status, retry_after).prop_map(|(code, retry_after)| Failure::Status { code, retry_after, unreadable: 0 }.into()),
         1 => Just(Failure::ConnectTimeout.into()),
         1 => Just(Failure::ResponseTimeout.into()),
         1 => Just(Failure::Refused.into()),

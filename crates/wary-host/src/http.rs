@@ -43,9 +43,12 @@ pub fn outcome_with(
     now_unix: Option<u64>,
 ) -> (Outcome, Reading) {
     match outcome(policy, status, headers, now_unix) {
-        (Outcome::Failure(Failure::Status { code, retry_after }), reading) => {
+        (Outcome::Failure(Failure::Status { code, retry_after, unreadable }), reading) => {
             let ask = signals.ask(code, headers, now_unix);
-            (Outcome::Failure(Failure::Status { code, retry_after: retry_after.max(ask) }), reading)
+            (
+                Outcome::Failure(Failure::Status { code, retry_after: retry_after.max(ask), unreadable }),
+                reading,
+            )
         }
         other => other,
     }

@@ -87,6 +87,9 @@ pub enum Failure {
         /// The wait the server asked for (Retry-After, already read under the policy's rules);
         /// `None` if absent or refused. Longer than 49 days saturates at [`Duration::MAX`].
         retry_after: Option<Duration>,
+        /// Retry-After values the response carried that could not be read at all, and so were
+        /// ignored (saturating at 255): kept so the ledger shows a server sending garbage.
+        unreadable: u8,
     },
     /// The connection was not established in time: the request was never sent.
     ConnectTimeout,
@@ -114,12 +117,21 @@ pub enum Failure {
 impl Failure {
     /// A status with no Retry-After.
     pub const fn status(code: u16) -> Self {
-        Failure::Status { code, retry_after: None }
+        Failure::Status { code, retry_after: None, unreadable: 0 }
     }
 
     /// A status with the wait its Retry-After asked for.
     pub const fn status_after(code: u16, retry_after: Duration) -> Self {
-        Failure::Status { code, retry_after: Some(retry_after) }
+        Failure::Status { code, retry_after: Some(retry_after), unreadable: 0 }
+    }
+
+    /// Retry-After values of a failed status that could not be read at all (0 for any other
+    /// failure).
+    pub const fn unreadable_retry_after(&self) -> u8 {
+        match self {
+            Failure::Status { unreadable, .. } => *unreadable,
+            _ => 0,
+        }
     }
 
     /// The Retry-After carried by this failure.
@@ -213,16 +225,17 @@ impl Outcome {
     /// outcome: a 2xx is [`Outcome::Ok`] whatever its body, anything else a
     /// [`Failure::Status`] with its `Retry-After` values read under `rules` (`date` is the
     /// response's `Date` header, `now` the caller's wall clock in Unix seconds, if it has one).
-    /// The [`Reading`] says how many Retry-After values could not be read at all, for the
-    /// ledger and metrics.
+    /// The failure counts the Retry-After values that could not be read at all (so the ledger
+    /// shows them), and the [`Reading`] gives the whole reading, for metrics.
     ///
     /// ```
-    /// use wary::{Duration, Outcome, Rules};
+    /// use wary::{Duration, Failure, Outcome, Rules};
     /// let (o, _) = Outcome::from_response(204, [], None, None, &Rules::LENIENT);
     /// assert_eq!(o, Outcome::Ok);
     /// let (o, r) = Outcome::from_response(429, [b"1.5".as_slice(), b"soon"], None, None, &Rules::LENIENT);
-    /// assert_eq!(o, Outcome::status_after(429, Duration::from_secs(2)));
-    /// assert_eq!(r.unreadable, 1);
+    /// // 1.5 s is at least 1.5 s: wait 2, never 1. "soon" is ignored, and counted.
+    /// assert_eq!(o.retry_after(), Some(Duration::from_secs(2)));
+    /// assert_eq!((o.failure().map(Failure::unreadable_retry_after), r.unreadable), (Some(1), 1));
     /// ```
     pub fn from_response<'a, I>(
         status: u16,
@@ -239,7 +252,8 @@ impl Outcome {
         }
         let reading = rules.read_counted(retry_after, date, now);
         let wait = reading.seconds.map(Duration::from_secs);
-        (Outcome::Failure(Failure::Status { code: status, retry_after: wait }), reading)
+        let unreadable = u8::try_from(reading.unreadable).unwrap_or(u8::MAX);
+        (Outcome::Failure(Failure::Status { code: status, retry_after: wait, unreadable }), reading)
     }
 
     /// The failure, if the attempt failed.
@@ -935,6 +949,14 @@ mod more_tests {
         // A year-long Retry-After saturates: longer than any call can wait.
         let (o, _) = Outcome::from_response(429, [b"31536000".as_slice()], None, None, r);
         assert_eq!(o.retry_after(), Some(Duration::MAX));
+        // Values that cannot be read at all are counted on the failure itself.
+        let (o, reading) = Outcome::from_response(503, [b"soon".as_slice(), b"-1", b"7"], None, None, r);
+        assert_eq!(o.retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!((o.failure().unwrap().unreadable_retry_after(), reading.unreadable), (2, 2));
+        assert_eq!(Failure::Reset.unreadable_retry_after(), 0);
+        let garbage = [b"x".as_slice(); 300];
+        let (o, _) = Outcome::from_response(503, garbage, None, None, r);
+        assert_eq!(o.failure().unwrap().unreadable_retry_after(), 255);
         // Strict rules refuse a date; the status stays, with no wait.
         let (o, reading) = Outcome::from_response(
             503,

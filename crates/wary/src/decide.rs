@@ -328,9 +328,7 @@ impl Policy {
                     RetryAfterMode::Max => asked,
                     // The spread past the server's value is ours: trimmed to what the call can
                     // still wait, so it never turns a Retry-After that fits into a give-up.
-                    RetryAfterMode::Spread => {
-                        asked.saturating_add(draw.scale(ceiling)).min(room)
-                    }
+                    RetryAfterMode::Spread => asked.saturating_add(draw.scale(ceiling)).min(room),
                 };
                 raised.max(backoff)
             }

@@ -17,6 +17,7 @@ pub(crate) struct Fields<'a> {
     pub(crate) outcome: &'a str,
     pub(crate) status: Option<u16>,
     pub(crate) retry_after: Option<Duration>,
+    pub(crate) unreadable: u8,
     pub(crate) class: &'a str,
     pub(crate) draw: Option<Draw>,
     pub(crate) wait: Duration,
@@ -35,6 +36,7 @@ impl Fields<'_> {
             "status" => Outcome::Failure(Failure::Status {
                 code: self.status.ok_or(LineError::Missing("status"))?,
                 retry_after: self.retry_after,
+                unreadable: self.unreadable,
             }),
             other => Outcome::Failure(Failure::from_name(other).ok_or(LineError::Bad("outcome"))?),
         };
@@ -105,6 +107,11 @@ mod with_serde {
 
     type Name = String<24>;
 
+    #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+    fn is_zero(n: &u8) -> bool {
+        *n == 0
+    }
+
     fn name(s: &str) -> Name {
         // Every name this crate writes is shorter than the capacity.
         String::try_from(s).unwrap_or_default()
@@ -140,6 +147,8 @@ mod with_serde {
         status: Option<u16>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_after_ms: Option<Duration>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        retry_after_unreadable: u8,
         class: Class,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         draw: Option<Draw>,
@@ -178,6 +187,7 @@ mod with_serde {
                 outcome: name(r.outcome.name()),
                 status: r.outcome.code(),
                 retry_after_ms: r.outcome.retry_after(),
+                retry_after_unreadable: r.outcome.failure().map_or(0, Failure::unreadable_retry_after),
                 class: r.class,
                 draw: r.draw,
                 wait_ms: r.wait,
@@ -205,6 +215,7 @@ mod with_serde {
                 outcome: &f.outcome,
                 status: f.status,
                 retry_after: f.retry_after_ms,
+                unreadable: f.retry_after_unreadable,
                 class: f.class.name(),
                 draw: f.draw,
                 wait: f.wait_ms,
@@ -423,7 +434,7 @@ mod tests {
                 key,
                 1,
                 Operation::KeyedWrite,
-                Outcome::status_after(503, ms(2_000)),
+                Outcome::from_response(503, [b"2".as_slice(), b"soon"], None, None, &Rules::LENIENT).0,
                 Draw::unit(77),
                 Decision::Retry { wait: ms(2_010) },
                 ms(12),
@@ -467,6 +478,12 @@ mod tests {
         assert_eq!(v["reason"], "retry_after_too_long");
         assert_eq!(v["asked_ms"], 90_000);
         assert_eq!(v["draw"], serde_json::json!({"percent": 5}));
+        assert!(v.get("retry_after_unreadable").is_none(), "left out when there were none");
+        let first = serde_json::to_value(records[0]).unwrap();
+        assert_eq!(
+            (first["retry_after_ms"].clone(), first["retry_after_unreadable"].clone()),
+            (2_000.into(), 1.into())
+        );
         assert_eq!(v["class"], "retry");
         assert_eq!(v["key"], key.to_hex().as_str());
         assert_eq!(v["policy"], format!("{:08x}", p.fingerprint()));

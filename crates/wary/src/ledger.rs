@@ -208,9 +208,9 @@ impl<const N: usize, const B: usize> Sink for Ledger<N, B> {
 /// The device line's fields after the tag, in order: key (hex), attempt, op, outcome, status
 /// (0: none), Retry-After ms (`-1`: none), class, draw kind (`none`, `pct`, `unit`), draw value,
 /// wait ms, attempt ms, total ms, verdict (`-`: none), give-up reason (`-`), asked ms (`-1`:
-/// none), policy fingerprint (decimal). Numbers and names only: never payload bytes,
-/// credentials or error text.
-pub const DEVICE_FIELDS: [&str; 16] = [
+/// none), policy fingerprint (decimal), Retry-After values that could not be read. Numbers and
+/// names only: never payload bytes, credentials or error text.
+pub const DEVICE_FIELDS: [&str; 17] = [
     "key",
     "attempt",
     "op",
@@ -227,6 +227,7 @@ pub const DEVICE_FIELDS: [&str; 16] = [
     "reason",
     "asked_ms",
     "policy",
+    "unreadable",
 ];
 
 /// Logs one record as a device line (see [`DEVICE_FIELDS`]).
@@ -252,7 +253,7 @@ fn log_record(r: &Record) {
     };
     let retry_after = r.outcome.retry_after().map_or(-1, |d| i64::from(d.as_millis()));
     defmt::info!(
-        "wary-ledger v2 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u32} {=u32} {=u32} {=str} {=str} {=i64} {=u32}",
+        "wary-ledger v2 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u32} {=u32} {=u32} {=str} {=str} {=i64} {=u32} {=u8}",
         key.as_str(),
         r.attempt,
         r.op.name(),
@@ -268,7 +269,8 @@ fn log_record(r: &Record) {
         verdict,
         reason,
         asked,
-        r.policy
+        r.policy,
+        r.outcome.failure().map_or(0, Failure::unreadable_retry_after)
     );
 }
 
@@ -281,7 +283,7 @@ fn log_record(_: &Record) {}
 ///
 /// ```
 /// use wary::{Duration, Verdict, parse_device_line};
-/// let line = "INFO  wary-ledger v2 0a386001000000010000000000000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345";
+/// let line = "INFO  wary-ledger v2 0a386001000000010000000000000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345 0";
 /// let r = parse_device_line(line).unwrap();
 /// assert_eq!((r.attempt, r.wait, r.verdict), (1, Duration::from_millis(120), None));
 /// assert!(parse_device_line("INFO  wary-ledger v1 …").is_err());
@@ -296,7 +298,7 @@ pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
     if found != LEDGER_VERSION {
         return Err(LineError::Version { found, expected: LEDGER_VERSION });
     }
-    let mut values = [""; 16];
+    let mut values = [""; 17];
     for (slot, name) in values.iter_mut().zip(DEVICE_FIELDS) {
         *slot = fields.next().ok_or(LineError::Missing(name))?;
     }
@@ -320,6 +322,7 @@ pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
         reason,
         asked,
         policy,
+        unreadable,
     ] = values;
     fn num<T: core::str::FromStr>(s: &str, name: &'static str) -> Result<T, LineError> {
         s.parse().map_err(|_| LineError::Bad(name))
@@ -336,6 +339,7 @@ pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
         outcome,
         status: Some(num::<u16>(status, "status")?).filter(|s| *s != 0),
         retry_after,
+        unreadable: num(unreadable, "unreadable")?,
         class,
         draw: match draw_kind {
             "none" => None,
@@ -496,11 +500,15 @@ mod tests {
 
     #[test]
     fn device_lines_read_back_every_field_and_refuse_what_is_not_one() {
-        let line = "0.1 INFO wary-ledger v2 0a386001000000010000000000000002 3 keyed_write status 429 2000 retry pct 50 0 12 900 gave_up retry_after_too_long 2000 305419896";
+        let line = "0.1 INFO wary-ledger v2 0a386001000000010000000000000002 3 keyed_write status 429 2000 retry pct 50 0 12 900 gave_up retry_after_too_long 2000 305419896 2";
         let r = parse_device_line(line).unwrap();
         assert_eq!(r.key, Key::from_parts(0x0a38_6001, 1, 2));
         assert_eq!((r.attempt, r.op, r.class), (3, Operation::KeyedWrite, Class::Retry));
-        assert_eq!(r.outcome, Outcome::status_after(429, Duration::from_millis(2000)));
+        let asked = Some(Duration::from_millis(2000));
+        assert_eq!(
+            r.outcome,
+            Outcome::Failure(Failure::Status { code: 429, retry_after: asked, unreadable: 2 })
+        );
         assert_eq!(r.draw, Some(Draw::Percent(50)));
         assert_eq!(
             (r.wait, r.attempt_time, r.total_time),
@@ -512,14 +520,16 @@ mod tests {
         );
         assert_eq!(r.policy, 0x1234_5678);
         let ok =
-            "wary-ledger v2 0a386001000000010000000000000002 1 read reset 0 -1 retry none 0 0 1 1 - - -1 7";
+            "wary-ledger v2 0a386001000000010000000000000002 1 read reset 0 -1 retry none 0 0 1 1 - - -1 7 0";
         assert!(parse_device_line(ok).is_ok());
         assert_eq!(parse_device_line("hello"), Err(LineError::NotALedgerLine));
         assert_eq!(
             parse_device_line(&ok.replace("v2", "v1")),
             Err(LineError::Version { found: 1, expected: LEDGER_VERSION })
         );
-        assert_eq!(parse_device_line(&ok.replace(" 7", "")), Err(LineError::Missing("policy")));
+        assert_eq!(parse_device_line(&ok.replace(" 7 0", "")), Err(LineError::Missing("policy")));
+        assert_eq!(parse_device_line(&ok.replace(" 7 0", " 7")), Err(LineError::Missing("unreadable")));
+        assert_eq!(parse_device_line(&ok.replace(" 7 0", " 7 256")), Err(LineError::Bad("unreadable")));
         assert_eq!(parse_device_line(&format!("{ok} 8")), Err(LineError::TooManyFields));
         assert_eq!(parse_device_line(&ok.replace("read", "peek")), Err(LineError::Bad("op")));
         assert_eq!(parse_device_line(&ok.replace("reset", "boom")), Err(LineError::Bad("outcome")));
