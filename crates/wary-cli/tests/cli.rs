@@ -367,10 +367,8 @@ fn a_missing_policy_line_is_a_divergence() {
 
 /// An uplink run's device lines as `defmt-print` shows them (`tests/data/uplink-defmt.log`) convert
 /// to JSON lines and replay on the host with no divergence: the fingerprint and every decision
-/// agree across targets. The run is the Cortex-M4's under QEMU (`cargo xtask qemu`): its
-/// outcomes, draws and times, written in this ledger version's device format under the uplink's
-/// policy; its throttled attempts, whose draws the first format did not log, carry draws of
-/// their own.
+/// agree across targets. The log is the Cortex-M4's under QEMU, the `storm` scenario of
+/// `cargo xtask qemu` (the device's own lines, as captured).
 #[test]
 fn a_device_ledger_from_defmt_replays_on_the_host() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
@@ -402,7 +400,7 @@ fn a_device_line_of_another_version_is_refused() {
     let v1 = "3.017 INFO  wary-ledger v1 0a386001a4cf94560000000000000000 1 keyed_write response_timeout 0 -1 retry unit 17852510 50 3005 3005 - - -1 3383049023";
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
     let log = std::fs::read_to_string(format!("{data}/uplink-defmt.log")).unwrap();
-    let first = log.lines().next().unwrap();
+    let first = log.lines().find(|l| l.contains(wary::DEVICE_TAG)).unwrap();
     let input = format!("{first}\n{v1}\n{first}\n");
     let out = wary(&["ledger", "from-defmt"], &input);
     assert_eq!(out.status.code(), Some(1));
