@@ -25,16 +25,17 @@ mod tests {
 
     #[test]
     fn converts_a_defmt_print_line() {
-        let line = "0.512000 INFO  wary-ledger v2 0000000700000001000000000000002a 2 keyed_write status 429 3000 retry unit 2147483648 3050 40 1200 - - -1 305419896";
+        let line = "0.512000 INFO  wary-ledger v2 0000000700000001000000000000002a 2 keyed_write status 429 3000 retry unit 2147483648 3050 40 1200 - - -1 305419896 1";
         let r = convert(line).unwrap().unwrap();
         assert_eq!(r.attempt, 2);
         assert_eq!(r.outcome.code(), Some(429));
         assert_eq!(r.outcome.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(r.outcome.failure().map(|f| f.unreadable_retry_after()), Some(1));
         assert_eq!(r.draw, Some(Draw::unit(1 << 31)));
         assert_eq!(r.policy, 0x1234_5678);
         assert_eq!(r.verdict, None);
         assert_eq!(r.wait, Duration::from_millis(3050));
-        let last = "wary-ledger v2 0000000700000001000000000000002a 3 keyed_write response_timeout 0 -1 retry none 0 0 40 5000 gave_up retry_after_too_long 9000 305419896";
+        let last = "wary-ledger v2 0000000700000001000000000000002a 3 keyed_write response_timeout 0 -1 retry none 0 0 40 5000 gave_up retry_after_too_long 9000 305419896 0";
         let r = convert(last).unwrap().unwrap();
         assert_eq!(
             r.verdict,
@@ -46,7 +47,7 @@ mod tests {
     fn other_lines_are_ignored_and_broken_or_old_ones_reported() {
         assert_eq!(convert("0.1 INFO  uplink: reading 3 queued").unwrap(), None);
         assert_eq!(convert("wary-ledger v2 abc 1 read").unwrap_err(), LineError::Missing("outcome"));
-        let bad = "wary-ledger v2 00 x read ok 0 -1 ok none 0 0 0 0 ok - -1 1";
+        let bad = "wary-ledger v2 00 x read ok 0 -1 ok none 0 0 0 0 ok - -1 1 0";
         assert_eq!(convert(bad).unwrap_err(), LineError::Bad("attempt"));
         // The first version's line: its numbers were ticks and seconds, so it is refused by its
         // version, not read as if it were this one.
