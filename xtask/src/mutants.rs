@@ -39,6 +39,11 @@ pub const EXCLUDE: &[&str] = &[
     // (`==`, the reversed comparison, a constant result) are tested.
     r"replace < with <= in Duration::min",
     r"replace > with >= in Duration::max",
+    // A percent draw built out of range counts as 99: at exactly 99 both branches give 99, so
+    // `>` → `>=` is the same for every input (out of range, in range and 99 itself are tested).
+    r"replace > with >= in Draw::scale",
+    // Saturation at `u32::MAX`: at exactly that many milliseconds both branches give it.
+    r"replace > with >= in Duration::from_millis",
     // `max_retries` divides once the shortest wait stops changing (the ceiling at the cap, or
     // decorrelated jitter, whose shortest wait is always the base) and otherwise walks one retry
     // at a time up to the 33rd, where it divides anyway. Dropping the `!` before the

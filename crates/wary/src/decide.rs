@@ -580,6 +580,16 @@ mod tests {
         assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(101)), Err(GiveUp::Deadline));
         let p = exact().budget(ms(1_000)).deadline(ms(100)).min_attempt(ms(5)).build().unwrap();
         assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(96)), Err(GiveUp::Deadline));
+        // A wait equal to the budget left but past the deadline's room gives up on the deadline:
+        // the budget could still pay for it.
+        let p = exact().jitter(crate::Jitter::None).budget(ms(2)).deadline(ms(100)).build().unwrap();
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(98)), Ok(2));
+        assert_eq!(nw(&p, &s, &o, Draw::ZERO, Some(99)), Err(GiveUp::Deadline));
+        let p =
+            exact().jitter(crate::Jitter::None).budget(ms(1)).base(ms(1)).deadline(ms(100)).build().unwrap();
+        let two = CallState { attempts: 1, waited: ms(0), last_wait: ms(0) };
+        assert_eq!(nw(&p, &two, &o, Draw::ZERO, Some(0)), Err(GiveUp::Budget));
+        let p = exact().budget(ms(1_000)).deadline(ms(100)).min_attempt(ms(5)).build().unwrap();
         // Without a clock the deadline cannot be checked: only the budget applies.
         assert_eq!(wait_for(&p, 500, None), Ok(500));
     }

@@ -243,6 +243,9 @@ mod tests {
         assert_eq!(Duration::from_millis(6).checked_sub(Duration::from_millis(6)), Some(Duration::ZERO));
         assert_eq!(Duration::from_millis(3).saturating_mul(u32::MAX), Duration::MAX);
         assert_eq!(Duration::from_millis(1_999).as_secs(), 1);
+        assert_eq!(Duration::from_millis(999).as_secs(), 0);
+        assert_eq!(Duration::from_millis(7_000).as_secs(), 7);
+        assert_eq!(Duration::MAX.as_secs(), 4_294_967);
         assert_eq!(Duration::from_millis(2).as_micros(), 2_000);
     }
 
