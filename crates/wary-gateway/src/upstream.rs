@@ -354,7 +354,8 @@ mod tests {
         h.append("retry-after", HeaderValue::from_static("whenever"));
         h.append("retry-after", HeaderValue::from_static("3"));
         let o = read_outcome(&policy, StatusCode::SERVICE_UNAVAILABLE, &h, &n);
-        assert_eq!(o, Outcome::status_after(503, wary::Duration::from_secs(3)));
+        assert_eq!(o.retry_after(), Some(wary::Duration::from_secs(3)));
+        assert_eq!(o.failure().map(wary::Failure::unreadable_retry_after), Some(1), "the ledger's count");
         assert_eq!(n.load(Ordering::Relaxed), 1);
         // A 2xx reads no Retry-After at all.
         assert_eq!(read_outcome(&policy, StatusCode::CREATED, &h, &n), Outcome::Ok);
