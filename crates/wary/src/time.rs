@@ -250,6 +250,35 @@ mod tests {
     }
 
     #[test]
+    fn operators_saturate_like_the_methods() {
+        let mut d = Duration::from_millis(5);
+        d += Duration::from_millis(7);
+        assert_eq!(d, Duration::from_millis(12));
+        d += Duration::MAX;
+        assert_eq!(d, Duration::MAX);
+        assert_eq!(Duration::from_millis(9) - Duration::from_millis(4), Duration::from_millis(5));
+        let mut e = Duration::from_millis(9);
+        e -= Duration::from_millis(4);
+        assert_eq!(e, Duration::from_millis(5));
+        e -= Duration::from_millis(6);
+        assert_eq!(e, Duration::ZERO);
+        assert_eq!(Instant::from_millis(123_456_789_012).as_millis(), 123_456_789_012);
+    }
+
+    #[cfg(feature = "embassy-time")]
+    #[test]
+    fn embassy_time_converts_both_ways() {
+        let d: Duration = embassy_time::Duration::from_millis(1_234).into();
+        assert_eq!(d, Duration::from_millis(1_234));
+        let back: embassy_time::Duration = Duration::from_millis(4_321).into();
+        assert_eq!(back, embassy_time::Duration::from_millis(4_321));
+        let i: Instant = embassy_time::Instant::from_millis(98_765).into();
+        assert_eq!(i, Instant::from_millis(98_765));
+        let long: Duration = embassy_time::Duration::from_secs(365 * 86_400).into();
+        assert_eq!(long, Duration::MAX);
+    }
+
+    #[test]
     fn microseconds_round_up_so_a_wait_is_never_shortened() {
         assert_eq!(Duration::from_micros_ceil(0), Duration::ZERO);
         assert_eq!(Duration::from_micros_ceil(1), Duration::from_millis(1));
