@@ -44,6 +44,11 @@ pub const EXCLUDE: &[&str] = &[
     r"replace > with >= in Draw::scale",
     // Saturation at `u32::MAX`: at exactly that many milliseconds both branches give it.
     r"replace > with >= in Duration::from_millis",
+    // Setting two bits a mask has just cleared: `|` and `^` give the same bits.
+    r"replace \| with \^ in Table::put",
+    r"replace \| with \^ in Table::with_transport",
+    // The smaller of the attempt cap's and the budget's counts: at equality either is the answer.
+    r"replace < with <= in Policy::max_retries",
     // `max_retries` divides once the shortest wait stops changing (the ceiling at the cap, or
     // decorrelated jitter, whose shortest wait is always the base) and otherwise walks one retry
     // at a time up to the 33rd, where it divides anyway. Dropping the `!` before the

@@ -714,13 +714,13 @@ impl Table {
     /// The rule for a status code: one lookup for a 4xx or 5xx.
     #[inline]
     pub fn status_rule(&self, code: u16) -> Rule {
+        // The bitmap holds 400..=599 exactly: any other code (below 400 it wraps high) finds
+        // no byte and takes the rule for other statuses.
         let i = code.wrapping_sub(FIRST);
-        if i < SPAN {
-            if let Some(byte) = self.rules.get(usize::from(i / 4)) {
-                return Rule::from_bits(byte.wrapping_shr(u32::from(i & 3).wrapping_mul(2)));
-            }
+        match self.rules.get(usize::from(i / 4)) {
+            Some(byte) => Rule::from_bits(byte.wrapping_shr(u32::from(i & 3).wrapping_mul(2))),
+            None => self.other_status,
         }
-        self.other_status
     }
 
     /// The rule for a failure.
@@ -974,6 +974,31 @@ mod more_tests {
             (Outcome::Ok.name(), Outcome::status(1).name(), Outcome::status(404).code()),
             ("ok", "status", Some(404))
         );
+    }
+
+    #[test]
+    fn reads_and_keyed_writes_are_idempotent_writes_are_not() {
+        assert!(Operation::Read.is_idempotent());
+        assert!(Operation::KeyedWrite.is_idempotent());
+        assert!(!Operation::Write.is_idempotent());
+    }
+
+    #[test]
+    fn a_table_debugs_as_its_exact_rules_and_its_defaults() {
+        let t = Table::BASIC.with_status(409, Rule::RetryIdempotent).unwrap();
+        let text = format!("{t:?}");
+        assert!(text.contains("exact: {409: RetryIdempotent, 429: RetryAny}"), "{text}");
+        assert!(text.contains("server_error: RetryIdempotent"), "{text}");
+        assert!(text.contains("tls: Fail") && text.contains("reads_only: false"), "{text}");
+    }
+
+    #[test]
+    fn the_statuses_next_to_the_bitmap_take_the_other_rule() {
+        let t = Table::new(Rule::RetryAny, Rule::RetryAny, Rule::Fail);
+        for code in [0, 100, 399, 600, 601, 603, 604, 999, u16::MAX] {
+            assert_eq!(t.status_rule(code), Rule::Fail, "{code}");
+        }
+        assert_eq!((t.status_rule(400), t.status_rule(599)), (Rule::RetryAny, Rule::RetryAny));
     }
 
     #[test]

@@ -466,6 +466,15 @@ mod tests {
     const SUNDAY: u64 = 784_111_777;
 
     #[test]
+    fn duplicates_names_round_trip() {
+        assert_eq!((Duplicates::Reject.name(), Duplicates::Longest.name()), ("reject", "longest"));
+        for d in Duplicates::ALL {
+            assert_eq!(Duplicates::from_name(d.name()), Some(d));
+        }
+        assert_eq!(Duplicates::from_name("first"), None);
+    }
+
+    #[test]
     fn delay_seconds() {
         assert_eq!(parse(b"0"), Ok(RetryAfter::Seconds(0)));
         assert_eq!(parse(b" 30 "), Ok(RetryAfter::Seconds(30)));
