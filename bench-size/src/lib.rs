@@ -3,6 +3,15 @@
 
 use core::hint::black_box;
 
+use wary::{Policy, Preset};
+
+/// wary's default policy, in flash as a device keeps one; a binary that never names it links
+/// none of it.
+pub static POLICY: Policy = match Policy::builder(Preset::Default).build() {
+    Ok(p) => p,
+    Err(_) => panic!(),
+};
+
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     loop {}

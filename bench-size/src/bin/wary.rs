@@ -5,17 +5,12 @@
 
 use core::hint::black_box;
 
-use wary::{CallState, Draw, Duration, Operation, Outcome, Policy, Preset};
-
-static POLICY: Policy = match Policy::builder(Preset::Default).build() {
-    Ok(p) => p,
-    Err(_) => panic!(),
-};
+use wary::{CallState, Draw, Duration, Operation, Outcome, Policy};
 
 #[unsafe(no_mangle)]
 pub extern "C" fn _start() -> ! {
     wary_bench_size::run(|i| {
-        let policy: &Policy = black_box(&POLICY);
+        let policy: &Policy = black_box(&wary_bench_size::POLICY);
         let mut state = CallState::new();
         for _ in 0..i[1] {
             let outcome: Outcome = black_box(Outcome::status(i[0] as u16));

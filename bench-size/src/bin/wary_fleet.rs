@@ -4,12 +4,7 @@
 
 use core::hint::black_box;
 
-use wary::{CallState, Draw, Duration, FleetBudget, Operation, Outcome, Policy, Preset};
-
-static POLICY: Policy = match Policy::builder(Preset::Default).build() {
-    Ok(p) => p,
-    Err(_) => panic!(),
-};
+use wary::{CallState, Draw, Duration, FleetBudget, Operation, Outcome, Policy};
 
 static FLEET: FleetBudget = match FleetBudget::new(10, 100) {
     Ok(b) => b,
@@ -19,7 +14,7 @@ static FLEET: FleetBudget = match FleetBudget::new(10, 100) {
 #[unsafe(no_mangle)]
 pub extern "C" fn _start() -> ! {
     wary_bench_size::run(|i| {
-        let policy: &Policy = black_box(&POLICY);
+        let policy: &Policy = black_box(&wary_bench_size::POLICY);
         let fleet = black_box(&FLEET);
         let mut state = CallState::new();
         for _ in 0..i[1] {

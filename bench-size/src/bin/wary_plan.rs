@@ -5,17 +5,12 @@
 
 use core::hint::black_box;
 
-use wary::{Draw, Operation, Outcome, Policy, Preset, plan};
-
-static POLICY: Policy = match Policy::builder(Preset::Default).build() {
-    Ok(p) => p,
-    Err(_) => panic!(),
-};
+use wary::{Draw, Operation, Outcome, Policy, plan};
 
 #[unsafe(no_mangle)]
 pub extern "C" fn _start() -> ! {
     wary_bench_size::run(|i| {
-        let policy: &Policy = black_box(&POLICY);
+        let policy: &Policy = black_box(&wary_bench_size::POLICY);
         // Built in place and handed over by reference, as a caller's own arrays are: plan
         // reads them where they are.
         let outcomes = [Outcome::status(i[0] as u16); 8];

@@ -354,8 +354,14 @@ fn targets(js: &serde_json::Map<String, serde_json::Value>) -> Vec<Target> {
         },
         Target {
             key: "plan_flash_bytes",
-            what: "`plan` flash over the baseline (bytes)",
+            what: "`plan` flash over the baseline (bytes; its result moved out links `memcpy`)",
             value: flash("wary_plan"),
+            limit: 1536.0,
+        },
+        Target {
+            key: "plan_into_flash_bytes",
+            what: "`plan_into` flash over the baseline (bytes; the plan filled in place)",
+            value: flash("wary_plan_into"),
             limit: 1536.0,
         },
         Target {

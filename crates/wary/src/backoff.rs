@@ -127,6 +127,10 @@ impl Draw {
     }
 }
 
+/// The fixed part of each jitter's wait in halves of the ceiling, two bits per [`Jitter`] in
+/// declaration order: equal 1, full 0, decorrelated (unused) 0, none 2.
+const FIXED_HALVES: u32 = 1 | 2 << ((Jitter::None as u32) << 1);
+
 /// Exponential backoff with jitter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -177,24 +181,34 @@ impl Backoff {
         draw: Draw,
     ) -> (Duration, Duration) {
         let c = self.ceiling(k);
-        // Every jitter as one form, `floor + draw·span`, so a wait takes one scaling whatever
-        // the jitter (no jitter is a span of 0, which every draw scales to 0).
+        (self.wait_under(c, previous, draw), c)
+    }
+
+    /// The wait drawn under the ceiling `c`, given the previous wait (decorrelated jitter only).
+    #[inline]
+    pub(crate) const fn wait_under(&self, c: Duration, previous: Duration, draw: Draw) -> Duration {
+        // Every jitter as one form, `floor + draw·span` with `floor + span` at most the ceiling
+        // (or the cap), so a wait takes one scaling whatever the jitter and the sum cannot
+        // overflow (no jitter is a span of 0, which every draw scales to 0).
         let (floor, span) = match self.jitter {
             Jitter::Decorrelated => {
                 let prev = previous.max(self.base);
-                let hi = prev.saturating_mul(3).min(self.cap).max(self.base);
-                (self.base, hi.saturating_sub(self.base))
+                let hi = prev.saturating_mul(3).min(self.cap).max(self.base).as_millis();
+                (self.base.as_millis(), hi.wrapping_sub(self.base.as_millis()))
             }
-            // The fixed part is half the ceiling (equal), nothing (full) or all of it (none);
-            // the drawn part is the rest.
-            Jitter::Equal => {
-                let fixed = Duration::from_millis((c.as_millis() >> 1) as u64);
-                (fixed, c.saturating_sub(fixed))
+            // The fixed part is half the ceiling (equal), nothing (full) or all of it (none),
+            // that is `c·m/2` for m = 1, 0, 2, read from two bits per jitter: one multiply, not
+            // a branch per jitter. The drawn part is the rest.
+            j => {
+                let c = c.as_millis();
+                let m = (FIXED_HALVES >> ((j as u32) << 1)) & 3;
+                let fixed = ((c as u64).wrapping_mul(m as u64) >> 1) as u32;
+                (fixed, c.wrapping_sub(fixed))
             }
-            Jitter::Full => (Duration::ZERO, c),
-            Jitter::None => (c, Duration::ZERO),
         };
-        (floor.saturating_add(draw.scale(span)), c)
+        Duration::from_millis(
+            floor.wrapping_add(draw.scale(Duration::from_millis(span as u64)).as_millis()) as u64
+        )
     }
 
     /// The shortest wait retry `k` can draw (every draw at 0), given the previous wait.

@@ -150,6 +150,27 @@ impl Failure {
         }
     }
 
+    /// The failure's slot in a table's transport rules: its [`Transport`], in declaration
+    /// order, or the slot that never retries (a stream broken after forwarding, since bytes
+    /// already reached the user and a retry would start the text again; a cancel; a status,
+    /// which has rules of its own).
+    #[inline]
+    const fn slot(&self) -> u32 {
+        let kind = match self {
+            Failure::ConnectTimeout => Transport::ConnectTimeout as u32,
+            Failure::ResponseTimeout => Transport::ResponseTimeout as u32,
+            Failure::Refused => Transport::Refused as u32,
+            Failure::Reset => Transport::Reset as u32,
+            Failure::Tls => Transport::Tls as u32,
+            Failure::BadBody => Transport::BadBody as u32,
+            Failure::StreamBroken { .. } => Transport::StreamBefore as u32,
+            Failure::Status { .. } | Failure::Cancelled => NEVER,
+        };
+        // The slot after the stream's own (the one that never retries) is a stream that broke
+        // after forwarding: added apart, so the match above stays a lookup of constants.
+        kind.wrapping_add(matches!(self, Failure::StreamBroken { forwarded: true }) as u32)
+    }
+
     /// A short stable name for the failure's kind (`status` for any status).
     pub const fn name(&self) -> &'static str {
         match self {
@@ -714,31 +735,34 @@ impl Table {
     /// The rule for a status code: one lookup for a 4xx or 5xx.
     #[inline]
     pub fn status_rule(&self, code: u16) -> Rule {
+        Rule::from_bits(self.status_bits(code) as u8)
+    }
+
+    /// The two bits of [`Table::status_rule`].
+    #[inline]
+    fn status_bits(&self, code: u16) -> u32 {
         // The bitmap holds 400..=599 exactly: any other code (below 400 it wraps high) finds
         // no byte and takes the rule for other statuses.
-        let i = code.wrapping_sub(FIRST);
-        match self.rules.get(usize::from(i / 4)) {
-            Some(byte) => Rule::from_bits(byte.wrapping_shr(u32::from(i & 3).wrapping_mul(2))),
-            None => self.other_status,
+        let i = u32::from(code).wrapping_sub(u32::from(FIRST));
+        match self.rules.get((i / 4) as usize) {
+            Some(byte) => u32::from(*byte).wrapping_shr((i & 3).wrapping_mul(2)) & 3,
+            None => self.other_status as u32,
         }
     }
 
     /// The rule for a failure.
     #[inline]
     pub fn rule(&self, failure: &Failure) -> Rule {
-        let slot = match failure {
-            Failure::Status { code, .. } => return self.status_rule(*code),
-            Failure::ConnectTimeout => Transport::ConnectTimeout as u32,
-            Failure::ResponseTimeout => Transport::ResponseTimeout as u32,
-            Failure::Refused => Transport::Refused as u32,
-            Failure::Reset => Transport::Reset as u32,
-            Failure::Tls => Transport::Tls as u32,
-            Failure::BadBody => Transport::BadBody as u32,
-            Failure::StreamBroken { forwarded: false } => Transport::StreamBefore as u32,
-            // Bytes already reached the user: a retry would start the text again.
-            Failure::StreamBroken { forwarded: true } | Failure::Cancelled => NEVER,
-        };
-        self.slot_rule(slot)
+        Rule::from_bits(self.rule_bits(failure) as u8)
+    }
+
+    /// The two bits of [`Table::rule`], before they are read as a [`Rule`] (3 reads as fail).
+    #[inline]
+    fn rule_bits(&self, failure: &Failure) -> u32 {
+        match failure {
+            Failure::Status { code, .. } => self.status_bits(*code),
+            f => self.transport.wrapping_shr(f.slot().wrapping_mul(2)) as u32 & 3,
+        }
     }
 
     /// The class of `outcome` for `op`.
@@ -747,23 +771,58 @@ impl Table {
         let rule = match outcome {
             Outcome::Ok => return Class::Ok,
             Outcome::Failure(Failure::Cancelled) => return Class::Cancelled,
-            Outcome::Failure(f) => self.rule(f),
+            Outcome::Failure(f) => self.rule_bits(f),
         };
-        let read = matches!(op, Operation::Read);
-        match rule {
-            Rule::Fail => Class::Failed,
-            Rule::RetryAny if read || !self.reads_only => Class::Retry,
-            // Refused before anything happened, but this table never resends a write.
-            Rule::RetryAny => Class::Failed,
-            Rule::RetryIdempotent if read || (matches!(op, Operation::KeyedWrite) && !self.reads_only) => {
-                Class::Retry
-            }
-            // A payment that timed out after it was recorded, resent, is recorded twice: a write
-            // with no key that may have landed is never resent.
-            Rule::RetryIdempotent => Class::Unknown,
+        // Two bits for each rule and operation: one shift, not a branch per case.
+        let classes = if self.reads_only { CLASSES_READS_ONLY } else { CLASSES };
+        match (classes >> (rule << 3 | (op as u32) << 1)) & 3 {
+            1 => Class::Retry,
+            2 => Class::Unknown,
+            _ => Class::Failed,
         }
     }
 }
+
+/// The class of a failure under `rule` for `op`, in a table that retries reads only or not:
+/// the rule itself, which [`CLASSES`] and [`CLASSES_READS_ONLY`] hold in two bits a case.
+const fn class_of(rule: Rule, op: Operation, reads_only: bool) -> Class {
+    let read = matches!(op, Operation::Read);
+    match rule {
+        Rule::Fail => Class::Failed,
+        Rule::RetryAny if read || !reads_only => Class::Retry,
+        // Refused before anything happened, but this table never resends a write.
+        Rule::RetryAny => Class::Failed,
+        Rule::RetryIdempotent if read || (matches!(op, Operation::KeyedWrite) && !reads_only) => Class::Retry,
+        // A payment that timed out after it was recorded, resent, is recorded twice: a write
+        // with no key that may have landed is never resent.
+        Rule::RetryIdempotent => Class::Unknown,
+    }
+}
+
+/// [`class_of`] for every rule and operation, two bits at `rule·8 + op·2`: 1 retry, 2 unknown,
+/// 3 failed (0, where a rule's unused bits would be, reads as failed too).
+const fn classes(reads_only: bool) -> u32 {
+    let mut all = 0u32;
+    let mut rules = Rule::ALL.as_slice();
+    while let [rule, rest @ ..] = rules {
+        let mut ops = Operation::ALL.as_slice();
+        while let [op, more @ ..] = ops {
+            let bits: u32 = match class_of(*rule, *op, reads_only) {
+                Class::Retry => 1,
+                Class::Unknown => 2,
+                _ => 3,
+            };
+            all |= bits.wrapping_shl((*rule as u32) << 3 | (*op as u32) << 1);
+            ops = more;
+        }
+        rules = rest;
+    }
+    all
+}
+
+const CLASSES: u32 = classes(false);
+const CLASSES_READS_ONLY: u32 = classes(true);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -251,6 +251,20 @@ impl Policy {
         }
     }
 
+    /// The ceiling of retry `k` ≥ 1, as [`crate::Backoff::ceiling`] gives it, from the doubling
+    /// at which it reaches the cap, found when the policy was built.
+    #[inline]
+    pub(crate) const fn ceiling(&self, k: u32) -> Duration {
+        let shift = k.saturating_sub(1);
+        if shift < self.cap_shift {
+            // Below the cap shift the doubled base is below the cap, so it fits 32 bits (the
+            // shift is below 32 unless the base is 0, which stays 0).
+            Duration::from_millis(self.backoff.base.as_millis().wrapping_shl(shift) as u64)
+        } else {
+            self.backoff.cap
+        }
+    }
+
     /// The decision for an outcome already classified.
     #[inline]
     pub(crate) fn decide_class(
@@ -293,15 +307,15 @@ impl Policy {
         draw: Draw,
         elapsed: Option<Duration>,
     ) -> Result<Duration, GiveUp> {
-        if let Some(cap) = self.max_attempts {
-            if k >= cap {
-                return Err(GiveUp::Attempts);
-            }
+        // No cap is u32::MAX, which a call's count reaches only when it can count no further.
+        if k >= self.max_attempts {
+            return Err(GiveUp::Attempts);
         }
         let left = self.budget.saturating_sub(state.waited);
-        // What a wait may take before the next attempt could no longer end by the deadline.
-        let room = match (self.deadline, elapsed) {
-            (Some(d), Some(e)) => match d.checked_sub(e) {
+        // What a wait may take before the next attempt could no longer end by the deadline
+        // (no deadline is `Duration::MAX`).
+        let room = match elapsed {
+            Some(e) if !self.deadline.is_max() => match self.deadline.checked_sub(e) {
                 Some(rest) => match rest.checked_sub(self.min_attempt) {
                     Some(until) => until.min(left),
                     // Past the deadline even with no wait: not even a zero wait may start.
@@ -311,26 +325,25 @@ impl Policy {
             },
             _ => left,
         };
-        let (backoff, ceiling) = self.backoff.wait_and_ceiling(k, state.last_wait, draw);
+        let ceiling = self.ceiling(k);
+        let backoff = self.backoff.wait_under(ceiling, state.last_wait, draw);
         let wait = match outcome.retry_after() {
             None => backoff,
             Some(asked) => {
-                // A server that asks for longer than the call can afford gets an answer now,
-                // with what it asked, so the caller can reschedule instead of holding the run.
-                let beyond_max = match self.max_retry_after {
-                    Some(m) => asked.as_millis() > m.as_millis(),
-                    None => false,
-                };
-                if asked > room || beyond_max {
+                // A server that asks for longer than the call can afford, or than the policy
+                // accepts (no limit is `Duration::MAX`), gets an answer now, with what it
+                // asked, so the caller can reschedule instead of holding the run.
+                if asked > room.min(self.max_retry_after) {
                     return Err(GiveUp::RetryAfterTooLong { asked });
                 }
-                let raised = match self.retry_after_mode {
-                    RetryAfterMode::Max => asked,
-                    // The spread past the server's value is ours: trimmed to what the call can
-                    // still wait, so it never turns a Retry-After that fits into a give-up.
-                    RetryAfterMode::Spread => asked.saturating_add(draw.scale(ceiling)).min(room),
+                // The spread past the server's value is ours: trimmed to what the call can
+                // still wait, so it never turns a Retry-After that fits into a give-up. In
+                // `max` mode there is none, and what the server asked already fits.
+                let spread = match self.retry_after_mode {
+                    RetryAfterMode::Max => Duration::ZERO,
+                    RetryAfterMode::Spread => draw.scale(ceiling),
                 };
-                raised.max(backoff)
+                asked.saturating_add(spread).min(room).max(backoff)
             }
         };
         if wait > room {
@@ -716,6 +729,46 @@ mod tests {
             format!("{}", GiveUp::RetryAfterTooLong { asked: Duration::MAX }),
             "retry_after_too_long, asked longer than 49 days"
         );
+    }
+
+    #[test]
+    fn the_ceiling_from_the_cap_shift_is_the_backoffs_for_every_base_cap_and_retry() {
+        // Unchecked settings too (a base of 0, a cap below the base), as a plan meets them.
+        let edges = [0, 1, 2, 3, 5, 100, 10_000, 1 << 20, (1 << 31) - 1, 1 << 31, 3 << 30, u32::MAX - 1];
+        let mut ks: Vec<u32> = (0..=40).collect();
+        ks.extend([255, 256, 1_000, u32::MAX - 1, u32::MAX]);
+        for base in edges {
+            for cap in edges.iter().copied().chain([base.saturating_mul(2), base.saturating_add(1)]) {
+                let p = Policy::builder(Preset::Basic)
+                    .base(ms(u64::from(base)))
+                    .cap(ms(u64::from(cap)))
+                    .p
+                    .with_cap_shift();
+                for &k in &ks {
+                    // Retry 0 is never asked for; retry 1 onwards is.
+                    let k = k.max(1);
+                    assert_eq!(p.ceiling(k), p.backoff.ceiling(k), "base {base}, cap {cap}, retry {k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_jitter_draws_between_its_floor_and_its_ceiling_as_the_formula_says() {
+        let b = |j| crate::Backoff::new(ms(10), ms(1_000), j);
+        for c in [0u32, 1, 2, 3, 99, 100, 1_000, u32::MAX - 1] {
+            let c = ms(u64::from(c));
+            let x = c.as_millis();
+            for (draw, f) in
+                [(Draw::ZERO, 0u64), (Draw::unit(1 << 31), 1 << 31), (Draw::TOP, u64::from(u32::MAX))]
+            {
+                let scaled = |span: u32| ((u64::from(span) * f) >> 32) as u32;
+                let wait = |j| b(j).wait_under(c, Duration::ZERO, draw).as_millis();
+                assert_eq!(wait(crate::Jitter::None), x);
+                assert_eq!(wait(crate::Jitter::Full), scaled(x));
+                assert_eq!(wait(crate::Jitter::Equal), x / 2 + scaled(x - x / 2));
+            }
+        }
     }
 
     #[test]

@@ -80,7 +80,7 @@ mod with_serde {
     use serde::{Deserialize, Serialize};
 
     use super::*;
-    use crate::backoff::{Backoff, Jitter};
+    use crate::backoff::Jitter;
     use crate::classify::{Rule, Table, Transport};
     use crate::error::{PolicyError, TableError};
     use crate::ledger::LEDGER_VERSION;
@@ -322,10 +322,10 @@ mod with_serde {
                 cap_ms: p.backoff.cap,
                 jitter: p.backoff.jitter,
                 budget_ms: p.budget,
-                deadline_ms: p.deadline,
-                max_attempts: p.max_attempts,
+                deadline_ms: p.deadline(),
+                max_attempts: p.max_attempts(),
                 min_attempt_ms: p.min_attempt,
-                max_retry_after_ms: p.max_retry_after,
+                max_retry_after_ms: p.max_retry_after(),
                 retry_after_mode: p.retry_after_mode,
                 retry_after_rules: p.retry_after_rules,
                 table: TableForm::from(&p.table),
@@ -337,20 +337,29 @@ mod with_serde {
         type Error = FormError;
         fn try_from(f: PolicyForm) -> Result<Policy, FormError> {
             let table = Table::try_from(f.table).map_err(FormError::Table)?;
-            Policy {
-                table,
-                backoff: Backoff::new(f.base_ms, f.cap_ms, f.jitter),
-                budget: f.budget_ms,
-                deadline: f.deadline_ms,
-                max_attempts: f.max_attempts,
-                min_attempt: f.min_attempt_ms,
-                max_retry_after: f.max_retry_after_ms,
-                retry_after_mode: f.retry_after_mode,
-                retry_after_rules: f.retry_after_rules,
-            }
-            .to_builder()
-            .build()
-            .map_err(FormError::Policy)
+            // Through the builder's own setters, so a form is checked as a builder is.
+            let b = Policy::builder(crate::Preset::Default)
+                .table(table)
+                .base(f.base_ms)
+                .cap(f.cap_ms)
+                .jitter(f.jitter)
+                .budget(f.budget_ms)
+                .min_attempt(f.min_attempt_ms)
+                .retry_after_mode(f.retry_after_mode)
+                .retry_after_rules(f.retry_after_rules);
+            let b = match f.deadline_ms {
+                Some(d) => b.deadline(d),
+                None => b.no_deadline(),
+            };
+            let b = match f.max_attempts {
+                Some(n) => b.max_attempts(n),
+                None => b.unlimited_attempts(),
+            };
+            let b = match f.max_retry_after_ms {
+                Some(d) => b.max_retry_after(d),
+                None => b.no_max_retry_after(),
+            };
+            b.build().map_err(FormError::Policy)
         }
     }
 }

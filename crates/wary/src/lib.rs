@@ -44,7 +44,7 @@ pub use key::Key;
 pub use ledger::{
     AttemptStats, DEVICE_FIELDS, DEVICE_TAG, LEDGER_VERSION, Ledger, Record, Sink, parse_device_line,
 };
-pub use plan::{Plan, plan, plan_static};
+pub use plan::{Plan, plan, plan_into, plan_static};
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
 pub use retry_after::{
     Duplicates, Reading, RetryAfter, Rules, parse as parse_retry_after, parse_http_date,

@@ -41,6 +41,19 @@ pub struct Plan<const N: usize> {
     pub verdict: Verdict,
 }
 
+impl<const N: usize> Plan<N> {
+    /// An empty plan: no waits, and the outcomes exhausted before any attempt.
+    pub const fn new() -> Self {
+        Plan { waits: Vec::new(), verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) }
+    }
+}
+
+impl<const N: usize> Default for Plan<N> {
+    fn default() -> Self {
+        Plan::new()
+    }
+}
+
 /// Plans a call: `outcomes[i]` is what attempt `i + 1` returns, `draws[k - 1]` the draw for
 /// retry `k`. A draw is needed only for a retry the call actually reaches: a call that ends
 /// first never asks for the rest.
@@ -78,7 +91,7 @@ impl PolicyBuilder {
         outcomes: &[Outcome],
         draws: &[Draw],
     ) -> Result<Plan<N>, PlanError> {
-        plan_any(&self.p, op, outcomes, draws)
+        plan_any(&self.p.with_cap_shift(), op, outcomes, draws)
     }
 }
 
@@ -90,7 +103,32 @@ fn plan_any<const N: usize>(
     outcomes: &[Outcome],
     draws: &[Draw],
 ) -> Result<Plan<N>, PlanError> {
-    let mut waits = Vec::new();
+    let mut plan = Plan::new();
+    plan_into(&mut plan, policy, op, outcomes, draws)?;
+    Ok(plan)
+}
+
+/// [`plan()`] into a plan the caller holds, emptied first: nothing is moved, so a device
+/// keeping its plan in place links no memory-copy routine. On an error the plan holds the waits
+/// decided before it.
+///
+/// ```
+/// use wary::{Draw, Duration, Operation, Outcome, Plan, Policy, Preset, plan_into};
+/// let ms = Duration::from_millis;
+/// let p = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap();
+/// let mut plan = Plan::<8>::new();
+/// plan_into(&mut plan, &p, Operation::Read, &[Outcome::status(503), Outcome::Ok], &[Draw::ZERO]).unwrap();
+/// assert_eq!((plan.waits.as_slice(), plan.verdict.name()), (&[ms(1)][..], "ok"));
+/// ```
+pub fn plan_into<const N: usize>(
+    plan: &mut Plan<N>,
+    policy: &Policy,
+    op: Operation,
+    outcomes: &[Outcome],
+    draws: &[Draw],
+) -> Result<(), PlanError> {
+    plan.waits.clear();
+    plan.verdict = Verdict::GaveUp(GiveUp::OutcomesExhausted);
     let mut state = CallState::new();
     let mut rest = outcomes.iter().peekable();
     while let Some(outcome) = rest.next() {
@@ -98,7 +136,7 @@ fn plan_any<const N: usize>(
         let draw = if class == Class::Retry {
             if rest.peek().is_none() {
                 // No attempt left to wait for: the call ran out while still failing.
-                return Ok(Plan { waits, verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) });
+                return Ok(());
             }
             let retry = state.attempts().saturating_add(1);
             *draws.get(state.attempts() as usize).ok_or(PlanError::TooFewDraws { retry })?
@@ -112,14 +150,17 @@ fn plan_any<const N: usize>(
             .deadline()
             .map(|_| state.waited().saturating_add(policy.min_attempt().saturating_mul(attempts_so_far)));
         match policy.decide_class(&mut state, class, outcome, draw, elapsed) {
-            Decision::Done(verdict) => return Ok(Plan { waits, verdict }),
+            Decision::Done(verdict) => {
+                plan.verdict = verdict;
+                return Ok(());
+            }
             Decision::Retry { wait } => {
-                waits.push(wait).map_err(|_| PlanError::CapacityExceeded { capacity: N })?;
+                plan.waits.push(wait).map_err(|_| PlanError::CapacityExceeded { capacity: N })?;
             }
         }
     }
     // No outcomes at all: nothing was attempted.
-    Ok(Plan { waits, verdict: Verdict::GaveUp(GiveUp::OutcomesExhausted) })
+    Ok(())
 }
 
 /// [`plan()`] for a policy known at compile time, with a capacity the compiler has checked holds

@@ -90,8 +90,12 @@ impl RetryAfterMode {
 ///
 /// With the `serde` feature it reads and writes every setting, status rules included, and a
 /// policy read back is checked as [`PolicyBuilder::build`] checks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+///
+/// Held in the form the decision reads fastest: a limit that is not set is stored as the
+/// largest value of its type (which [`PolicyBuilder::build`] refuses as a setting), so each stop
+/// rule is one comparison, and the retry at which the backoff reaches its cap is worked out
+/// once, when the policy is built.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(
     feature = "serde",
@@ -101,12 +105,57 @@ pub struct Policy {
     pub(crate) table: Table,
     pub(crate) backoff: Backoff,
     pub(crate) budget: Duration,
-    pub(crate) deadline: Option<Duration>,
-    pub(crate) max_attempts: Option<u32>,
+    /// [`Duration::MAX`]: no deadline.
+    pub(crate) deadline: Duration,
+    /// `u32::MAX`: no cap (a call counts no further).
+    pub(crate) max_attempts: u32,
     pub(crate) min_attempt: Duration,
-    pub(crate) max_retry_after: Option<Duration>,
+    /// [`Duration::MAX`]: no limit beyond the budget and the deadline.
+    pub(crate) max_retry_after: Duration,
     pub(crate) retry_after_mode: RetryAfterMode,
+    /// The first doubling (retry `k` doubles `k − 1` times) whose ceiling is the cap, found
+    /// once by [`Policy::with_cap_shift`]; `u32::MAX` for a base of 0, which never grows.
+    pub(crate) cap_shift: u32,
     pub(crate) retry_after_rules: Rules,
+}
+
+impl core::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Policy")
+            .field("table", &self.table)
+            .field("backoff", &self.backoff)
+            .field("budget", &self.budget)
+            .field("deadline", &self.deadline())
+            .field("max_attempts", &self.max_attempts())
+            .field("min_attempt", &self.min_attempt)
+            .field("max_retry_after", &self.max_retry_after())
+            .field("retry_after_mode", &self.retry_after_mode)
+            .field("retry_after_rules", &self.retry_after_rules)
+            .finish()
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for Policy {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(
+            f,
+            "Policy {{ backoff: {}, budget: {}, deadline: {}, max_attempts: {}, min_attempt: {}, max_retry_after: {}, retry_after_mode: {}, fingerprint: {=u32:#010x} }}",
+            self.backoff,
+            self.budget,
+            self.deadline(),
+            self.max_attempts(),
+            self.min_attempt,
+            self.max_retry_after(),
+            self.retry_after_mode,
+            self.fingerprint()
+        )
+    }
+}
+
+/// A limit that is set, or `None` for the sentinel that stands for none.
+const fn set(d: Duration) -> Option<Duration> {
+    if d.is_max() { None } else { Some(d) }
 }
 
 /// Builds a [`Policy`]; [`PolicyBuilder::build`] refuses bad settings.
@@ -115,6 +164,10 @@ pub struct Policy {
 #[must_use]
 pub struct PolicyBuilder {
     pub(crate) p: Policy,
+    /// A deadline was asked for (even the saturated one, which `build` refuses).
+    deadline_set: bool,
+    /// A Retry-After limit was asked for (likewise).
+    max_retry_after_set: bool,
 }
 
 const fn ms(n: u64) -> Duration {
@@ -129,42 +182,50 @@ impl Policy {
                 table: Table::DEFAULT,
                 backoff: Backoff::new(ms(100), ms(10_000), Jitter::Equal),
                 budget: ms(30_000),
-                deadline: None,
-                max_attempts: None,
+                deadline: Duration::MAX,
+                max_attempts: u32::MAX,
                 min_attempt: Duration::ZERO,
-                max_retry_after: None,
+                max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Spread,
+                cap_shift: 0,
                 retry_after_rules: Rules::LENIENT,
             },
             Preset::Basic => Policy {
                 table: Table::BASIC,
                 backoff: Backoff::new(ms(2_000), ms(60_000), Jitter::Equal),
                 budget: ms(120_000),
-                deadline: None,
-                max_attempts: None,
+                deadline: Duration::MAX,
+                max_attempts: u32::MAX,
                 min_attempt: Duration::ZERO,
-                max_retry_after: None,
+                max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Max,
+                cap_shift: 0,
                 retry_after_rules: Rules::LENIENT,
             },
             Preset::Strict => Policy {
                 table: Table::STRICT,
                 backoff: Backoff::new(ms(100), ms(400), Jitter::None),
                 budget: ms(300),
-                deadline: None,
-                max_attempts: Some(3),
+                deadline: Duration::MAX,
+                max_attempts: 3,
                 min_attempt: Duration::ZERO,
-                max_retry_after: None,
+                max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Max,
+                cap_shift: 0,
                 retry_after_rules: Rules::STRICT,
             },
         };
-        PolicyBuilder { p }
+        PolicyBuilder { p, deadline_set: false, max_retry_after_set: false }
     }
 
     /// A builder starting from this policy's settings.
     pub const fn to_builder(&self) -> PolicyBuilder {
-        PolicyBuilder { p: *self }
+        // A builder holds settings only: what `build` works out from them is left to it.
+        PolicyBuilder {
+            p: Policy { cap_shift: 0, ..*self },
+            deadline_set: !self.deadline.is_max(),
+            max_retry_after_set: !self.max_retry_after.is_max(),
+        }
     }
 
     /// The classification table.
@@ -184,12 +245,12 @@ impl Policy {
 
     /// The deadline per call, from the call's start, counting attempt time.
     pub const fn deadline(&self) -> Option<Duration> {
-        self.deadline
+        set(self.deadline)
     }
 
     /// The attempt cap (the first attempt included).
     pub const fn max_attempts(&self) -> Option<u32> {
-        self.max_attempts
+        if self.max_attempts == u32::MAX { None } else { Some(self.max_attempts) }
     }
 
     /// The shortest time an attempt takes: a wait is not started if an attempt after it could
@@ -201,7 +262,7 @@ impl Policy {
     /// The longest single wait the caller accepts from a server's Retry-After, if limited
     /// beyond the remaining budget.
     pub const fn max_retry_after(&self) -> Option<Duration> {
-        self.max_retry_after
+        set(self.max_retry_after)
     }
 
     /// How a Retry-After combines with the backoff.
@@ -219,11 +280,11 @@ impl Policy {
     /// less. `None` if nothing bounds them (only possible with no floor on the waits and no
     /// cap, which [`PolicyBuilder::build`] refuses).
     pub const fn max_retries(&self) -> Option<u32> {
-        let by_cap = match self.max_attempts {
+        let by_cap = match self.max_attempts() {
             Some(n) => Some(n.saturating_sub(1)),
             None => None,
         };
-        let limit = match self.deadline {
+        let limit = match self.deadline() {
             Some(d) => d.min(self.budget),
             None => self.budget,
         };
@@ -238,7 +299,7 @@ impl Policy {
     /// How many retries of the shortest possible waits fit in `limit` of waiting (each
     /// retry also costs `min_attempt` against a deadline; counted only when it is the limit).
     const fn retries_within(&self, limit: Duration) -> Option<u32> {
-        let per_attempt = match self.deadline {
+        let per_attempt = match self.deadline() {
             Some(d) if d.as_millis() <= self.budget.as_millis() => self.min_attempt,
             _ => Duration::ZERO,
         };
@@ -288,10 +349,10 @@ impl Policy {
         h.u32(self.backoff.cap.as_millis());
         h.u8(self.backoff.jitter as u8);
         h.u32(self.budget.as_millis());
-        h.opt_u32(self.deadline.map(Duration::as_millis));
-        h.opt_u32(self.max_attempts);
+        h.opt_u32(self.deadline().map(Duration::as_millis));
+        h.opt_u32(self.max_attempts());
         h.u32(self.min_attempt.as_millis());
-        h.opt_u32(self.max_retry_after.map(Duration::as_millis));
+        h.opt_u32(self.max_retry_after().map(Duration::as_millis));
         h.u8(self.retry_after_mode as u8);
         h.u8(u8::from(self.retry_after_rules.accept_dates));
         h.u8(match self.retry_after_rules.duplicates {
@@ -330,25 +391,28 @@ impl PolicyBuilder {
 
     /// A deadline per call from its start, counting the time attempts take.
     pub const fn deadline(mut self, deadline: Duration) -> Self {
-        self.p.deadline = Some(deadline);
+        self.p.deadline = deadline;
+        self.deadline_set = true;
         self
     }
 
     /// No deadline.
     pub const fn no_deadline(mut self) -> Self {
-        self.p.deadline = None;
+        self.p.deadline = Duration::MAX;
+        self.deadline_set = false;
         self
     }
 
-    /// The attempt cap, the first attempt included.
+    /// The attempt cap, the first attempt included. `u32::MAX`, the most attempts a call
+    /// counts, is the same as no cap.
     pub const fn max_attempts(mut self, n: u32) -> Self {
-        self.p.max_attempts = Some(n);
+        self.p.max_attempts = n;
         self
     }
 
     /// No attempt cap.
     pub const fn unlimited_attempts(mut self) -> Self {
-        self.p.max_attempts = None;
+        self.p.max_attempts = u32::MAX;
         self
     }
 
@@ -361,13 +425,15 @@ impl PolicyBuilder {
     /// The longest single Retry-After wait accepted; a longer one gives up at once even if the
     /// budget could hold it: the server wants longer than the caller will wait.
     pub const fn max_retry_after(mut self, d: Duration) -> Self {
-        self.p.max_retry_after = Some(d);
+        self.p.max_retry_after = d;
+        self.max_retry_after_set = true;
         self
     }
 
     /// No limit on a single Retry-After beyond the budget and the deadline.
     pub const fn no_max_retry_after(mut self) -> Self {
-        self.p.max_retry_after = None;
+        self.p.max_retry_after = Duration::MAX;
+        self.max_retry_after_set = false;
         self
     }
 
@@ -401,24 +467,24 @@ impl PolicyBuilder {
         if p.budget.as_millis() == 0 {
             return Err(PolicyError::ZeroBudget);
         }
-        if let Some(d) = p.deadline {
+        if self.deadline_set {
+            let d = p.deadline;
             if d.as_millis() == 0 {
                 return Err(PolicyError::ZeroDeadline);
             }
             if p.min_attempt.as_millis() > d.as_millis() {
                 return Err(PolicyError::AttemptPastDeadline);
             }
+            // The saturated value is the sentinel for no deadline: it cannot be one.
             if d.is_max() {
                 return Err(PolicyError::TooLarge);
             }
         }
-        if let Some(0) = p.max_attempts {
+        if p.max_attempts == 0 {
             return Err(PolicyError::ZeroAttempts);
         }
-        if let Some(m) = p.max_retry_after {
-            if m.is_max() {
-                return Err(PolicyError::TooLarge);
-            }
+        if self.max_retry_after_set && p.max_retry_after.is_max() {
+            return Err(PolicyError::TooLarge);
         }
         // A saturated duration stands for "longer than wary counts": it cannot bound a call.
         if p.backoff.cap.is_max() || p.budget.is_max() || p.min_attempt.is_max() {
@@ -427,7 +493,22 @@ impl PolicyBuilder {
         if p.max_retries().is_none() {
             return Err(PolicyError::Unbounded);
         }
-        Ok(p)
+        Ok(p.with_cap_shift())
+    }
+}
+
+impl Policy {
+    /// This policy with its cap shift worked out from its base and cap: the fewest
+    /// doublings of the base that reach the cap or pass 32 bits (at most 32), after which every
+    /// ceiling is the cap; a base of 0 (only in a plan of unchecked settings) never grows.
+    pub(crate) const fn with_cap_shift(mut self) -> Policy {
+        let (base, cap) = (self.backoff.base.as_millis() as u64, self.backoff.cap.as_millis() as u64);
+        let mut shift = 0u32;
+        while shift < 32 && (base << shift) < cap {
+            shift = shift.wrapping_add(1);
+        }
+        self.cap_shift = if base == 0 { u32::MAX } else { shift };
+        self
     }
 }
 
