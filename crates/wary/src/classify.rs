@@ -768,15 +768,20 @@ impl Table {
     /// The class of `outcome` for `op`.
     #[inline]
     pub fn classify(&self, op: Operation, outcome: &Outcome) -> Class {
-        let rule = match outcome {
+        let f = match outcome {
             Outcome::Ok => return Class::Ok,
-            Outcome::Failure(Failure::Cancelled) => return Class::Cancelled,
-            Outcome::Failure(f) => self.rule_bits(f),
+            Outcome::Failure(f) => f,
         };
-        // Two bits for each rule and operation: one shift, not a branch per case.
-        let classes = if self.reads_only { CLASSES_READS_ONLY } else { CLASSES };
-        match (classes >> (rule << 3 | (op as u32) << 1)) & 3 {
-            1 => Class::Retry,
+        // Two bits for each rule and operation: one shift, not a branch per case. A cancel's
+        // rule never retries, so it is told apart off the retry path only.
+        let case = self.rule_bits(f) << 2 | op as u32;
+        let (retries, classes) =
+            if self.reads_only { (RETRIES_READS_ONLY, CLASSES_READS_ONLY) } else { (RETRIES, CLASSES) };
+        if retries >> case & 1 != 0 {
+            return Class::Retry;
+        }
+        match (classes >> (case << 1)) & 3 {
+            _ if matches!(f, Failure::Cancelled) => Class::Cancelled,
             2 => Class::Unknown,
             _ => Class::Failed,
         }
@@ -820,6 +825,21 @@ const fn classes(reads_only: bool) -> u32 {
     all
 }
 
+/// One bit per case of [`classes`] (at `rule·4 + op`): set where the class is retry.
+const fn retries(classes: u32) -> u16 {
+    let mut bits = 0u16;
+    let mut case = 0u32;
+    while case < 16 {
+        if classes.wrapping_shr(case.wrapping_mul(2)) & 3 == 1 {
+            bits |= 1u16.wrapping_shl(case);
+        }
+        case = case.wrapping_add(1);
+    }
+    bits
+}
+
+const RETRIES: u16 = retries(CLASSES);
+const RETRIES_READS_ONLY: u16 = retries(CLASSES_READS_ONLY);
 const CLASSES: u32 = classes(false);
 const CLASSES_READS_ONLY: u32 = classes(true);
 
