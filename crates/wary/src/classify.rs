@@ -884,6 +884,42 @@ mod tests {
     }
 
     #[test]
+    fn every_rule_gives_each_operation_its_class_through_the_lookup() {
+        // What each rule means, written out case by case, beside the two-bit lookup that
+        // classify reads: for a status, a transport failure, and in tables that retry reads
+        // only or not.
+        use Operation::{KeyedWrite as K, Read as Rd, Write as W};
+        let expected = |rule, op, reads_only| match (rule, op, reads_only) {
+            (Rule::Fail, _, _) => F,
+            (Rule::RetryAny, Rd, _) | (Rule::RetryAny, _, false) => R,
+            (Rule::RetryAny, _, true) => F,
+            (Rule::RetryIdempotent, Rd, _) | (Rule::RetryIdempotent, K, false) => R,
+            (Rule::RetryIdempotent, K | W, _) => U,
+        };
+        for reads_only in [false, true] {
+            for rule in Rule::ALL {
+                let t = Table::new(rule, rule, rule)
+                    .with_transport(Transport::Reset, rule)
+                    .reads_only(reads_only);
+                for op in [Rd, K, W] {
+                    let want = expected(rule, op, reads_only);
+                    for o in [
+                        Outcome::status(404),
+                        Outcome::status(503),
+                        Outcome::status(302),
+                        Failure::Reset.into(),
+                    ] {
+                        assert_eq!(t.classify(op, &o), want, "{rule:?} {op:?} reads_only {reads_only} {o:?}");
+                    }
+                    // A cancel is a cancel, and a success a success, whatever the rules.
+                    assert_eq!(t.classify(op, &Failure::Cancelled.into()), Class::Cancelled);
+                    assert_eq!(t.classify(op, &Outcome::Ok), Class::Ok);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_basic_table_retries_429_any_op_and_5xx_or_timeouts_if_idempotent() {
         let t = Table::BASIC;
         assert_eq!(row(&t, Outcome::status(429)), [R, R, R]);

@@ -700,6 +700,25 @@ mod tests {
     }
 
     #[test]
+    fn an_unset_limit_reads_back_as_none_and_a_cap_of_u32_max_is_no_cap() {
+        let p = basic().deadline(ms(9)).max_retry_after(ms(8)).max_attempts(7).build().unwrap();
+        let unset = p.to_builder().no_deadline().no_max_retry_after().unlimited_attempts().build().unwrap();
+        assert_eq!((unset.deadline(), unset.max_retry_after(), unset.max_attempts()), (None, None, None));
+        assert_eq!(unset, basic().build().unwrap());
+        assert_eq!(unset.fingerprint(), basic().build().unwrap().fingerprint());
+        // The most attempts a call counts is no cap at all, by every reading.
+        let most = basic().max_attempts(u32::MAX).build().unwrap();
+        assert_eq!((most.max_attempts(), most), (None, unset));
+        // A policy read back into a builder builds to itself.
+        assert_eq!(p.to_builder().build(), Ok(p));
+        assert_eq!(p.to_builder(), basic().deadline(ms(9)).max_retry_after(ms(8)).max_attempts(7));
+        // Debug shows the settings, not how they are held.
+        let debug = format!("{unset:?}");
+        assert!(debug.contains("deadline: None") && debug.contains("max_attempts: None"), "{debug}");
+        assert!(format!("{p:?}").contains("max_retry_after: Some(Duration { millis: 8 })"), "{p:?}");
+    }
+
+    #[test]
     fn a_plan_fits_a_capacity_that_holds_every_retry() {
         let p = basic().build().unwrap();
         assert!(p.fits(7) && p.fits(8) && !p.fits(6));
