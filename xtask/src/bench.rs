@@ -86,6 +86,8 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
     let flash_file = out.join("flash.tsv");
     std::fs::write(&flash_file, flash).with_context(|| format!("writing {}", flash_file.display()))?;
 
+    let m4 = m4_decision(root, &out)?;
+
     step("report and fleet simulation");
     run(
         root,
@@ -105,11 +107,32 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
             s(&iai_lto.join("wary-bench"))?,
             "--flash",
             s(&flash_file)?,
+            "--m4",
+            s(&m4)?,
         ],
     )?;
     gateway(root)?;
     eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The decision on a Cortex-M4: instructions retired by each `decide_once` call of the M4
+/// conformance image, counted from a single-stepped QEMU trace by
+/// `firmware/conformance/decide-cost` (QEMU models no cycles). Writes its lines to
+/// `target/bench/m4.txt` and returns that path.
+fn m4_decision(root: &Path, out: &Path) -> Result<PathBuf> {
+    step(
+        "the decision on a Cortex-M4: instructions retired, from a QEMU trace (firmware/conformance/decide-cost)",
+    );
+    ensure_apt("qemu-system-arm", "qemu-system-arm")?;
+    let firmware = root.join("firmware");
+    crate::qemu::build(&firmware)?;
+    let script = firmware.join("conformance/decide-cost");
+    let text = output(s(&script)?, &[]).with_context(|| format!("{} failed", script.display()))?;
+    let file = out.join("m4.txt");
+    std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
+    eprint!("{text}");
+    Ok(file)
 }
 
 /// The gateway under load beside nginx, one run against the test cloud on 127.0.0.1 (the load

@@ -28,6 +28,9 @@ struct Args {
     /// Flash sizes measured by `cargo xtask bench` (name, text, data, bss per line).
     #[arg(long)]
     flash: Option<PathBuf>,
+    /// The Cortex-M4 decision's instruction counts (`decide-cost`'s `call N: K instructions` lines).
+    #[arg(long)]
+    m4: Option<PathBuf>,
     /// Fleet sizes to simulate.
     #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,100000")]
     clients: Vec<u32>,
@@ -188,6 +191,45 @@ fn main() -> Result<()> {
         _ => md.push_str("not measured: `cargo xtask bench` builds bench-size/ and passes --flash\n"),
     }
 
+    // The decision on a Cortex-M4.
+    md.push_str(
+        "\n## The decision on a Cortex-M4 (instructions retired)\n\nMethod: QEMU models no cycles and \
+         mps2-an386 has no DWT cycle counter to read, so `firmware/conformance/decide-cost` counts the \
+         instructions retired by each `decide_once` call (one `Policy::decide_with_fleet`, out of line, \
+         callees included) in the M4 conformance image's single-stepped execution trace \
+         (`-singlestep -d exec,nochain`, `-icount shift=0,align=off`).\n\n",
+    );
+    let m4: Vec<(String, u64)> = args
+        .m4
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|t| t.lines().filter_map(m4_line).collect())
+        .unwrap_or_default();
+    if m4.is_empty() {
+        md.push_str("not measured: `cargo xtask bench` runs decide-cost and passes --m4\n");
+    } else {
+        let what = [
+            "a retry (503), fleet charged",
+            "a retry the fleet refuses (throttled)",
+            "a success, fleet refunded",
+        ];
+        let rows: Vec<Vec<String>> = m4
+            .iter()
+            .enumerate()
+            .map(|(i, (call, n))| {
+                vec![call.clone(), what.get(i).copied().unwrap_or("-").to_owned(), n.to_string()]
+            })
+            .collect();
+        md.push_str(&table(&["call", "decision", "instructions"], &rows));
+        js.insert(
+            "m4_decision".into(),
+            json!({
+                "method": "instructions retired in a single-stepped QEMU trace (mps2-an386, Cortex-M4)",
+                "calls": m4.iter().map(|(c, n)| json!({"call": c, "instructions": n})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+
     // The decision's targets, from the figures above.
     let targets = targets(&js);
     md.push_str("\n## Targets\n\n");
@@ -329,6 +371,13 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// `call 2: 178 instructions` → ("call 2", 178).
+fn m4_line(line: &str) -> Option<(String, u64)> {
+    let (call, rest) = line.split_once(':')?;
+    let n = rest.trim().strip_suffix(" instructions")?.parse().ok()?;
+    Some((call.trim().to_owned(), n))
+}
+
 /// One target of the decision's cost.
 struct Target {
     key: &'static str,
@@ -383,4 +432,16 @@ fn targets(js: &serde_json::Map<String, serde_json::Value>) -> Vec<Target> {
             limit: 0.35,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::m4_line;
+
+    #[test]
+    fn reads_decide_costs_lines_and_nothing_else() {
+        assert_eq!(m4_line("call 2: 178 instructions"), Some(("call 2".to_owned(), 178)));
+        assert_eq!(m4_line("no complete call traced"), None);
+        assert_eq!(m4_line("call 1: many instructions"), None);
+    }
 }

@@ -129,7 +129,7 @@ impl Draw {
 
 /// The fixed part of each jitter's wait in halves of the ceiling, two bits per [`Jitter`] in
 /// declaration order: equal 1, full 0, decorrelated (unused) 0, none 2.
-const FIXED_HALVES: u32 = 1 | 2 << ((Jitter::None as u32) << 1);
+const FIXED_HALVES: u32 = 1u32.wrapping_add(2 << ((Jitter::None as u32) << 1));
 
 /// Exponential backoff with jitter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

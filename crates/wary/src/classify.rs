@@ -774,7 +774,7 @@ impl Table {
         };
         // Two bits for each rule and operation: one shift, not a branch per case. A cancel's
         // rule never retries, so it is told apart off the retry path only.
-        let case = self.rule_bits(f) << 2 | op as u32;
+        let case = (self.rule_bits(f) << 2).wrapping_add(op as u32);
         let (retries, classes) =
             if self.reads_only { (RETRIES_READS_ONLY, CLASSES_READS_ONLY) } else { (RETRIES, CLASSES) };
         if retries >> case & 1 != 0 {
@@ -817,7 +817,7 @@ const fn classes(reads_only: bool) -> u32 {
                 Class::Unknown => 2,
                 _ => 3,
             };
-            all |= bits.wrapping_shl((*rule as u32) << 3 | (*op as u32) << 1);
+            all = all.wrapping_add(bits.wrapping_shl(((*rule as u32) << 3).wrapping_add((*op as u32) << 1)));
             ops = more;
         }
         rules = rest;
@@ -831,7 +831,7 @@ const fn retries(classes: u32) -> u16 {
     let mut case = 0u32;
     while case < 16 {
         if classes.wrapping_shr(case.wrapping_mul(2)) & 3 == 1 {
-            bits |= 1u16.wrapping_shl(case);
+            bits = bits.wrapping_add(1u16.wrapping_shl(case));
         }
         case = case.wrapping_add(1);
     }
