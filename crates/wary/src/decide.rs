@@ -605,6 +605,10 @@ mod tests {
         let p = exact().budget(ms(1_000)).deadline(ms(100)).min_attempt(ms(5)).build().unwrap();
         // Without a clock the deadline cannot be checked: only the budget applies.
         assert_eq!(wait_for(&p, 500, None), Ok(500));
+        // Without a deadline, however long the call has run, only the budget applies.
+        let p = exact().budget(ms(1_000)).min_attempt(ms(5)).build().unwrap();
+        assert_eq!(wait_for(&p, 500, Some(u64::from(u32::MAX) - 10)), Ok(500));
+        assert_eq!(wait_for(&p, 500, Some(u64::from(u32::MAX))), Ok(500));
     }
 
     #[test]

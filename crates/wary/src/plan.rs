@@ -217,6 +217,53 @@ mod tests {
         Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap()
     }
 
+    struct Basic;
+    impl StaticPolicy for Basic {
+        const POLICY: Policy = match Policy::builder(Preset::Basic)
+            .base(Duration::from_millis(2))
+            .cap(Duration::from_millis(60))
+            .budget(Duration::from_millis(120))
+            .build()
+        {
+            Ok(p) => p,
+            Err(_) => panic!(),
+        };
+    }
+
+    fn millis(waits: &[Duration]) -> std::vec::Vec<u32> {
+        waits.iter().map(|w| w.as_millis()).collect()
+    }
+
+    #[test]
+    fn every_way_to_plan_gives_the_same_schedule() {
+        let (o, d) = ([Outcome::status(500); 20], [Draw::ZERO; 19]);
+        let by_value = plan::<8>(&p(), Operation::Read, &o, &d).unwrap();
+        assert_eq!(millis(&by_value.waits), [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(by_value.verdict, Verdict::GaveUp(GiveUp::Budget));
+        let fixed = plan_static::<Basic, 7>(Operation::Read, &o, &d).unwrap();
+        assert_eq!((millis(&fixed.waits), fixed.verdict), (millis(&by_value.waits), by_value.verdict));
+        assert_eq!(p().to_builder().plan::<8>(Operation::Read, &o, &d), Ok(by_value.clone()));
+        // In place: a plan that held another schedule is emptied first.
+        let mut kept = plan::<8>(&p(), Operation::Read, &[Outcome::status(500), Outcome::Ok], &d).unwrap();
+        assert_eq!((millis(&kept.waits), kept.verdict), (vec![1], Verdict::Ok));
+        plan_into(&mut kept, &p(), Operation::Read, &o, &d).unwrap();
+        assert_eq!(kept, by_value);
+    }
+
+    #[test]
+    fn a_builder_plans_settings_build_refuses_by_the_formula() {
+        let ms = Duration::from_millis;
+        let (o, d) = ([Outcome::status(503); 4], [Draw::ZERO; 3]);
+        // A cap below the base: every ceiling is the cap.
+        let b = Policy::builder(Preset::Basic).base(ms(10)).cap(ms(4)).budget(ms(120));
+        assert!(b.build().is_err());
+        assert_eq!(millis(&b.plan::<8>(Operation::Read, &o, &d).unwrap().waits), [2, 2, 2]);
+        // A base of 0 never grows, past the 32nd doubling too.
+        let b = Policy::builder(Preset::Basic).base(ms(0)).cap(ms(60)).jitter(crate::Jitter::None);
+        let r = b.plan::<64>(Operation::Read, &[Outcome::status(503); 41], &[Draw::TOP; 40]).unwrap();
+        assert_eq!((r.waits.len(), r.waits.iter().all(|w| w.as_millis() == 0)), (40, true));
+    }
+
     #[test]
     fn errors_for_missing_draws_and_capacity() {
         let o = [Outcome::status(500); 4];

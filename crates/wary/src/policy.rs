@@ -503,11 +503,16 @@ impl Policy {
     /// ceiling is the cap; a base of 0 (only in a plan of unchecked settings) never grows.
     pub(crate) const fn with_cap_shift(mut self) -> Policy {
         let (base, cap) = (self.backoff.base.as_millis() as u64, self.backoff.cap.as_millis() as u64);
-        let mut shift = 0u32;
-        while shift < 32 && (base << shift) < cap {
-            shift = shift.wrapping_add(1);
-        }
-        self.cap_shift = if base == 0 { u32::MAX } else { shift };
+        self.cap_shift = if base == 0 {
+            u32::MAX
+        } else {
+            // A base of at least 1 doubled 32 times passes any 32-bit cap: the loop ends by then.
+            let mut shift = 0u32;
+            while (base << shift) < cap {
+                shift = shift.wrapping_add(1);
+            }
+            shift
+        };
         self
     }
 }
