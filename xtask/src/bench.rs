@@ -14,7 +14,8 @@ use crate::util::{NGINX, ensure_apt, ensure_nginx, ensure_targets, output, run, 
 /// Must match the `iai-callgrind` version in crates/wary-bench: the runner refuses any other.
 const IAI_RUNNER_VERSION: &str = "0.16.1";
 /// The size binaries in bench-size/, `baseline` first: the others are deltas against it.
-const SIZE_BINARIES: [&str; 6] = ["baseline", "wary", "wary_plan", "wary_plan_into", "wary_fleet", "backon"];
+const SIZE_BINARIES: [&str; 7] =
+    ["baseline", "wary", "wary_classify", "wary_plan", "wary_plan_into", "wary_fleet", "backon"];
 const THUMB: &str = "thumbv7em-none-eabihf";
 
 /// A part of the bench that runs on its own.

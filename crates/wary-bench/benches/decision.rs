@@ -8,7 +8,9 @@
 use std::hint::black_box;
 
 use iai_callgrind::{library_benchmark, library_benchmark_group, main};
-use wary_bench::decision::{CALLS, backon_builder, backon_calls, bench_fleet, bench_policy, wary_calls};
+use wary_bench::decision::{
+    CALLS, backon_builder, backon_calls, bench_fleet, bench_policy, classify_calls, harness_calls, wary_calls,
+};
 
 // classify + backoff + per-call budget, as `Policy::decide` does.
 #[library_benchmark]
@@ -32,5 +34,22 @@ fn backon_exponential_jitter(builder: backon::ExponentialBuilder) -> u64 {
     black_box(backon_calls(black_box(builder), black_box(CALLS)))
 }
 
-library_benchmark_group!(name = decision; benchmarks = wary_decide, wary_decide_fleet, backon_exponential_jitter);
+// The harness alone (loops, generator, outcomes handed over): what every wary figure carries.
+#[library_benchmark]
+#[bench::calls(CALLS)]
+fn wary_harness(calls: u32) -> u64 {
+    black_box(harness_calls(black_box(calls)))
+}
+
+// The harness and the classification `decide` starts with, for the classification's share.
+#[library_benchmark]
+#[bench::calls(bench_policy())]
+fn wary_classify(policy: wary::Policy) -> u64 {
+    black_box(classify_calls(black_box(&policy), black_box(CALLS)))
+}
+
+library_benchmark_group!(
+    name = decision;
+    benchmarks = wary_decide, wary_decide_fleet, backon_exponential_jitter, wary_harness, wary_classify
+);
 main!(library_benchmark_groups = decision);

@@ -77,6 +77,35 @@ pub fn wary_calls(policy: &Policy, fleet: Option<&FleetBudget>, calls: u32) -> u
     total
 }
 
+/// The harness of [`wary_calls`] alone, for the share of its count that is not the decision:
+/// the same loops, the same generator drawing once per attempt, each outcome handed over where
+/// the decision would take it.
+pub fn harness_calls(calls: u32) -> u64 {
+    let mut rng = fastrand::Rng::with_seed(SEED);
+    let mut total = 0u64;
+    for _ in 0..calls {
+        for outcome in &ONE_CALL {
+            std::hint::black_box(outcome);
+            total = total.wrapping_add(u64::from(rng.u32(..)));
+        }
+    }
+    total
+}
+
+/// [`harness_calls`] with each outcome classified, as [`Policy::decide`] classifies it first:
+/// the classification's share of the decision is this count less the harness's.
+pub fn classify_calls(policy: &Policy, calls: u32) -> u64 {
+    let mut rng = fastrand::Rng::with_seed(SEED);
+    let mut total = 0u64;
+    for _ in 0..calls {
+        for outcome in &ONE_CALL {
+            let draw = u64::from(rng.u32(..));
+            total = total.wrapping_add(draw ^ policy.classify(Operation::Read, outcome) as u64);
+        }
+    }
+    total
+}
+
 /// What one benchmarked call meets: [`FAILURES`], then a success.
 const ONE_CALL: [Outcome; RETRIES + 1] = {
     let mut all = [Outcome::Ok; RETRIES + 1];

@@ -133,6 +133,8 @@ fn main() -> Result<()> {
             ("wary_decide", "wary: classify + backoff + per-call budget (`Policy::decide`)"),
             ("wary_decide_fleet", "wary: the above + fleet budget, as the runner does"),
             ("backon_exponential_jitter", "backon 1.x: exponential + jitter (baseline)"),
+            ("wary_harness", "the harness alone: loops, generator, outcomes handed over"),
+            ("wary_classify", "the harness + `Policy::classify` (what `decide` starts with)"),
         ] {
             if let Some(ir) = get(f) {
                 let per = ir as f64 / decisions;
@@ -144,6 +146,40 @@ fn main() -> Result<()> {
             }
         }
         md.push_str(&table(&["path", "instructions", "per retry decision", "× backon"], &rows));
+        // Where `decide`'s count goes: the harness every wary figure carries, the
+        // classification (the classify bench less the harness), and the rest of the decision.
+        if let (Some(all), Some(harness), Some(classify)) =
+            (get("wary_decide"), get("wary_harness"), get("wary_classify"))
+        {
+            let share = |n: u64| n as f64 / base as f64;
+            let classification = classify.saturating_sub(harness);
+            let rest = all.saturating_sub(classify);
+            let _ = writeln!(
+                md,
+                "\nOf `decide`'s {:.3}× backon: the harness {:.3}×, the classification {:.3}× (the classify bench \
+                 less the harness), the rest of the decision (attempt cap, backoff and jitter, Retry-After, \
+                 budget, the state's update) {:.3}×. Without its classification `decide` is {:.3}× backon's.",
+                share(all),
+                share(harness),
+                share(classification),
+                share(rest),
+                share(all.saturating_sub(classification)),
+            );
+            let key = if std::ptr::eq(dir, &args.iai) {
+                "decision_breakdown_release"
+            } else {
+                "decision_breakdown_lto"
+            };
+            js.insert(
+                key.into(),
+                json!({
+                    "harness_ratio": share(harness),
+                    "classification_ratio": share(classification),
+                    "rest_ratio": share(rest),
+                    "without_classification_ratio": share(all.saturating_sub(classification)),
+                }),
+            );
+        }
         let key = if std::ptr::eq(dir, &args.iai) { "decision_release" } else { "decision_lto" };
         js.insert(key.into(), jrows.into());
     }
@@ -257,6 +293,25 @@ fn main() -> Result<()> {
             .collect::<serde_json::Map<_, _>>()
             .into(),
     );
+    // What the unmet decision targets would be without the classification, the rule that
+    // costs the most: its flash is `classify` alone (its code, the outcome, and the policy's
+    // data, the status table included), its instructions the classify bench less the harness.
+    let delta =
+        |bin: &str| js.get("flash")?.as_array()?.iter().find(|r| r["binary"] == bin)?["delta"].as_i64();
+    let breakdown = |key: &str| js.get(key)?.get("without_classification_ratio")?.as_f64();
+    if let (Some(decide), Some(classify)) = (delta("wary"), delta("wary_classify")) {
+        let _ = writeln!(
+            md,
+            "\nThe classification is what the unmet targets pay for: `classify` alone adds {classify} B of \
+             flash (its code, the policy's data with the status table, the outcome it reads), so the rest \
+             of `decide` is {} B; without it `decide` runs in {} of backon's instructions (fat LTO; \
+             release {}).",
+            decide - classify,
+            breakdown("decision_breakdown_lto").map_or("-".to_owned(), |r| format!("{r:.3}×")),
+            breakdown("decision_breakdown_release").map_or("-".to_owned(), |r| format!("{r:.3}×")),
+        );
+        js.insert("decide_flash_without_classification".into(), json!(decide - classify));
+    }
 
     // Fleet simulation.
     let started = Instant::now();
