@@ -477,7 +477,9 @@ pub fn fleet(check: &mut impl FnMut(&str, bool)) {
     let policy = BasicPolicy::POLICY;
     let op = Operation::Read;
     let unavailable = s(503);
-    let draw = Draw::percent(50).unwrap_or(Draw::ZERO);
+    // A unit draw, as a device's generator gives it (`Draw::from_rng`): the decision traced by
+    // `decide-cost` is the one a device makes.
+    let draw = Draw::unit(1 << 31);
     let mut state = CallState::new();
     let first =
         (policy.classify(op, &unavailable), decide_once(&policy, &mut state, op, &unavailable, draw, fleet));
