@@ -168,20 +168,7 @@ impl Backoff {
     /// The wait before retry `k`, given the previous wait (decorrelated jitter only) and a draw.
     #[inline]
     pub const fn wait(&self, k: u32, previous: Duration, draw: Draw) -> Duration {
-        self.wait_and_ceiling(k, previous, draw).0
-    }
-
-    /// [`Backoff::wait`] and [`Backoff::ceiling`] together, the ceiling computed once for both
-    /// (a Retry-After spread scales it too).
-    #[inline]
-    pub(crate) const fn wait_and_ceiling(
-        &self,
-        k: u32,
-        previous: Duration,
-        draw: Draw,
-    ) -> (Duration, Duration) {
-        let c = self.ceiling(k);
-        (self.wait_under(c, previous, draw), c)
+        self.wait_under(self.ceiling(k), previous, draw)
     }
 
     /// The wait drawn under the ceiling `c`, given the previous wait (decorrelated jitter only).

@@ -695,7 +695,13 @@ impl Table {
     /// The rule in slot `slot` (0..=7) of [`Table::transport`].
     #[inline]
     const fn slot_rule(&self, slot: u32) -> Rule {
-        Rule::from_bits(self.transport.wrapping_shr(slot.wrapping_mul(2)) as u8)
+        Rule::from_bits(self.slot_bits(slot) as u8)
+    }
+
+    /// The two bits of [`Table::slot_rule`].
+    #[inline]
+    const fn slot_bits(&self, slot: u32) -> u32 {
+        self.transport.wrapping_shr(slot.wrapping_mul(2)) as u32 & 3
     }
 
     /// Feeds every rule to a fingerprint, in a fixed order: the 200 status rules, then the
@@ -761,7 +767,7 @@ impl Table {
     fn rule_bits(&self, failure: &Failure) -> u32 {
         match failure {
             Failure::Status { code, .. } => self.status_bits(*code),
-            f => self.transport.wrapping_shr(f.slot().wrapping_mul(2)) as u32 & 3,
+            f => self.slot_bits(f.slot()),
         }
     }
 
