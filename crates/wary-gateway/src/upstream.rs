@@ -313,7 +313,7 @@ impl Probe<Delivered> for LegacyProbe<'_> {
         let clock = MonotonicClock::new();
         let mut runner = Runner::new(&policy, TokioDelay, clock, process_rng());
         let this = &*self;
-        match runner.call(Operation::Read, key, |a| this.check_once(&policy, a.remaining)).await {
+        match runner.call(Operation::Idempotent, key, |a| this.check_once(&policy, a.remaining)).await {
             // The write's own answer was lost; the read says it landed. No upstream body to
             // hand on: the device gets a plain 200.
             Ok(Landed::Yes(())) => Landed::Yes(Delivered {

@@ -112,7 +112,7 @@ mod tests {
         // A second call gets a second key.
         let mut second = None;
         let _ = policy
-            .retry(Operation::Read, |a| {
+            .retry(Operation::Idempotent, |a| {
                 second = Some(a.key);
                 async { Ok(()) }
             })
@@ -127,7 +127,7 @@ mod tests {
             Policy::builder(Preset::Default).base(ms(100)).cap(ms(100)).deadline(ms(1_000)).build().unwrap();
         let mut timeouts = Vec::new();
         let r: Result<(), _> = policy
-            .retry(Operation::Read, |a| {
+            .retry(Operation::Idempotent, |a| {
                 timeouts.push(attempt_timeout(&a, StdDuration::from_secs(30)));
                 async {
                     tokio::time::sleep(StdDuration::from_millis(300)).await;

@@ -284,10 +284,10 @@ mod tests {
         let default = Policy::builder(Preset::Default).build().unwrap();
         let strict = Policy::builder(Preset::Strict).build().unwrap();
         // PUT is idempotent by default; under `strict` only GET and HEAD are reads.
-        assert_eq!(request_op(&default, &req(Method::PUT, None)).0, Operation::Read);
+        assert_eq!(request_op(&default, &req(Method::PUT, None)).0, Operation::Idempotent);
         assert_eq!(request_op(&strict, &req(Method::PUT, None)).0, Operation::Write);
         assert_eq!(request_op(&strict, &req(Method::DELETE, Some("k"))).0, Operation::KeyedWrite);
-        assert_eq!(request_op(&strict, &req(Method::HEAD, None)).0, Operation::Read);
+        assert_eq!(request_op(&strict, &req(Method::HEAD, None)).0, Operation::Idempotent);
         assert_eq!(request_op(&default, &req(Method::POST, Some("k"))).0, Operation::KeyedWrite);
     }
 
@@ -327,13 +327,13 @@ mod tests {
             let waited = p.retry(&mut r, &mut result).map(|s| s.deadline());
             let want = policy.decide_with_fleet(
                 &mut shadow,
-                Operation::Read,
+                Operation::Idempotent,
                 &Outcome::status(503),
                 Draw::from_rng(&mut draws),
                 Some(Duration::ZERO),
                 &shadow_fleet,
             );
-            assert_eq!(policy.classify(Operation::Read, &Outcome::status(503)), Class::Retry);
+            assert_eq!(policy.classify(Operation::Idempotent, &Outcome::status(503)), Class::Retry);
             let rec = ledger.lock().unwrap().records().last().copied().unwrap();
             assert_eq!(rec.class, Class::Retry);
             match want {
