@@ -1,6 +1,8 @@
 //! The operation of every HTTP method under every preset, keyed and not, and what a 503 does
 //! to it: a strict table stays strict whoever builds the operation.
 
+#![allow(clippy::unwrap_used, clippy::panic, missing_docs)]
+
 use wary::{Class, Operation, Outcome, Policy, Preset};
 
 const METHODS: [&str; 9] = ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE", "POST", "PATCH", "CONNECT"];
