@@ -27,6 +27,13 @@ pub const MAX_RESPONSE: usize = 64 * 1024;
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// A client with a connect timeout; no retries of its own (wary is the only retrying layer).
+///
+/// This client is the gateway's own, built from its configuration: no user-made client is
+/// replaced. Each attempt is further bounded by a timer around it ([`Upstream::send`]), the
+/// attempt timeout capped to the time left before the call's deadline. A connect timeout is
+/// told apart (never sent) only when it fires before that timer, that is when it is shorter
+/// than the attempt timeout; when both are equal, a connect that hangs ends as a response
+/// timeout (may have landed).
 pub fn client(connect_timeout: Duration) -> HttpClient {
     let mut c = HttpConnector::new();
     c.set_connect_timeout(Some(connect_timeout));

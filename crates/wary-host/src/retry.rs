@@ -10,6 +10,11 @@
 //! [`Stopped`], whose text is the verdict and the attempts (`gave_up (deadline) after 3
 //! attempts, the last a response_timeout`).
 //!
+//! The attempt runs as written: nothing here changes a client's settings. The deadline is not
+//! enforced while an attempt is in flight unless the attempt asks for it with [`within`], a
+//! timer set to the time left and raced against the attempt, which leaves the client's own
+//! timeouts in force (an attempt ends at the earliest of them).
+//!
 //! For a fleet budget, a ledger or a cancel signal, start from [`tokio_runner`] and add them;
 //! for every effect injected (firmware, replays), build the [`Runner`] by hand.
 //!

@@ -30,6 +30,13 @@
 //! the retry bounds the whole call instead, and cancels it (dropping the future) without a
 //! verdict.
 //!
+//! **Your settings stand.** The adapter sets no timeout and adds or changes no header: every
+//! attempt is a clone of the request as it came (method, URI, version, headers, extensions,
+//! body), and the client's own settings (a connector's connect timeout, a timeout layer) apply
+//! to each attempt unchanged. A connect timeout set on hyper-util's `HttpConnector` fails as a
+//! connect error, a connect timeout (never sent); a timeout layer cannot see the phase, so its
+//! elapsed error is a response timeout.
+//!
 //! Requests are cloned for resending (their extensions too), so the body type must be `Clone`
 //! (`Full<Bytes>`, `String`). Cancellation is dropping the response future.
 
