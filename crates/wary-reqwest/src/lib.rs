@@ -24,8 +24,8 @@
 //! ```
 //!
 //! - **The operation** comes from the method and an `Idempotency-Key` header
-//!   ([`wary::Policy::operation`]): GET, HEAD, OPTIONS, PUT and DELETE are reads (under the
-//!   default table); a write with a key is a keyed write; a write without one is never resent
+//!   ([`wary::Policy::operation`]): GET and HEAD are idempotent, and OPTIONS, TRACE, PUT and
+//!   DELETE too unless the policy's table is strict; a write with a key is a keyed write; a write without one is never resent
 //!   after a failure that may have landed: it ends `unknown`. With
 //!   [`WaryMiddleware::add_idempotency_key`], a write without a key gets one, made once per
 //!   call and sent on every attempt.
@@ -41,7 +41,8 @@
 //!   client timeout under a 12 s deadline gives attempts of about 1 s with backoff between, not
 //!   one attempt of 12 s. The attempt that the deadline's timer ends fails with
 //!   [`DeadlineElapsed`] (a response timeout) and the call ends `gave_up (deadline)` (an
-//!   unkeyed write `unknown`).
+//!   unkeyed write `unknown`). An attempt is the request until its response head arrives:
+//!   reading the body afterwards is the caller's, bounded by the client's timeout only.
 //! - **Connect-phase timeouts** are "never sent", so any operation may be resent after one.
 //!   reqwest reports its connect timeout as a connect error (`is_connect()`), which this
 //!   crate reads as [`wary::Failure::ConnectTimeout`]. Its total timeout (the client's

@@ -75,3 +75,11 @@ fn the_names_on_the_wire_did_not_change_with_the_variant() {
     assert_eq!(Operation::from_name("read"), Some(Operation::Idempotent));
     assert_eq!(Operation::ALL.map(|o| o.name()), ["read", "keyed_write", "write"]);
 }
+
+#[cfg(feature = "serde")]
+#[test]
+fn the_serde_name_did_not_change_either() {
+    assert_eq!(serde_json::to_string(&Operation::Idempotent).unwrap(), "\"read\"");
+    assert_eq!(serde_json::from_str::<Operation>("\"read\"").unwrap(), Operation::Idempotent);
+    assert!(serde_json::from_str::<Operation>("\"idempotent\"").is_err());
+}
