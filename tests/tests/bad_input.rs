@@ -248,7 +248,7 @@ fn row_18_huge_retry_after_gives_up_now() {
             Outcome::from_response(429, [huge.as_slice()], None, None, p.retry_after_rules());
         assert_eq!((outcome.retry_after(), reading.unreadable), (Some(Duration::MAX), 0), "{preset:?}");
         let mut s = CallState::new();
-        let d = p.decide(&mut s, Operation::Read, &outcome, Draw::ZERO, None);
+        let d = p.decide(&mut s, Operation::Idempotent, &outcome, Draw::ZERO, None);
         assert_eq!(
             d,
             Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: Duration::MAX })),
@@ -265,7 +265,7 @@ fn row_19_outcome_status_out_of_range_fails_without_a_wait() {
         for code in [0, 99, 1000, u16::MAX] {
             let mut s = CallState::new();
             let o = Outcome::status_after(code, Duration::from_secs(1));
-            let d = p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None);
+            let d = p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, None);
             assert_eq!(d, Decision::Done(Verdict::Failed), "{preset:?} {code}");
         }
     }
@@ -284,11 +284,11 @@ fn row_21_too_few_draws() {
     let p = basic().build().unwrap();
     let o = [Outcome::status(503); 5];
     let two = [Draw::ZERO; 2];
-    assert_eq!(plan::<8>(&p, Operation::Read, &o, &two), Err(PlanError::TooFewDraws { retry: 3 }));
-    assert_eq!(plan::<8>(&p, Operation::Read, &o, &[]), Err(PlanError::TooFewDraws { retry: 1 }));
+    assert_eq!(plan::<8>(&p, Operation::Idempotent, &o, &two), Err(PlanError::TooFewDraws { retry: 3 }));
+    assert_eq!(plan::<8>(&p, Operation::Idempotent, &o, &[]), Err(PlanError::TooFewDraws { retry: 1 }));
     // A call that ends before it needs the missing draw is fine.
     let ends = [Outcome::status(503), Outcome::Ok];
-    assert!(plan::<8>(&p, Operation::Read, &ends, &[Draw::ZERO]).is_ok());
+    assert!(plan::<8>(&p, Operation::Idempotent, &ends, &[Draw::ZERO]).is_ok());
 }
 
 #[test]
@@ -296,9 +296,12 @@ fn row_22_capacity_exceeded() {
     let p = basic().build().unwrap();
     let o = [Outcome::status(503); 10];
     let draws = [Draw::ZERO; 9];
-    assert_eq!(plan::<3>(&p, Operation::Read, &o, &draws), Err(PlanError::CapacityExceeded { capacity: 3 }));
+    assert_eq!(
+        plan::<3>(&p, Operation::Idempotent, &o, &draws),
+        Err(PlanError::CapacityExceeded { capacity: 3 })
+    );
     // Seven retries at most under the basic policy: a capacity of 7 always holds them.
-    assert!(plan::<7>(&p, Operation::Read, &o, &draws).is_ok());
+    assert!(plan::<7>(&p, Operation::Idempotent, &o, &draws).is_ok());
 }
 
 #[test]

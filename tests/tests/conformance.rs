@@ -155,10 +155,10 @@ fn s(code: u16) -> Outcome {
 fn seven_retries_at_most_with_every_draw_at_zero() {
     assert_eq!(basic_policy().max_retries(), Some(7));
     // 1 + 2 + 4 + 8 + 16 + 30 + 30 = 91; another 30 would pass 120.
-    let p = plan_percent(&[s(503); 30], Operation::Read, &basic_policy(), &[0; 29]);
+    let p = plan_percent(&[s(503); 30], Operation::Idempotent, &basic_policy(), &[0; 29]);
     assert_eq!(units(&p.waits).iter().sum::<u64>(), 91);
     assert_eq!(p.verdict, Verdict::GaveUp(GiveUp::Budget));
-    let p = plan_percent(&[s(503), OK], Operation::Read, &basic_policy(), &[0]);
+    let p = plan_percent(&[s(503), OK], Operation::Idempotent, &basic_policy(), &[0]);
     assert_eq!(p.verdict, Verdict::Ok);
 }
 
@@ -167,7 +167,7 @@ fn the_default_table_retries_what_may_succeed_and_fails_what_will_not() {
     let t = Table::DEFAULT;
     let class = |o: Outcome, op| t.classify(op, &o);
     for code in [400, 401, 403, 404, 422] {
-        for op in [Operation::Read, Operation::KeyedWrite, Operation::Write] {
+        for op in [Operation::Idempotent, Operation::KeyedWrite, Operation::Write] {
             assert_eq!(class(s(code), op), Class::Failed, "{code}: the request is wrong; it will stay wrong");
         }
     }
@@ -175,15 +175,19 @@ fn the_default_table_retries_what_may_succeed_and_fails_what_will_not() {
         assert_eq!(class(s(code), Operation::Write), Class::Retry, "{code}: transient or throttled");
     }
     for code in [500, 502, 503, 504] {
-        assert_eq!(class(s(code), Operation::Read), Class::Retry, "{code}: server-side, usually temporary");
+        assert_eq!(
+            class(s(code), Operation::Idempotent),
+            Class::Retry,
+            "{code}: server-side, usually temporary"
+        );
     }
     for o in [Failure::ResponseTimeout.into(), Failure::Reset.into()] {
-        assert_eq!(class(o, Operation::Read), Class::Retry, "yes, if idempotent");
+        assert_eq!(class(o, Operation::Idempotent), Class::Retry, "yes, if idempotent");
         assert_eq!(class(o, Operation::KeyedWrite), Class::Retry, "yes, if idempotent");
         assert_eq!(class(o, Operation::Write), Class::Unknown, "nobody knows whether it landed");
     }
     assert_eq!(
-        class(Failure::BadBody.into(), Operation::Read),
+        class(Failure::BadBody.into(), Operation::Idempotent),
         Class::Failed,
         "a validation bug, not transport"
     );

@@ -48,7 +48,7 @@ const ALPHABET: [Sym; 13] = [
     Sym::BadBody,
 ];
 
-const OPS: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
+const OPS: [Operation; 3] = [Operation::Idempotent, Operation::KeyedWrite, Operation::Write];
 const DRAWS: [u8; 3] = [0, 50, 99];
 
 /// The core's outcome of a symbol; a Retry-After of `ra` units lasts `ra · ra_ms` milliseconds.
@@ -110,7 +110,7 @@ enum ModelClass {
 /// The basic table's classification, extended to the outcomes `wary plan` does not name by the default
 /// table (a connect timeout was never sent: retry any; a reset may have landed; a bad body fails).
 fn model_classify(s: Sym, op: Operation) -> ModelClass {
-    let idempotent = matches!(op, Operation::Read | Operation::KeyedWrite);
+    let idempotent = matches!(op, Operation::Idempotent | Operation::KeyedWrite);
     let if_idempotent = if idempotent { ModelClass::Retry } else { ModelClass::Unknown };
     match s {
         Sym::Ok => ModelClass::Ok,
@@ -217,7 +217,7 @@ fn grid() -> Vec<Case> {
 
 /// Whether `s` is resent at all for `op` under `preset`, as the design states the tables.
 fn preset_retries(preset: Preset, s: Sym, op: Operation) -> bool {
-    let read = op == Operation::Read;
+    let read = op == Operation::Idempotent;
     let idempotent = op != Operation::Write;
     let code = match s {
         Sym::Status(c) | Sym::StatusAfter(c, _) => Some(c),
@@ -302,7 +302,7 @@ fn check_invariants(
         _ if !retried => {
             assert!(matches!(verdict, Verdict::Failed | Verdict::Unknown), "{}", ctx());
             if verdict == Verdict::Unknown {
-                assert!(op != Operation::Read, "a read is never unknown: {}", ctx());
+                assert!(op != Operation::Idempotent, "a read is never unknown: {}", ctx());
             }
         }
         _ if end + 1 == outcomes.len() => {

@@ -108,7 +108,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
 }
 
 fn operation() -> impl Strategy<Value = Operation> {
-    prop_oneof![Just(Operation::Read), Just(Operation::KeyedWrite), Just(Operation::Write)]
+    prop_oneof![Just(Operation::Idempotent), Just(Operation::KeyedWrite), Just(Operation::Write)]
 }
 
 fn draw() -> impl Strategy<Value = Draw> {
@@ -342,7 +342,7 @@ fn plan_with_a_deadline_stays_within_max_retries() {
     // Waits of 1 and 2 fill the deadline of 3: two retries at most.
     assert_eq!(WithDeadline::MAX_RETRIES, 2);
     let outcomes = [Outcome::status(503); 10];
-    let r = wary::plan_static::<WithDeadline, 2>(Operation::Read, &outcomes, &[Draw::ZERO; 9]);
+    let r = wary::plan_static::<WithDeadline, 2>(Operation::Idempotent, &outcomes, &[Draw::ZERO; 9]);
     assert!(r.is_ok(), "{r:?}");
     assert!(r.unwrap().waits.iter().map(|w| millis(*w)).sum::<u64>() <= 3);
 }
@@ -357,6 +357,6 @@ fn no_retry_once_the_deadline_has_passed() {
         .build()
         .unwrap();
     let mut s = CallState::new();
-    let d = p.decide(&mut s, Operation::Read, &Outcome::status(503), Draw::ZERO, Some(ms(150)));
+    let d = p.decide(&mut s, Operation::Idempotent, &Outcome::status(503), Draw::ZERO, Some(ms(150)));
     assert_eq!(d, Decision::Done(Verdict::GaveUp(GiveUp::Deadline)));
 }

@@ -16,7 +16,7 @@ pub extern "C" fn _start() -> ! {
             let outcome: Outcome = black_box(Outcome::status(i[0] as u16));
             black_box(policy.decide(
                 &mut state,
-                Operation::Read,
+                Operation::Idempotent,
                 &outcome,
                 Draw::unit(i[2]),
                 Some(Duration::from_millis(u64::from(i[3]))),

@@ -22,7 +22,7 @@ pub extern "C" fn _start() -> ! {
             let elapsed = Some(Duration::from_millis(u64::from(i[3])));
             black_box(policy.decide_with_fleet(
                 &mut state,
-                Operation::Read,
+                Operation::Idempotent,
                 &outcome,
                 Draw::unit(i[2]),
                 elapsed,

@@ -16,7 +16,7 @@ pub extern "C" fn _start() -> ! {
         let outcomes = [Outcome::status(i[0] as u16); 8];
         let draws = [Draw::unit(i[2]); 8];
         let (outcomes, draws) = black_box((&outcomes, &draws));
-        match plan::<16>(policy, Operation::Read, outcomes, draws) {
+        match plan::<16>(policy, Operation::Idempotent, outcomes, draws) {
             Ok(p) => p.waits.iter().map(|w| u64::from(w.as_millis())).sum(),
             Err(_) => 0,
         }

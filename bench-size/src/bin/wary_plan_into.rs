@@ -15,7 +15,7 @@ pub extern "C" fn _start() -> ! {
         let draws = [Draw::unit(i[2]); 8];
         let (outcomes, draws) = black_box((&outcomes, &draws));
         let mut plan = Plan::<16>::new();
-        match plan_into(&mut plan, policy, Operation::Read, outcomes, draws) {
+        match plan_into(&mut plan, policy, Operation::Idempotent, outcomes, draws) {
             Ok(()) => plan.waits.iter().map(|w| u64::from(w.as_millis())).sum(),
             Err(_) => 0,
         }

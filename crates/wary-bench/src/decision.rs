@@ -65,8 +65,10 @@ pub fn wary_calls(policy: &Policy, fleet: Option<&FleetBudget>, calls: u32) -> u
         for outcome in &ONE_CALL {
             let draw = Draw::unit(rng.u32(..));
             let decision = match fleet {
-                Some(f) => policy.decide_with_fleet(&mut state, Operation::Read, outcome, draw, None, f),
-                None => policy.decide(&mut state, Operation::Read, outcome, draw, None),
+                Some(f) => {
+                    policy.decide_with_fleet(&mut state, Operation::Idempotent, outcome, draw, None, f)
+                }
+                None => policy.decide(&mut state, Operation::Idempotent, outcome, draw, None),
             };
             total = total.wrapping_add(match decision {
                 Decision::Retry { wait } => u64::from(wait.as_millis()),
@@ -100,7 +102,7 @@ pub fn classify_calls(policy: &Policy, calls: u32) -> u64 {
     for _ in 0..calls {
         for outcome in &ONE_CALL {
             let draw = u64::from(rng.u32(..));
-            total = total.wrapping_add(draw ^ policy.classify(Operation::Read, outcome) as u64);
+            total = total.wrapping_add(draw ^ policy.classify(Operation::Idempotent, outcome) as u64);
         }
     }
     total
@@ -154,11 +156,18 @@ mod tests {
         for _ in 0..CALLS {
             let mut s = CallState::new();
             for o in &FAILURES {
-                let d =
-                    p.decide_with_fleet(&mut s, Operation::Read, o, Draw::unit(rng.u32(..)), None, &fleet);
+                let d = p.decide_with_fleet(
+                    &mut s,
+                    Operation::Idempotent,
+                    o,
+                    Draw::unit(rng.u32(..)),
+                    None,
+                    &fleet,
+                );
                 assert!(matches!(d, Decision::Retry { .. }), "{o:?} gave {d:?}");
             }
-            let d = p.decide_with_fleet(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None, &fleet);
+            let d =
+                p.decide_with_fleet(&mut s, Operation::Idempotent, &Outcome::Ok, Draw::ZERO, None, &fleet);
             assert_eq!(d, Decision::Done(Verdict::Ok));
         }
     }

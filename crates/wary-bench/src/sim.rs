@@ -160,8 +160,8 @@ pub fn run(policy: &Policy, fleet: Option<FleetSpec>, world: &World) -> Stats {
         // Every client starts at tick 0, so `now` is the call's elapsed time.
         let elapsed = Some(Duration::from_millis(now));
         let decision = match bucket {
-            Some(b) => policy.decide_with_fleet(state, Operation::Read, &outcome, draw, elapsed, b),
-            None => policy.decide(state, Operation::Read, &outcome, draw, elapsed),
+            Some(b) => policy.decide_with_fleet(state, Operation::Idempotent, &outcome, draw, elapsed, b),
+            None => policy.decide(state, Operation::Idempotent, &outcome, draw, elapsed),
         };
         match decision {
             Decision::Retry { wait } => queue.push(Reverse((now + u64::from(wait.as_millis()), client))),

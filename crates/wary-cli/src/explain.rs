@@ -192,7 +192,7 @@ pub fn explain(policy: &Policy, known_retry_after: Option<Duration>) -> Explanat
         .into_iter()
         .map(|(name, o)| TableRow {
             outcome: name,
-            read: policy.classify(Operation::Read, &o).name().to_owned(),
+            read: policy.classify(Operation::Idempotent, &o).name().to_owned(),
             keyed_write: policy.classify(Operation::KeyedWrite, &o).name().to_owned(),
             write: policy.classify(Operation::Write, &o).name().to_owned(),
         })

@@ -27,6 +27,13 @@ pub const MAX_RESPONSE: usize = 64 * 1024;
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// A client with a connect timeout; no retries of its own (wary is the only retrying layer).
+///
+/// This client is the gateway's own, built from its configuration: no user-made client is
+/// replaced. Each attempt is further bounded by a timer around it ([`Upstream::send`]), the
+/// attempt timeout capped to the time left before the call's deadline. A connect timeout is
+/// told apart (never sent) only when it fires before that timer, that is when it is shorter
+/// than the attempt timeout; when both are equal, a connect that hangs ends as a response
+/// timeout (may have landed).
 pub fn client(connect_timeout: Duration) -> HttpClient {
     let mut c = HttpConnector::new();
     c.set_connect_timeout(Some(connect_timeout));
@@ -313,7 +320,7 @@ impl Probe<Delivered> for LegacyProbe<'_> {
         let clock = MonotonicClock::new();
         let mut runner = Runner::new(&policy, TokioDelay, clock, process_rng());
         let this = &*self;
-        match runner.call(Operation::Read, key, |a| this.check_once(&policy, a.remaining)).await {
+        match runner.call(Operation::Idempotent, key, |a| this.check_once(&policy, a.remaining)).await {
             // The write's own answer was lost; the read says it landed. No upstream body to
             // hand on: the device gets a plain 200.
             Ok(Landed::Yes(())) => Landed::Yes(Delivered {

@@ -327,7 +327,7 @@ mod tests {
             let mut call = a.begin();
             call.start_attempt(&a);
             let before = fleet.tokens_milli();
-            let _ = call.after(&a, Operation::Read, Key::from_parts(1, 1, 1), Outcome::status(503));
+            let _ = call.after(&a, Operation::Idempotent, Key::from_parts(1, 1, 1), Outcome::status(503));
             assert_eq!(fleet.tokens_milli(), before - 1_000);
         }
         assert_eq!(shared.tokens_milli(), 9_000);

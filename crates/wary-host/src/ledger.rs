@@ -259,13 +259,14 @@ mod tests {
         let mut state = CallState::new();
         let outcome = Outcome::status(503);
         let draw = Draw::unit(7);
-        let d = policy.decide(&mut state, Operation::Read, &outcome, draw, Some(Duration::from_millis(5)));
+        let d =
+            policy.decide(&mut state, Operation::Idempotent, &outcome, draw, Some(Duration::from_millis(5)));
         assert!(matches!(d, Decision::Retry { .. }));
         let rec = Record::decided(
             &policy,
             Key::from_parts(9, 9, 9),
             1,
-            Operation::Read,
+            Operation::Idempotent,
             outcome,
             draw,
             d,

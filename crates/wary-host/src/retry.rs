@@ -10,6 +10,11 @@
 //! [`Stopped`], whose text is the verdict and the attempts (`gave_up (deadline) after 3
 //! attempts, the last a response_timeout`).
 //!
+//! The attempt runs as written: nothing here changes a client's settings. The deadline is not
+//! enforced while an attempt is in flight unless the attempt asks for it with [`within`], a
+//! timer set to the time left and raced against the attempt, which leaves the client's own
+//! timeouts in force (an attempt ends at the earliest of them).
+//!
 //! For a fleet budget, a ledger or a cancel signal, start from [`tokio_runner`] and add them;
 //! for every effect injected (firmware, replays), build the [`Runner`] by hand.
 //!
@@ -41,8 +46,47 @@ pub fn tokio_runner(policy: &Policy) -> TokioRunner<'_> {
     Runner::new(policy, TokioDelay, MonotonicClock::new(), crate::draw::for_call())
 }
 
+/// Runs one attempt under the call's deadline: `attempt` as it is, raced against a timer set to
+/// the time left ([`Attempt::remaining`]); without a deadline, `attempt` alone. A timer that
+/// fires first fails the attempt with [`Failure::ResponseTimeout`]: from outside the client
+/// nothing says whether the request left, so it may have landed (an unkeyed write ends
+/// `unknown`).
+///
+/// The client's own timeouts are untouched, so an attempt ends at the earliest of them and
+/// the deadline; this is the way to bound an attempt that keeps a client's settings.
+///
+/// ```no_run
+/// # use wary::{Failure, Operation, Policy, Preset, Stopped};
+/// # use wary_host::retry::{RetryExt, within};
+/// # async fn send() -> Result<u16, Failure> { Ok(200) }
+/// # async fn demo(policy: Policy) -> Result<(), Stopped> {
+/// let status = policy.retry(Operation::Idempotent, |a| within(&a, send())).await?;
+/// # let _ = status; Ok(()) }
+/// ```
+pub fn within<T, Fut>(attempt: &Attempt, fut: Fut) -> impl Future<Output = Result<T, Failure>> + use<T, Fut>
+where
+    Fut: Future<Output = Result<T, Failure>>,
+{
+    // Read now, so the future does not borrow the attempt.
+    let remaining = attempt.remaining;
+    async move {
+        match remaining {
+            Some(left) => {
+                let left = std::time::Duration::from(left).max(std::time::Duration::from_millis(1));
+                tokio::time::timeout(left, fut).await.unwrap_or(Err(Failure::ResponseTimeout))
+            }
+            None => fut.await,
+        }
+    }
+}
+
 /// An attempt's timeout: `default`, capped to the time left before the call's deadline, so a
 /// slow answer cannot hold the call past it.
+///
+/// Set as a request's timeout, it *replaces* the client's own timeout for that request (that
+/// is how reqwest and most clients treat a per-request timeout): use it only where `default`
+/// is the timeout you want each attempt to have. To keep the client's timeouts, leave the
+/// request's alone and bound the attempt with [`within`].
 pub fn attempt_timeout(attempt: &Attempt, default: std::time::Duration) -> std::time::Duration {
     match attempt.remaining {
         Some(left) => default.min(left.into()),
@@ -112,7 +156,7 @@ mod tests {
         // A second call gets a second key.
         let mut second = None;
         let _ = policy
-            .retry(Operation::Read, |a| {
+            .retry(Operation::Idempotent, |a| {
                 second = Some(a.key);
                 async { Ok(()) }
             })
@@ -127,7 +171,7 @@ mod tests {
             Policy::builder(Preset::Default).base(ms(100)).cap(ms(100)).deadline(ms(1_000)).build().unwrap();
         let mut timeouts = Vec::new();
         let r: Result<(), _> = policy
-            .retry(Operation::Read, |a| {
+            .retry(Operation::Idempotent, |a| {
                 timeouts.push(attempt_timeout(&a, StdDuration::from_secs(30)));
                 async {
                     tokio::time::sleep(StdDuration::from_millis(300)).await;
@@ -145,6 +189,52 @@ mod tests {
         assert_eq!(timeouts[0], StdDuration::from_secs(1));
         assert!(timeouts.windows(2).all(|w| w[1] < w[0]), "{timeouts:?}");
         assert!(timeouts.iter().all(|t| *t <= StdDuration::from_secs(1)));
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn within_ends_an_attempt_at_the_deadline_and_keeps_a_shorter_one() {
+        let ms = Duration::from_millis;
+        let policy = Policy::builder(Preset::Default)
+            .base(ms(100))
+            .cap(ms(100))
+            .deadline(ms(1_000))
+            .max_attempts(10)
+            .build()
+            .unwrap();
+        // An attempt that never ends: the deadline's timer ends it, a response timeout.
+        let mut n = 0;
+        let t0 = tokio::time::Instant::now();
+        let r: Result<(), _> = policy
+            .retry(Operation::Idempotent, |a| {
+                n += 1;
+                within(&a, std::future::pending())
+            })
+            .await;
+        let err = r.unwrap_err();
+        assert_eq!(
+            (n, err.verdict, err.last),
+            (1, Verdict::GaveUp(GiveUp::Deadline), Some(Failure::ResponseTimeout))
+        );
+        assert_eq!(t0.elapsed(), StdDuration::from_secs(1));
+        // An attempt with its own 300 ms timeout keeps it: attempts of 300 ms with waits
+        // between, until the deadline ends the last one.
+        let mut starts = Vec::new();
+        let t0 = tokio::time::Instant::now();
+        let r: Result<(), _> = policy
+            .retry(Operation::Idempotent, |a| {
+                starts.push(t0.elapsed());
+                within(&a, async {
+                    tokio::time::sleep(StdDuration::from_millis(300)).await;
+                    Err(Failure::ResponseTimeout)
+                })
+            })
+            .await;
+        assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Deadline));
+        assert_eq!(starts.len(), 3, "{starts:?}");
+        assert!(starts.windows(2).all(|w| w[1] - w[0] >= StdDuration::from_millis(350)), "{starts:?}");
+        // Without a deadline the attempt runs as it is.
+        let a = Attempt { number: 1, key: Key::from_parts(1, 1, 1), remaining: None };
+        assert_eq!(within(&a, async { Ok::<_, Failure>(7) }).await, Ok(7));
     }
 
     #[test]

@@ -30,6 +30,13 @@
 //! the retry bounds the whole call instead, and cancels it (dropping the future) without a
 //! verdict.
 //!
+//! **Your settings stand.** The adapter sets no timeout and adds or changes no header: every
+//! attempt is a clone of the request as it came (method, URI, version, headers, extensions,
+//! body), and the client's own settings (a connector's connect timeout, a timeout layer) apply
+//! to each attempt unchanged. A connect timeout set on hyper-util's `HttpConnector` fails as a
+//! connect error, a connect timeout (never sent); a timeout layer cannot see the phase, so its
+//! elapsed error is a response timeout.
+//!
 //! Requests are cloned for resending (their extensions too), so the body type must be `Clone`
 //! (`Full<Bytes>`, `String`). Cancellation is dropping the response future.
 
@@ -284,10 +291,10 @@ mod tests {
         let default = Policy::builder(Preset::Default).build().unwrap();
         let strict = Policy::builder(Preset::Strict).build().unwrap();
         // PUT is idempotent by default; under `strict` only GET and HEAD are reads.
-        assert_eq!(request_op(&default, &req(Method::PUT, None)).0, Operation::Read);
+        assert_eq!(request_op(&default, &req(Method::PUT, None)).0, Operation::Idempotent);
         assert_eq!(request_op(&strict, &req(Method::PUT, None)).0, Operation::Write);
         assert_eq!(request_op(&strict, &req(Method::DELETE, Some("k"))).0, Operation::KeyedWrite);
-        assert_eq!(request_op(&strict, &req(Method::HEAD, None)).0, Operation::Read);
+        assert_eq!(request_op(&strict, &req(Method::HEAD, None)).0, Operation::Idempotent);
         assert_eq!(request_op(&default, &req(Method::POST, Some("k"))).0, Operation::KeyedWrite);
     }
 
@@ -327,13 +334,13 @@ mod tests {
             let waited = p.retry(&mut r, &mut result).map(|s| s.deadline());
             let want = policy.decide_with_fleet(
                 &mut shadow,
-                Operation::Read,
+                Operation::Idempotent,
                 &Outcome::status(503),
                 Draw::from_rng(&mut draws),
                 Some(Duration::ZERO),
                 &shadow_fleet,
             );
-            assert_eq!(policy.classify(Operation::Read, &Outcome::status(503)), Class::Retry);
+            assert_eq!(policy.classify(Operation::Idempotent, &Outcome::status(503)), Class::Retry);
             let rec = ledger.lock().unwrap().records().last().copied().unwrap();
             assert_eq!(rec.class, Class::Retry);
             match want {

@@ -23,7 +23,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     json.policy(&policy)?;
     let ledger = Arc::new(Mutex::new(json));
     let wary = WaryMiddleware::new(policy).add_idempotency_key().ledger(ledger);
-    let client = ClientBuilder::new(reqwest::Client::new()).with(wary).build();
+    // The client's own timeouts stand: each attempt has 1 s to connect and 5 s in all, and the
+    // policy's deadline is a timer around it. A connect timeout shorter than the total lets a
+    // connect that hangs be told apart (never sent, so even a write may be resent).
+    let http = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(1))
+        .timeout(std::time::Duration::from_secs(5))
+        .build()?;
+    let client = ClientBuilder::new(http).with(wary).build();
 
     for t in 20..24 {
         let resp = client.post(cloud.url("/readings")).body(format!("{{\"t\":{t}}}")).send().await?;

@@ -2,13 +2,21 @@
 //! request, so whether it is sent depends on what the first copy may already have done.
 //!
 //! ```no_run
+//! use std::time::Duration as StdDuration;
+//!
 //! use reqwest_middleware::ClientBuilder;
 //! use wary::{Duration, Policy, Preset};
 //! use wary_reqwest::WaryMiddleware;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let policy = Policy::builder(Preset::Default).deadline(Duration::from_secs(10)).build()?;
-//! let client = ClientBuilder::new(reqwest::Client::new())
+//! // Each attempt: 2 s to connect, 3 s in all. A connect timeout shorter than the total is
+//! // what lets a hung connect be told apart: it was never sent, so even a write is resent.
+//! let http = reqwest::Client::builder()
+//!     .connect_timeout(StdDuration::from_secs(2))
+//!     .timeout(StdDuration::from_secs(3))
+//!     .build()?;
+//! let client = ClientBuilder::new(http)
 //!     .with(WaryMiddleware::new(policy).add_idempotency_key())
 //!     .build();
 //! let resp = client.post("http://127.0.0.1:8080/readings").body("{\"t\":21}").send().await?;
@@ -16,8 +24,8 @@
 //! ```
 //!
 //! - **The operation** comes from the method and an `Idempotency-Key` header
-//!   ([`wary::Policy::operation`]): GET, HEAD, OPTIONS, PUT and DELETE are reads (under the
-//!   default table); a write with a key is a keyed write; a write without one is never resent
+//!   ([`wary::Policy::operation`]): GET and HEAD are idempotent, and OPTIONS, TRACE, PUT and
+//!   DELETE too unless the policy's table is strict; a write with a key is a keyed write; a write without one is never resent
 //!   after a failure that may have landed: it ends `unknown`. With
 //!   [`WaryMiddleware::add_idempotency_key`], a write without a key gets one, made once per
 //!   call and sent on every attempt.
@@ -27,8 +35,24 @@
 //!   once (`gave_up (retry_after_too_long)`). Values that cannot be read are ignored and
 //!   counted ([`WaryMiddleware::unreadable_retry_after`]). Other rate-limit headers are opt-in
 //!   ([`WaryMiddleware::signals`]).
-//! - **Deadline**: each attempt's timeout (the request's own, if any) is capped to the time
-//!   left before the policy's deadline, so a stalled server cannot hold the call past it.
+//! - **Your timeouts stand**: the client's timeout, its connect timeout and a request's own
+//!   timeout are never replaced. The policy's deadline is a timer *around* each attempt, set to
+//!   the time left, so an attempt ends at the earliest of your timeout and the deadline: a 1 s
+//!   client timeout under a 12 s deadline gives attempts of about 1 s with backoff between, not
+//!   one attempt of 12 s. The attempt that the deadline's timer ends fails with
+//!   [`DeadlineElapsed`] (a response timeout) and the call ends `gave_up (deadline)` (an
+//!   unkeyed write `unknown`). An attempt is the request until its response head arrives:
+//!   reading the body afterwards is the caller's, bounded by the client's timeout only.
+//! - **Connect-phase timeouts** are "never sent", so any operation may be resent after one.
+//!   reqwest reports its connect timeout as a connect error (`is_connect()`), which this
+//!   crate reads as [`wary::Failure::ConnectTimeout`]. Its total timeout (the client's
+//!   `timeout` or a request's) fires from outside the connection, with nothing saying whether
+//!   the connection was made: it is a [`wary::Failure::ResponseTimeout`] (may have landed),
+//!   even when the connect was what hung. So set `connect_timeout` shorter than `timeout` (and
+//!   than the deadline) when writes should be resent after a connect that hangs; without it,
+//!   an unkeyed write whose connect hung ends `unknown`, and a keyed write or a read is resent
+//!   as after any response timeout. The deadline's own timer is the same: it cannot see the
+//!   phase, so it counts as a response timeout.
 //! - **Fleet budget and ledger**, both optional and shared: [`WaryMiddleware::fleet`] (an
 //!   `Arc` or a `&'static`), [`WaryMiddleware::ledger`] (any [`wary::Sink`], such as
 //!   `wary_host::ledger::JsonLedger`).
@@ -75,6 +99,13 @@ pub struct CallError {
     #[source]
     pub error: reqwest_middleware::Error,
 }
+
+/// The policy's deadline passed while an attempt was in flight: the middleware's own timer
+/// around the attempt fired before the client answered or failed. It counts as a response
+/// timeout (the request may have been sent), so an unkeyed write ends `unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the call's deadline passed during the attempt")]
+pub struct DeadlineElapsed;
 
 /// Why a middleware could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +197,9 @@ pub fn error_failure(err: &reqwest::Error) -> Failure {
 fn middleware_error_failure(err: &reqwest_middleware::Error) -> Failure {
     match err {
         reqwest_middleware::Error::Reqwest(e) => error_failure(e),
+        // Where the attempt was when the deadline's timer fired is not known from outside the
+        // client: it may have been sent, so it may have landed.
+        reqwest_middleware::Error::Middleware(e) if e.is::<DeadlineElapsed>() => Failure::ResponseTimeout,
         reqwest_middleware::Error::Middleware(e) => wary_host::http::error_failure(e.as_ref()),
     }
 }
@@ -200,9 +234,8 @@ impl Middleware for WaryMiddleware {
             }
         }
         let (op, key) = request_op(policy, &req);
-        let own_timeout = req.timeout().copied();
         let mut call = self.adapter.begin();
-        let mut attempt = Attempt { call: &mut call, op, key, own_timeout, sent_once: None };
+        let mut attempt = Attempt { call: &mut call, op, key, sent_once: None };
         // A copy for each attempt while the body can be copied.
         while let Some(copy) = req.try_clone() {
             if let Some(done) = self.send(&mut attempt, copy, &mut *extensions, next.clone()).await {
@@ -227,7 +260,6 @@ struct Attempt<'c> {
     call: &'c mut Call,
     op: Operation,
     key: Key,
-    own_timeout: Option<Duration>,
     sent_once: Option<SentOnce>,
 }
 
@@ -237,15 +269,25 @@ impl WaryMiddleware {
     async fn send(
         &self,
         a: &mut Attempt<'_>,
-        mut req: Request,
+        req: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Option<reqwest_middleware::Result<Response>> {
-        if let Some(left) = a.call.start_attempt(&self.adapter) {
-            let cap = Duration::from(left).max(Duration::from_millis(1));
-            *req.timeout_mut() = Some(a.own_timeout.map_or(cap, |t| t.min(cap)));
-        }
-        let result = next.run(req, extensions).await;
+        // The request goes on as the user built it: its own timeout, and the client's timeout
+        // and connect timeout, all still apply. The deadline is a timer around the attempt, so
+        // the attempt ends at the earliest of them.
+        let left = a.call.start_attempt(&self.adapter);
+        let sent = next.run(req, extensions);
+        let result = match left {
+            Some(left) => {
+                let left = Duration::from(left).max(Duration::from_millis(1));
+                match tokio::time::timeout(left, sent).await {
+                    Ok(result) => result,
+                    Err(_) => Err(reqwest_middleware::Error::middleware(DeadlineElapsed)),
+                }
+            }
+            None => sent.await,
+        };
         let outcome = match &result {
             Ok(r) => self.adapter.outcome(r.status(), r.headers()),
             Err(e) => middleware_error_failure(e).into(),

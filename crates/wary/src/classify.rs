@@ -15,9 +15,9 @@
 //! ```
 //! use wary::{Class, Failure, Operation, Rule, Table};
 //! let t = Table::DEFAULT;
-//! assert_eq!(t.classify(Operation::Read, &Failure::status(503).into()), Class::Retry);
+//! assert_eq!(t.classify(Operation::Idempotent, &Failure::status(503).into()), Class::Retry);
 //! assert_eq!(t.classify(Operation::Write, &Failure::status(503).into()), Class::Unknown);
-//! assert_eq!(t.classify(Operation::Read, &Failure::status(400).into()), Class::Failed);
+//! assert_eq!(t.classify(Operation::Idempotent, &Failure::status(400).into()), Class::Failed);
 //! let api = t.with_status(503, Rule::RetryAny).unwrap();
 //! assert_eq!(api.classify(Operation::Write, &Failure::status(503).into()), Class::Retry);
 //! ```
@@ -32,8 +32,11 @@ use crate::time::Duration;
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum Operation {
-    /// Safe to repeat: GET, HEAD, OPTIONS, and the idempotent PUT and DELETE.
-    Read,
+    /// Safe to repeat: a read (GET, HEAD), and under a table that allows it the idempotent
+    /// methods (OPTIONS, TRACE, PUT, DELETE). Its name in plans, ledgers and configuration
+    /// stays `read`, so no line format and no fingerprint changed with the variant's name.
+    #[cfg_attr(feature = "serde", serde(rename = "read"))]
+    Idempotent,
     /// A write carrying an idempotency key, made once before the first attempt and sent on every
     /// attempt, so the server recognises a replay.
     KeyedWrite,
@@ -43,22 +46,31 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in a fixed order.
-    pub const ALL: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
+    pub const ALL: [Operation; 3] = [Operation::Idempotent, Operation::KeyedWrite, Operation::Write];
 
-    /// The operation of an HTTP method; `keyed` says whether the request carries an
-    /// idempotency key. Method names are matched case-sensitively, as RFC 9110 defines them.
+    /// The old name of [`Operation::Idempotent`], which covers PUT and DELETE as well as reads.
+    #[deprecated(note = "renamed `Operation::Idempotent`: it covers PUT and DELETE, not reads only")]
+    #[allow(non_upper_case_globals)]
+    pub const Read: Operation = Operation::Idempotent;
+
+    /// The operation of an HTTP method under the strictest table ([`Table::STRICT`]): only GET
+    /// and HEAD are idempotent; any other method is a keyed write when `keyed`, else a write.
+    /// Method names are matched case-sensitively, as RFC 9110 defines them.
+    ///
+    /// A free constructor cannot know the table the operation will be classified under, so it
+    /// takes the one that retries least: an operation built here is never retried where the
+    /// policy's own table would not retry it. Ask the policy instead
+    /// ([`Policy::operation`](crate::Policy::operation) or [`Table::operation`]), which counts
+    /// PUT, DELETE, OPTIONS and TRACE as idempotent under tables that allow it.
+    #[deprecated(note = "ask the policy: `policy.operation(method, keyed)` follows its table")]
     pub fn from_method(method: &str, keyed: bool) -> Self {
-        match method {
-            "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE" => Operation::Read,
-            _ if keyed => Operation::KeyedWrite,
-            _ => Operation::Write,
-        }
+        Table::STRICT.operation(method, keyed)
     }
 
     /// The name used by `wary plan` and the ledgers.
     pub const fn name(&self) -> &'static str {
         match self {
-            Operation::Read => "read",
+            Operation::Idempotent => "read",
             Operation::KeyedWrite => "keyed_write",
             Operation::Write => "write",
         }
@@ -71,7 +83,7 @@ impl Operation {
 
     /// True if a resend cannot do the work twice.
     pub const fn is_idempotent(&self) -> bool {
-        matches!(self, Operation::Read | Operation::KeyedWrite)
+        matches!(self, Operation::Idempotent | Operation::KeyedWrite)
     }
 }
 
@@ -721,20 +733,17 @@ impl Table {
         h.u8(u8::from(self.reads_only));
     }
 
-    /// The operation of an HTTP method under this table: a table that retries reads only
-    /// (the strict preset's) counts only GET and HEAD as reads, so a PUT or DELETE is not
-    /// resent; otherwise [`Operation::from_method`].
+    /// The operation of an HTTP method under this table (`keyed`: the request carries an
+    /// idempotency key). GET and HEAD are idempotent; OPTIONS, TRACE, PUT and DELETE are too,
+    /// unless the table retries reads only (the strict preset's), where they are writes like
+    /// any other method, so a PUT or DELETE is not resent. Method names are matched
+    /// case-sensitively, as RFC 9110 defines them.
     pub fn operation(&self, method: &str, keyed: bool) -> Operation {
         match method {
-            "GET" | "HEAD" => Operation::Read,
-            _ if self.reads_only => {
-                if keyed {
-                    Operation::KeyedWrite
-                } else {
-                    Operation::Write
-                }
-            }
-            _ => Operation::from_method(method, keyed),
+            "GET" | "HEAD" => Operation::Idempotent,
+            "OPTIONS" | "TRACE" | "PUT" | "DELETE" if !self.reads_only => Operation::Idempotent,
+            _ if keyed => Operation::KeyedWrite,
+            _ => Operation::Write,
         }
     }
 
@@ -797,7 +806,7 @@ impl Table {
 /// The class of a failure under `rule` for `op`, in a table that retries reads only or not:
 /// the rule itself, which [`CLASSES`] and [`CLASSES_READS_ONLY`] hold in two bits a case.
 const fn class_of(rule: Rule, op: Operation, reads_only: bool) -> Class {
-    let read = matches!(op, Operation::Read);
+    let read = matches!(op, Operation::Idempotent);
     match rule {
         Rule::Fail => Class::Failed,
         Rule::RetryAny if read || !reads_only => Class::Retry,
@@ -853,7 +862,7 @@ const CLASSES_READS_ONLY: u32 = classes(true);
 mod tests {
     use super::*;
 
-    const OPS: [Operation; 3] = [Operation::Read, Operation::KeyedWrite, Operation::Write];
+    const OPS: [Operation; 3] = [Operation::Idempotent, Operation::KeyedWrite, Operation::Write];
 
     fn row(t: &Table, o: impl Into<Outcome>) -> [Class; 3] {
         let o = o.into();
@@ -894,7 +903,7 @@ mod tests {
         // What each rule means, written out case by case, beside the two-bit lookup that
         // classify reads: for a status, a transport failure, and in tables that retry reads
         // only or not.
-        use Operation::{KeyedWrite as K, Read as Rd, Write as W};
+        use Operation::{Idempotent as Rd, KeyedWrite as K, Write as W};
         let expected = |rule, op, reads_only| match (rule, op, reads_only) {
             (Rule::Fail, _, _) => F,
             (Rule::RetryAny, Rd, _) | (Rule::RetryAny, _, false) => R,
@@ -988,24 +997,28 @@ mod tests {
 
     #[test]
     fn strict_counts_only_get_and_head_as_reads() {
-        assert_eq!(Table::STRICT.operation("GET", false), Operation::Read);
-        assert_eq!(Table::STRICT.operation("HEAD", false), Operation::Read);
+        assert_eq!(Table::STRICT.operation("GET", false), Operation::Idempotent);
+        assert_eq!(Table::STRICT.operation("HEAD", false), Operation::Idempotent);
         assert_eq!(Table::STRICT.operation("PUT", false), Operation::Write);
         assert_eq!(Table::STRICT.operation("DELETE", true), Operation::KeyedWrite);
-        assert_eq!(Table::DEFAULT.operation("PUT", false), Operation::Read);
+        assert_eq!(Table::DEFAULT.operation("PUT", false), Operation::Idempotent);
         // So a PUT that timed out under strict is not resent.
         let put = Table::STRICT.operation("PUT", false);
         assert_eq!(Table::STRICT.classify(put, &Failure::ResponseTimeout.into()), Class::Unknown);
     }
 
     #[test]
-    fn methods_map_to_operations() {
-        assert_eq!(Operation::from_method("GET", false), Operation::Read);
-        assert_eq!(Operation::from_method("PUT", false), Operation::Read);
-        assert_eq!(Operation::from_method("DELETE", true), Operation::Read);
-        assert_eq!(Operation::from_method("POST", true), Operation::KeyedWrite);
-        assert_eq!(Operation::from_method("POST", false), Operation::Write);
-        assert_eq!(Operation::from_method("PATCH", false), Operation::Write);
+    #[allow(deprecated)]
+    fn the_free_constructor_follows_the_strictest_table() {
+        assert_eq!(Operation::from_method("GET", false), Operation::Idempotent);
+        assert_eq!(Operation::from_method("HEAD", true), Operation::Idempotent);
+        for m in ["OPTIONS", "TRACE", "PUT", "DELETE", "POST", "PATCH", "CONNECT", "get"] {
+            assert_eq!(Operation::from_method(m, false), Operation::Write, "{m}");
+            assert_eq!(Operation::from_method(m, true), Operation::KeyedWrite, "{m}");
+        }
+        // The old name is the new variant, usable in patterns too.
+        assert!(matches!(Operation::Idempotent, Operation::Read));
+        assert_eq!(Operation::Read.name(), "read");
     }
 }
 
@@ -1099,7 +1112,7 @@ mod more_tests {
 
     #[test]
     fn reads_and_keyed_writes_are_idempotent_writes_are_not() {
-        assert!(Operation::Read.is_idempotent());
+        assert!(Operation::Idempotent.is_idempotent());
         assert!(Operation::KeyedWrite.is_idempotent());
         assert!(!Operation::Write.is_idempotent());
     }

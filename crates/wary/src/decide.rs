@@ -14,10 +14,10 @@
 //! let mut s = CallState::new();
 //! let (d, o) = (Draw::ZERO, Outcome::status(503));
 //! let ms = Duration::from_millis;
-//! assert_eq!(p.decide(&mut s, Operation::Read, &o, d, None), Decision::Retry { wait: ms(100) });
-//! assert_eq!(p.decide(&mut s, Operation::Read, &o, d, None), Decision::Retry { wait: ms(200) });
+//! assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, d, None), Decision::Retry { wait: ms(100) });
+//! assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, d, None), Decision::Retry { wait: ms(200) });
 //! assert_eq!(s.waited(), ms(300));
-//! assert_eq!(p.decide(&mut s, Operation::Read, &o, d, None), Decision::Done(Verdict::GaveUp(GiveUp::Attempts)));
+//! assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, d, None), Decision::Done(Verdict::GaveUp(GiveUp::Attempts)));
 //! ```
 
 use crate::backoff::Draw;
@@ -397,16 +397,22 @@ mod tests {
         // 100 + 200 ms = 300 ms fits a 300 ms budget exactly: no float error stops it early.
         let p = Policy::builder(Preset::Strict).max_attempts(10).build().unwrap();
         let o = [Outcome::Failure(Failure::ResponseTimeout); 4];
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![100, 200], Verdict::GaveUp(GiveUp::Budget)));
+        assert_eq!(
+            decide_all(&p, Operation::Idempotent, &o),
+            (vec![100, 200], Verdict::GaveUp(GiveUp::Budget))
+        );
         let p = Policy::builder(Preset::Strict).build().unwrap();
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![100, 200], Verdict::GaveUp(GiveUp::Attempts)));
+        assert_eq!(
+            decide_all(&p, Operation::Idempotent, &o),
+            (vec![100, 200], Verdict::GaveUp(GiveUp::Attempts))
+        );
     }
 
     #[test]
     fn a_retry_after_past_the_budget_stops_before_any_wait() {
         let p = Policy::builder(Preset::Strict).budget(ms(500)).build().unwrap();
         let o = [Outcome::status_after(503, secs(2)), Outcome::Ok];
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![], Verdict::GaveUp(too_long(2000))));
+        assert_eq!(decide_all(&p, Operation::Idempotent, &o), (vec![], Verdict::GaveUp(too_long(2000))));
     }
 
     #[test]
@@ -418,7 +424,7 @@ mod tests {
         );
         assert_eq!(decide_all(&p, Operation::Write, &[Outcome::status(429)]), (vec![], Verdict::Failed));
         assert_eq!(
-            decide_all(&p, Operation::Read, &[Outcome::Failure(Failure::BadBody)]),
+            decide_all(&p, Operation::Idempotent, &[Outcome::Failure(Failure::BadBody)]),
             (vec![], Verdict::Failed)
         );
     }
@@ -428,7 +434,7 @@ mod tests {
         // max_delay 20 s, Retry-After 120 s: no sleep at all.
         let p = Policy::builder(Preset::Default).max_attempts(5).max_retry_after(secs(20)).build().unwrap();
         let o = [Outcome::status_after(429, secs(120)), Outcome::Ok];
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![], Verdict::GaveUp(too_long(120_000))));
+        assert_eq!(decide_all(&p, Operation::Idempotent, &o), (vec![], Verdict::GaveUp(too_long(120_000))));
     }
 
     #[test]
@@ -437,10 +443,10 @@ mod tests {
         let mut s = CallState::new();
         let o = Outcome::status(503);
         // 4 ms elapsed, wait 1, then an attempt of at least 3: ends at 8 ≤ 10.
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(4))), retry(1));
+        assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, Some(ms(4))), retry(1));
         // 6 elapsed, wait 2 + attempt 3 = 11 > 10: not started.
         assert_eq!(
-            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(6))),
+            p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, Some(ms(6))),
             Decision::Done(Verdict::GaveUp(GiveUp::Deadline))
         );
     }
@@ -457,11 +463,11 @@ mod tests {
         let o = Outcome::status(503);
         // A draw of 0 makes a wait of 0, which must not slip past a deadline already gone.
         assert_eq!(
-            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(150))),
+            p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, Some(ms(150))),
             Decision::Done(Verdict::GaveUp(GiveUp::Deadline))
         );
         let mut s = CallState::new();
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, Some(ms(100))), retry(0));
+        assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, Some(ms(100))), retry(0));
     }
 
     #[test]
@@ -489,7 +495,7 @@ mod tests {
                 let mut s = CallState::new();
                 // Seconds to milliseconds saturates; the wait is never started.
                 assert_eq!(
-                    p.decide(&mut s, Operation::Read, &o, Draw::TOP, Some(ms(0))),
+                    p.decide(&mut s, Operation::Idempotent, &o, Draw::TOP, Some(ms(0))),
                     Decision::Done(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: Duration::MAX }))
                 );
                 assert_eq!(s.waited(), Duration::ZERO);
@@ -534,7 +540,7 @@ mod tests {
         // What is left, not the whole budget: after 100 of 120, 20 fits and 21 does not.
         let mut s = CallState::new();
         let o = Outcome::status_after(429, ms(100));
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None), retry(100));
+        assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, None), retry(100));
         let next = |ra| nw(&p, &s, &Outcome::status_after(429, ms(ra)), Draw::ZERO, None);
         assert_eq!(next(20), Ok(20));
         assert_eq!(next(21), Err(too_long(21)));
@@ -545,9 +551,12 @@ mod tests {
         // Ceilings 2, 4, 8 with no jitter: budget 14 holds all three exactly, 13 only two.
         let p = exact().jitter(crate::Jitter::None).budget(ms(14)).build().unwrap();
         let o = [Outcome::status(503); 5];
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![2, 4, 8], Verdict::GaveUp(GiveUp::Budget)));
+        assert_eq!(
+            decide_all(&p, Operation::Idempotent, &o),
+            (vec![2, 4, 8], Verdict::GaveUp(GiveUp::Budget))
+        );
         let p = exact().jitter(crate::Jitter::None).budget(ms(13)).build().unwrap();
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![2, 4], Verdict::GaveUp(GiveUp::Budget)));
+        assert_eq!(decide_all(&p, Operation::Idempotent, &o), (vec![2, 4], Verdict::GaveUp(GiveUp::Budget)));
     }
 
     #[test]
@@ -642,9 +651,9 @@ mod tests {
     fn the_attempt_cap_counts_the_first_attempt() {
         let p = exact().max_attempts(2).build().unwrap();
         let o = [Outcome::status(503); 4];
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![1], Verdict::GaveUp(GiveUp::Attempts)));
+        assert_eq!(decide_all(&p, Operation::Idempotent, &o), (vec![1], Verdict::GaveUp(GiveUp::Attempts)));
         let p = exact().max_attempts(1).build().unwrap();
-        assert_eq!(decide_all(&p, Operation::Read, &o), (vec![], Verdict::GaveUp(GiveUp::Attempts)));
+        assert_eq!(decide_all(&p, Operation::Idempotent, &o), (vec![], Verdict::GaveUp(GiveUp::Attempts)));
     }
 
     #[test]
@@ -653,11 +662,11 @@ mod tests {
         let mut s = CallState::new();
         let o = Outcome::status(503);
         for _ in 0..3 {
-            p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None);
+            p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, None);
         }
         assert_eq!((s.attempts(), s.waited(), s.last_wait()), (3, ms(14), ms(8)));
         assert_eq!(
-            p.decide(&mut s, Operation::Read, &Outcome::Ok, Draw::ZERO, None),
+            p.decide(&mut s, Operation::Idempotent, &Outcome::Ok, Draw::ZERO, None),
             Decision::Done(Verdict::Ok)
         );
         assert_eq!((s.attempts(), s.waited(), s.last_wait()), (4, ms(14), ms(8)));
@@ -665,8 +674,8 @@ mod tests {
         let p = exact().jitter(crate::Jitter::Decorrelated).build().unwrap();
         let mut s = CallState::new();
         let top = Draw::TOP;
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), retry(5));
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, top, None), retry(14));
+        assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, top, None), retry(5));
+        assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, top, None), retry(14));
     }
 
     #[test]
@@ -677,28 +686,34 @@ mod tests {
         let decide =
             |op, o: &Outcome, s: &mut CallState| p.decide_with_fleet(s, op, o, Draw::ZERO, None, &fleet);
         let mut s = CallState::new();
-        assert_eq!(decide(Operation::Read, &o, &mut s), retry(1));
+        assert_eq!(decide(Operation::Idempotent, &o, &mut s), retry(1));
         assert_eq!(fleet.tokens_milli(), 3000);
-        assert_eq!(decide(Operation::Read, &o, &mut s), Decision::Done(Verdict::GaveUp(GiveUp::Throttled)));
+        assert_eq!(
+            decide(Operation::Idempotent, &o, &mut s),
+            Decision::Done(Verdict::GaveUp(GiveUp::Throttled))
+        );
         assert_eq!(fleet.tokens_milli(), 2000);
         let mut s = CallState::new();
-        assert_eq!(decide(Operation::Read, &Outcome::Ok, &mut s), Decision::Done(Verdict::Ok));
+        assert_eq!(decide(Operation::Idempotent, &Outcome::Ok, &mut s), Decision::Done(Verdict::Ok));
         assert_eq!(fleet.tokens_milli(), 3000);
         // An unknown write costs a token too (the server may be in trouble); a 400 does not.
         let mut s = CallState::new();
         assert_eq!(decide(Operation::Write, &o, &mut s), Decision::Done(Verdict::Unknown));
         assert_eq!(fleet.tokens_milli(), 2000);
         let mut s = CallState::new();
-        assert_eq!(decide(Operation::Read, &Outcome::status(400), &mut s), Decision::Done(Verdict::Failed));
+        assert_eq!(
+            decide(Operation::Idempotent, &Outcome::status(400), &mut s),
+            Decision::Done(Verdict::Failed)
+        );
         assert_eq!(fleet.tokens_milli(), 2000);
         // Nor does a cancel.
         let mut s = CallState::new();
         let cancelled = Outcome::Failure(Failure::Cancelled);
-        assert_eq!(decide(Operation::Read, &cancelled, &mut s), Decision::Done(Verdict::Cancelled));
+        assert_eq!(decide(Operation::Idempotent, &cancelled, &mut s), Decision::Done(Verdict::Cancelled));
         assert_eq!(fleet.tokens_milli(), 2000);
         // With no fleet, nothing throttles.
         let mut s = CallState::new();
-        assert_eq!(p.decide(&mut s, Operation::Read, &o, Draw::ZERO, None), retry(1));
+        assert_eq!(p.decide(&mut s, Operation::Idempotent, &o, Draw::ZERO, None), retry(1));
     }
 
     #[test]

@@ -471,7 +471,7 @@ mod tests {
                 ms(1),
                 ms(1),
             ),
-            Record::cancelled(&p, key, 2, Operation::Read, ms(40)),
+            Record::cancelled(&p, key, 2, Operation::Idempotent, ms(40)),
         ];
         for r in records {
             let json = serde_json::to_string(&r).unwrap();

@@ -17,7 +17,7 @@
 //! let p = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap();
 //! let outcomes = [Outcome::status(503); 10];
 //! let draws = [Draw::percent(99).unwrap(); 9];
-//! let r = plan::<8>(&p, Operation::Read, &outcomes, &draws).unwrap();
+//! let r = plan::<8>(&p, Operation::Idempotent, &outcomes, &draws).unwrap();
 //! let waits: Vec<u32> = r.waits.iter().map(|w| w.as_millis()).collect();
 //! assert_eq!(waits, [1, 3, 7, 15, 31, 59]);
 //! assert_eq!(r.verdict.name(), "gave_up");
@@ -78,11 +78,11 @@ impl PolicyBuilder {
     /// // A budget of 0 allows no wait: the first retry gives up.
     /// let b = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(0));
     /// assert!(b.build().is_err());
-    /// let r = b.plan::<8>(Operation::Read, &[Outcome::status(503), Outcome::Ok], &[Draw::ZERO]).unwrap();
+    /// let r = b.plan::<8>(Operation::Idempotent, &[Outcome::status(503), Outcome::Ok], &[Draw::ZERO]).unwrap();
     /// assert_eq!((r.waits.len(), r.verdict.name()), (0, "gave_up"));
     /// // A cap below the base: every ceiling is the cap.
     /// let b = Policy::builder(Preset::Basic).base(ms(10)).cap(ms(4)).budget(ms(120));
-    /// let r = b.plan::<8>(Operation::Read, &[Outcome::status(503); 4], &[Draw::ZERO; 3]).unwrap();
+    /// let r = b.plan::<8>(Operation::Idempotent, &[Outcome::status(503); 4], &[Draw::ZERO; 3]).unwrap();
     /// assert_eq!(r.waits.as_slice(), &[ms(2), ms(2), ms(2)]);
     /// ```
     pub fn plan<const N: usize>(
@@ -117,7 +117,7 @@ fn plan_any<const N: usize>(
 /// let ms = Duration::from_millis;
 /// let p = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap();
 /// let mut plan = Plan::<8>::new();
-/// plan_into(&mut plan, &p, Operation::Read, &[Outcome::status(503), Outcome::Ok], &[Draw::ZERO]).unwrap();
+/// plan_into(&mut plan, &p, Operation::Idempotent, &[Outcome::status(503), Outcome::Ok], &[Draw::ZERO]).unwrap();
 /// assert_eq!((plan.waits.as_slice(), plan.verdict.name()), (&[ms(1)][..], "ok"));
 /// ```
 pub fn plan_into<const N: usize>(
@@ -178,7 +178,7 @@ pub fn plan_into<const N: usize>(
 ///         Err(_) => panic!(),
 ///     };
 /// }
-/// let r = plan_static::<Basic, 7>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
+/// let r = plan_static::<Basic, 7>(Operation::Idempotent, &[Outcome::status(500); 20], &[Draw::ZERO; 19]).unwrap();
 /// let waits: Vec<u32> = r.waits.iter().map(|w| w.as_millis()).collect();
 /// assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
 /// ```
@@ -196,7 +196,7 @@ pub fn plan_into<const N: usize>(
 /// #         Err(_) => panic!(),
 /// #     };
 /// # }
-/// let r = plan_static::<Basic, 6>(Operation::Read, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
+/// let r = plan_static::<Basic, 6>(Operation::Idempotent, &[Outcome::status(500); 20], &[Draw::ZERO; 19]);
 /// ```
 pub fn plan_static<P: StaticPolicy, const N: usize>(
     op: Operation,
@@ -237,16 +237,17 @@ mod tests {
     #[test]
     fn every_way_to_plan_gives_the_same_schedule() {
         let (o, d) = ([Outcome::status(500); 20], [Draw::ZERO; 19]);
-        let by_value = plan::<8>(&p(), Operation::Read, &o, &d).unwrap();
+        let by_value = plan::<8>(&p(), Operation::Idempotent, &o, &d).unwrap();
         assert_eq!(millis(&by_value.waits), [1, 2, 4, 8, 16, 30, 30]);
         assert_eq!(by_value.verdict, Verdict::GaveUp(GiveUp::Budget));
-        let fixed = plan_static::<Basic, 7>(Operation::Read, &o, &d).unwrap();
+        let fixed = plan_static::<Basic, 7>(Operation::Idempotent, &o, &d).unwrap();
         assert_eq!((millis(&fixed.waits), fixed.verdict), (millis(&by_value.waits), by_value.verdict));
-        assert_eq!(p().to_builder().plan::<8>(Operation::Read, &o, &d), Ok(by_value.clone()));
+        assert_eq!(p().to_builder().plan::<8>(Operation::Idempotent, &o, &d), Ok(by_value.clone()));
         // In place: a plan that held another schedule is emptied first.
-        let mut kept = plan::<8>(&p(), Operation::Read, &[Outcome::status(500), Outcome::Ok], &d).unwrap();
+        let mut kept =
+            plan::<8>(&p(), Operation::Idempotent, &[Outcome::status(500), Outcome::Ok], &d).unwrap();
         assert_eq!((millis(&kept.waits), kept.verdict), (vec![1], Verdict::Ok));
-        plan_into(&mut kept, &p(), Operation::Read, &o, &d).unwrap();
+        plan_into(&mut kept, &p(), Operation::Idempotent, &o, &d).unwrap();
         assert_eq!(kept, by_value);
     }
 
@@ -257,10 +258,10 @@ mod tests {
         // A cap below the base: every ceiling is the cap.
         let b = Policy::builder(Preset::Basic).base(ms(10)).cap(ms(4)).budget(ms(120));
         assert!(b.build().is_err());
-        assert_eq!(millis(&b.plan::<8>(Operation::Read, &o, &d).unwrap().waits), [2, 2, 2]);
+        assert_eq!(millis(&b.plan::<8>(Operation::Idempotent, &o, &d).unwrap().waits), [2, 2, 2]);
         // A base of 0 never grows, past the 32nd doubling too.
         let b = Policy::builder(Preset::Basic).base(ms(0)).cap(ms(60)).jitter(crate::Jitter::None);
-        let r = b.plan::<64>(Operation::Read, &[Outcome::status(503); 41], &[Draw::TOP; 40]).unwrap();
+        let r = b.plan::<64>(Operation::Idempotent, &[Outcome::status(503); 41], &[Draw::TOP; 40]).unwrap();
         assert_eq!((r.waits.len(), r.waits.iter().all(|w| w.as_millis() == 0)), (40, true));
     }
 
@@ -268,17 +269,17 @@ mod tests {
     fn errors_for_missing_draws_and_capacity() {
         let o = [Outcome::status(500); 4];
         assert_eq!(
-            plan::<8>(&p(), Operation::Read, &o, &[Draw::ZERO]),
+            plan::<8>(&p(), Operation::Idempotent, &o, &[Draw::ZERO]),
             Err(PlanError::TooFewDraws { retry: 2 })
         );
         assert_eq!(
-            plan::<1>(&p(), Operation::Read, &o, &[Draw::ZERO; 3]),
+            plan::<1>(&p(), Operation::Idempotent, &o, &[Draw::ZERO; 3]),
             Err(PlanError::CapacityExceeded { capacity: 1 })
         );
         // The last outcome needs no draw: there is no attempt after it.
-        assert!(plan::<8>(&p(), Operation::Read, &o, &[Draw::ZERO; 3]).is_ok());
+        assert!(plan::<8>(&p(), Operation::Idempotent, &o, &[Draw::ZERO; 3]).is_ok());
         assert_eq!(
-            plan::<8>(&p(), Operation::Read, &[], &[]).unwrap().verdict,
+            plan::<8>(&p(), Operation::Idempotent, &[], &[]).unwrap().verdict,
             Verdict::GaveUp(GiveUp::OutcomesExhausted)
         );
     }

@@ -189,7 +189,8 @@ fn an_unkeyed_post_that_fails_makes_one_send() {
 fn a_retry_after_of_2s_with_a_half_second_budget_stops_before_sleeping() {
     let h = Harness::new();
     let p = Policy::builder(Preset::Strict).budget(ms(500)).build().unwrap();
-    let r = h.run(&p, Operation::Read, &[Outcome::status_after(503, Duration::from_secs(2)), Outcome::Ok]);
+    let r =
+        h.run(&p, Operation::Idempotent, &[Outcome::status_after(503, Duration::from_secs(2)), Outcome::Ok]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: ms(2000) }));
     assert_eq!(h.sends(), 1);
     assert!(h.sleeps().is_empty());
@@ -205,7 +206,7 @@ fn a_cancel_raised_during_the_wait_prevents_the_next_request() {
     let p = strict();
     let mut runner = Runner::new(&p, delay, &clock, Xorshift(1)).cancel(&token);
     let s = Scripted { outcomes: &[Outcome::status(503); 3], sends: &sends, clock: &clock, attempt_ms: 0 };
-    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    let r = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
     assert_eq!(r.unwrap_err().verdict, Verdict::Cancelled);
     assert_eq!(sends.borrow().len(), 1);
     assert_eq!(log.borrow().len(), 1);
@@ -220,7 +221,7 @@ fn a_cancel_ends_a_wait_that_would_never_end_by_itself() {
     let p = Policy::builder(Preset::Default).build().unwrap();
     let mut runner = Runner::new(&p, Forever(&log), &clock, Xorshift(1)).cancel(&token);
     let s = Scripted { outcomes: &[Outcome::status(503); 3], sends: &sends, clock: &clock, attempt_ms: 0 };
-    let call = runner.call(Operation::Read, KEY, |a| s.attempt(a));
+    let call = runner.call(Operation::Idempotent, KEY, |a| s.attempt(a));
     let canceller = async {
         // Let the runner reach its wait, then cancel.
         let mut polled = false;
@@ -250,7 +251,7 @@ fn a_response_after_a_cancel_is_not_accepted() {
     let p = strict();
     let delay = Sleeps { clock: &clock, log: &log, cancel_during: None };
     let mut runner = Runner::new(&p, delay, &clock, Xorshift(1)).cancel(&token);
-    let r = block_on(runner.call(Operation::Read, KEY, |_| {
+    let r = block_on(runner.call(Operation::Idempotent, KEY, |_| {
         // The cancel arrives while the attempt is in flight.
         token.cancel();
         core::future::ready(Ok::<u32, Failure>(200))
@@ -269,7 +270,7 @@ fn a_cancel_before_the_first_send_sends_nothing() {
     let delay = Sleeps { clock: &h.clock, log: &h.sleeps, cancel_during: None };
     let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(1)).cancel(&token);
     let s = Scripted { outcomes: &[], sends: &h.sends, clock: &h.clock, attempt_ms: 0 };
-    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    let r = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
     assert_eq!(r.unwrap_err().verdict, Verdict::Cancelled);
     assert_eq!(h.sends(), 0);
 }
@@ -277,7 +278,7 @@ fn a_cancel_before_the_first_send_sends_nothing() {
 #[test]
 fn invalid_json_in_a_200_is_not_retried() {
     let h = Harness::new();
-    let r = h.run(&strict(), Operation::Read, &[Outcome::Failure(Failure::BadBody), Outcome::Ok]);
+    let r = h.run(&strict(), Operation::Idempotent, &[Outcome::Failure(Failure::BadBody), Outcome::Ok]);
     assert_eq!(r.unwrap_err().verdict, Verdict::Failed);
     assert_eq!(h.sends(), 1);
 }
@@ -285,7 +286,7 @@ fn invalid_json_in_a_200_is_not_retried() {
 #[test]
 fn waits_that_add_up_exactly_then_the_attempt_cap_ends_the_call() {
     let h = Harness::new();
-    let r = h.run(&strict(), Operation::Read, &[Outcome::Failure(Failure::ResponseTimeout); 5]);
+    let r = h.run(&strict(), Operation::Idempotent, &[Outcome::Failure(Failure::ResponseTimeout); 5]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Attempts));
     assert_eq!(h.sleeps(), [100, 200]);
     assert_eq!(h.sends(), 3);
@@ -303,7 +304,7 @@ fn the_backoff_doubles_then_caps() {
     let h = Harness::new();
     // No jitter: each wait is its ceiling.
     let p = doubling().jitter(Jitter::None).build().unwrap();
-    let r = h.run(&p, Operation::Read, &[Outcome::status(503); 10]);
+    let r = h.run(&p, Operation::Idempotent, &[Outcome::status(503); 10]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Attempts));
     assert_eq!(h.sends(), 6);
     assert_eq!(h.sleeps(), [200, 400, 800, 1000, 1000]);
@@ -314,14 +315,14 @@ fn the_backoff_doubles_then_caps() {
     let p = doubling().jitter(Jitter::Full).build().unwrap();
     let mut runner = Runner::new(&p, Sleeps { clock: &clock, log: &log, cancel_during: None }, &clock, Top);
     let s = Scripted { outcomes: &[Outcome::status(503); 10], sends: &sends, clock: &clock, attempt_ms: 0 };
-    let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    let _ = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
     assert_eq!(log.borrow().as_slice(), &[199, 399, 799, 999, 999]);
 }
 
 #[test]
 fn a_permanent_error_is_not_retried() {
     let h = Harness::new();
-    let r = h.run(&doubling().build().unwrap(), Operation::Read, &[Outcome::status(422), Outcome::Ok]);
+    let r = h.run(&doubling().build().unwrap(), Operation::Idempotent, &[Outcome::status(422), Outcome::Ok]);
     assert_eq!(r.unwrap_err().verdict, Verdict::Failed);
     assert_eq!((h.sends(), h.sleeps()), (1, vec![]));
 }
@@ -330,7 +331,7 @@ fn a_permanent_error_is_not_retried() {
 fn a_retry_after_past_max_retry_after_fails_at_once() {
     let h = Harness::new();
     let p = doubling().max_retry_after(ms(20_000)).build().unwrap();
-    let r = h.run(&p, Operation::Read, &[Outcome::status_after(429, Duration::from_secs(120)); 3]);
+    let r = h.run(&p, Operation::Idempotent, &[Outcome::status_after(429, Duration::from_secs(120)); 3]);
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: ms(120_000) }));
     assert!(h.sleeps().is_empty());
 }
@@ -353,7 +354,7 @@ fn twenty_workers_failing_at_once_do_not_retry_at_identical_gaps() {
             clock: &h.clock,
             attempt_ms: 0,
         };
-        let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+        let _ = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
         schedules.push(h.sleeps());
     }
     let mut first_gaps: Vec<u64> = schedules.iter().map(|s| s[0]).collect();
@@ -384,7 +385,7 @@ fn fleet_budget_holds_amplification_during_a_total_outage() {
             clock: &h.clock,
             attempt_ms: 0,
         };
-        let _ = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+        let _ = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
     }
     let attempts = h.sends();
     // Without the budget: 4 attempts a call. With it: the bucket's start (half of 10 tokens)
@@ -413,7 +414,7 @@ fn fleet_budget_refills_with_successes() {
                 clock: &h.clock,
                 attempt_ms: 0,
             };
-            if let Err(e) = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a))) {
+            if let Err(e) = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a))) {
                 assert_eq!(e.verdict, Verdict::GaveUp(GiveUp::Throttled));
                 throttled += 1;
             }
@@ -439,7 +440,7 @@ fn cancelled_calls_end_with_a_cancelled_record() {
     let delay = Sleeps { clock: &clock, log: &log, cancel_during: Some(&token) };
     let mut runner = Runner::new(&p, delay, &clock, Xorshift(1)).cancel(&token).ledger(&mut ledger);
     let s = Scripted { outcomes: &[Outcome::status(503); 3], sends: &sends, clock: &clock, attempt_ms: 0 };
-    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    let r = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
     assert_eq!(r.unwrap_err().verdict, Verdict::Cancelled);
     let recs: Vec<_> = ledger.records().copied().collect();
     assert_eq!(recs.len(), 2, "the attempt, then the cancel");
@@ -503,14 +504,14 @@ fn a_stream_that_forwarded_bytes_is_never_retried() {
     let p = Policy::builder(Preset::Default).build().unwrap();
     let r = h.run(
         &p,
-        Operation::Read,
+        Operation::Idempotent,
         &[Outcome::Failure(Failure::StreamBroken { forwarded: true }), Outcome::Ok],
     );
     assert_eq!((r.unwrap_err().verdict, h.sends()), (Verdict::Failed, 1));
     let h = Harness::new();
     let r = h.run(
         &p,
-        Operation::Read,
+        Operation::Idempotent,
         &[Outcome::Failure(Failure::StreamBroken { forwarded: false }), Outcome::Ok],
     );
     assert_eq!((r.unwrap(), h.sends()), (2, 2));
@@ -530,7 +531,7 @@ fn deadline_counts_attempt_time_and_no_sleep_starts_past_it() {
     let mut runner = Runner::new(&p, delay, &h.clock, Xorshift(9));
     let s =
         Scripted { outcomes: &[Outcome::status(503); 10], sends: &h.sends, clock: &h.clock, attempt_ms: 300 };
-    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    let r = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Deadline));
     // Every attempt started early enough to end (at 300 ms each) by the deadline.
     let sleeps: u64 = h.sleeps().iter().sum();
@@ -588,7 +589,7 @@ fn runner_future_is_small() {
     let p = Policy::builder(Preset::Default).build().unwrap();
     let mut runner =
         Runner::new(&p, Sleeps { clock: &clock, log: &log, cancel_during: None }, &clock, Xorshift(1));
-    let fut = runner.call(Operation::Read, KEY, |_| core::future::ready(Ok::<u32, Failure>(1)));
+    let fut = runner.call(Operation::Idempotent, KEY, |_| core::future::ready(Ok::<u32, Failure>(1)));
     let size = core::mem::size_of_val(&fut);
     println!("runner future for a typical call: {size} bytes");
     assert!(size < 1024, "{size}");
@@ -684,7 +685,7 @@ fn a_give_up_that_depended_on_the_draw_records_the_draw() {
     let mut runner = Runner::new(&p, delay, &h.clock, Top).ledger(&mut ledger);
     let s =
         Scripted { outcomes: &[Outcome::status(503); 4], sends: &h.sends, clock: &h.clock, attempt_ms: 0 };
-    let r = block_on(runner.call(Operation::Read, KEY, |a| s.attempt(a)));
+    let r = block_on(runner.call(Operation::Idempotent, KEY, |a| s.attempt(a)));
     assert_eq!(r.unwrap_err().verdict, Verdict::GaveUp(GiveUp::Budget));
     let last = *ledger.last().unwrap();
     assert_eq!(last.draw, Some(wary::Draw::unit(u32::MAX)));

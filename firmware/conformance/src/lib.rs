@@ -371,7 +371,7 @@ pub fn properties(check: &mut impl FnMut(&str, bool)) {
             *o = outcome(&mut g);
             *p = g.below(100) as u8;
         }
-        let op = [Operation::Read, Operation::KeyedWrite, Operation::Write][g.below(3) as usize];
+        let op = [Operation::Idempotent, Operation::KeyedWrite, Operation::Write][g.below(3) as usize];
         let (outcomes, percents) = (&outcomes[..len], &percents[..len - 1]);
         let Some(plan) = run_plan(op, outcomes, percents) else {
             defmt::error!("case {=u32}: no plan", i);
@@ -475,7 +475,7 @@ pub fn fleet(check: &mut impl FnMut(&str, bool)) {
     // second is throttled (3 -> 2) although the call's own budget would allow it; a success on
     // the next call refunds half a token.
     let policy = BasicPolicy::POLICY;
-    let op = Operation::Read;
+    let op = Operation::Idempotent;
     let unavailable = s(503);
     // A unit draw, as a device's generator gives it (`Draw::from_rng`): the decision traced by
     // `decide-cost` is the one a device makes.
