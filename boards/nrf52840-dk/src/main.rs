@@ -8,7 +8,8 @@
 //! - **Outbox and boot counter**: on the internal flash, in the top 32 KiB that `memory.x`
 //!   keeps out of the program ([`layout`]), through embassy-nrf's `Nvmc`.
 //! - **Jitter seed**: from the hardware RNG (bias correction on), per boot.
-//! - **Device id**: FICR DEVICEID[0], the low 32 bits of the factory-programmed 64-bit id.
+//! - **Device id**: the factory-programmed 64-bit id, FICR DEVICEID[1] (high word) and
+//!   DEVICEID[0] (low word), the first 16 hex digits of every key.
 //! - **Readings**: the on-die temperature sensor (`TEMP`), one every [`PERIOD`], for ever.
 //!
 //! Logs over defmt-rtt (`cargo run --release` prints them through probe-rs); a panic is
@@ -154,9 +155,12 @@ async fn sensor_task(mut temp: Temp<'static>, store: &'static Store<Flash>) -> !
     }
 }
 
-/// FICR DEVICEID[0]: the low 32 bits of the factory-programmed, per-chip 64-bit id.
-fn device_id() -> u32 {
-    nrf_pac::FICR.deviceid(0).read()
+/// The factory-programmed, per-chip 64-bit id: FICR DEVICEID[1] as the high word, DEVICEID[0]
+/// as the low one. Both words: two chips that share one word still make different keys.
+fn device_id() -> u64 {
+    let low = nrf_pac::FICR.deviceid(0).read();
+    let high = nrf_pac::FICR.deviceid(1).read();
+    (u64::from(high) << 32) | u64::from(low)
 }
 
 #[embassy_executor::main]
@@ -201,7 +205,7 @@ async fn main(spawner: Spawner) {
         }
     };
     defmt::info!(
-        "wary uplink on nRF52840-DK: device {=u32:08x}, BOOT {=u32}: {=u32} pending, boot range reset {}, queue range reset {}, {=u32} foreign discarded",
+        "wary uplink on nRF52840-DK: device {=u64:016x}, BOOT {=u32}: {=u32} pending, boot range reset {}, queue range reset {}, {=u32} foreign discarded",
         device,
         report.boot,
         report.pending,

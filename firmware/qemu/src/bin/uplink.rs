@@ -45,7 +45,7 @@ use wary_uplink::transport::Counts;
 use wary_uplink::{Config, FLEET, HttpTransport, PATH, POLICY, SplitMix64, Store, Transport, sense, uplink};
 
 /// This device's id in every key.
-const DEVICE: u32 = 0x0a38_6001;
+const DEVICE: u64 = 0x5741_5259_0a38_6001;
 /// The host as seen from QEMU's user-mode network.
 const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 /// Readings the sensor makes in each boot, unless `readings=` says otherwise.

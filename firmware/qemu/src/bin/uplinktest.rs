@@ -186,7 +186,7 @@ async fn main(_spawner: Spawner) {
     };
     let store = Store::new(outbox);
     store.finish_sensing();
-    let config = Config::new(0x0a38_6001);
+    let config = Config::new(0x5741_5259_0a38_6001);
     let fleet = FleetBudget::new(10, 500).unwrap_or_else(|_| tally.finish());
 
     // A 503, then ok: one reading, two attempts with one key.
