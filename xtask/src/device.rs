@@ -25,6 +25,10 @@ use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 /// The device id the firmware is given on its command line (`device=`), in every key. Its low
 /// 32 bits are those of the id the firmware used before ids were 64 bits wide.
 const DEVICE: u64 = 0x5741_5259_0a38_6001;
+/// The credential the firmware is given (`token=`): a test value, no device's. The firmware
+/// sends it as `Authorization: Bearer <token>` on every attempt (the test cloud ignores it); the
+/// run fails if any line of the device's log shows any part of it.
+const TOKEN: &str = "3c5e0f6a1d7b48c29e0a4f81b6d3572c0e9f1a2b3c4d5e6f708192a3b4c5d6e7";
 /// A wedged guest must never hold CI; healthy runs take 5 to 40 s.
 const TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -95,7 +99,7 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     let mut cloud = Cloud::start(&cloud_bin, scenario.faults)?;
     let seed = std::process::id();
     let append = format!(
-        "device={DEVICE:016x} port={} seed={seed} readings={} {}",
+        "device={DEVICE:016x} token={TOKEN} port={} seed={seed} readings={} {}",
         cloud.port, scenario.readings, scenario.plan
     );
     let elf = elf_path(&firmware, "uplink");
@@ -126,6 +130,13 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
             bail!("{}: the uplink failed under QEMU: {}", scenario.name, describe_exit(status))
         }
         Some(_) => {}
+    }
+    if let Some(line) = lines.iter().find(|line| shows_token(line)) {
+        bail!(
+            "{}: a device log line shows part of its credential: {:?}",
+            scenario.name,
+            line.replace(TOKEN, "…")
+        );
     }
     let log = Log::read(&lines);
     let text = check(scenario, &log, &report)?;
@@ -247,6 +258,11 @@ impl Log {
         }
         log
     }
+}
+
+/// True if `line` holds any 16 consecutive hex digits of [`TOKEN`].
+fn shows_token(line: &str) -> bool {
+    (0..=TOKEN.len() - 16).any(|at| line.contains(&TOKEN[at..at + 16]))
 }
 
 fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
@@ -394,6 +410,14 @@ mod tests {
 0.041 INFO  wary-ledger v1 0a386001000000030000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1
 0.042 INFO  wary-ledger v2 0a386001000000030000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1 0
 0.050 INFO  SUMMARY device=574152590a386001 boot=2 landed=1";
+
+    #[test]
+    fn a_line_with_any_part_of_the_token_is_caught() {
+        assert!(shows_token(&format!("0.1 INFO  http: Authorization: Bearer {TOKEN}")));
+        assert!(shows_token(&format!("x{}y", &TOKEN[30..46])));
+        assert!(!shows_token(&format!("x{}y", &TOKEN[30..45])));
+        assert!(!RUN.lines().any(shows_token));
+    }
 
     #[test]
     fn reads_boots_acceptances_resets_and_calls_across_boots() {

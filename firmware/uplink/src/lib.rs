@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod http;
+pub mod identity;
 pub mod store;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -48,6 +49,7 @@ use wary::{
 };
 use wary_outbox::Settlement;
 
+pub use identity::{Credential, parse_device_id};
 pub use store::{Reading, Store, offer, payload, sense};
 pub use transport::{HttpTransport, Transport};
 
