@@ -368,7 +368,10 @@ fn a_missing_policy_line_is_a_divergence() {
 /// An uplink run's device lines as `defmt-print` shows them (`tests/data/uplink-defmt.log`) convert
 /// to JSON lines and replay on the host with no divergence: the fingerprint and every decision
 /// agree across targets. The log is the Cortex-M4's under QEMU, the `storm` scenario of
-/// `cargo xtask qemu` (the device's own lines, as captured).
+/// `cargo xtask qemu`, captured in ledger version 2 and carried to version 3 line by line: the
+/// tag, and each key re-laid as device `574152590a386001` (the old 32-bit id in its low half),
+/// the same boot, the same sequence (every one fitted 32 bits). Nothing else changed, so its
+/// decisions still replay; `uplink-defmt-v3.log` is a capture made in version 3.
 #[test]
 fn a_device_ledger_from_defmt_replays_on_the_host() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
@@ -397,6 +400,33 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
         .unwrap();
     let out = wary(&["ledger", "from-defmt", "--policy", other.to_str().unwrap()], &log);
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the one given"));
+}
+
+/// A version 3 capture, straight from the device (`tests/data/uplink-defmt-v3.log`: the `storm`
+/// scenario of `cargo xtask qemu`, the firmware given `device=574152590a386001` and a
+/// credential): every line converts and replays with no divergence, every key carries the whole
+/// device id, and the policy's fingerprint is the one the version 2 capture carried (version 3
+/// changed the keys, not the settings' encoding).
+#[test]
+fn a_version_3_device_capture_replays_and_its_keys_carry_the_whole_device_id() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let log = std::fs::read_to_string(format!("{data}/uplink-defmt-v3.log")).unwrap();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(wary::DEVICE_TAG)).collect();
+    assert!(lines.len() > 20, "{} device lines", lines.len());
+    for line in &lines {
+        let record = wary::parse_device_line(line).unwrap();
+        assert_eq!(record.key.device_part(), 0x5741_5259_0a38_6001, "{line}");
+        assert_eq!(record.policy, 2_599_086_968, "{line}");
+    }
+    assert!(log.contains("credential set"), "the capture is of a device with a credential");
+    let out = wary(&["ledger", "from-defmt", "--policy", &format!("{data}/uplink-policy.toml")], &log);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "fingerprints disagree: {}", String::from_utf8_lossy(&out.stderr));
+    let jsonl = stdout(&out);
+    assert_eq!(jsonl.lines().count(), lines.len() + 1, "one policy line, then one line per attempt");
+    let (out, report) = replay_text("device-v3.jsonl", &jsonl);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains(": 0 divergences, 0 unreadable lines"), "{report}");
 }
 
 /// A device line of the first ledger format is refused by its version, with the line number,
