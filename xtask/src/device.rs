@@ -22,8 +22,13 @@ use anyhow::{Context, Result, bail};
 use crate::qemu::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
-/// Must match `firmware/qemu/src/bin/uplink.rs`.
-const DEVICE: u32 = 0x0a38_6001;
+/// The device id the firmware is given on its command line (`device=`), in every key. Its low
+/// 32 bits are those of the id the firmware used before ids were 64 bits wide.
+const DEVICE: u64 = 0x5741_5259_0a38_6001;
+/// The credential the firmware is given (`token=`): a test value, no device's. The firmware
+/// sends it as `Authorization: Bearer <token>` on every attempt (the test cloud ignores it); the
+/// run fails if any line of the device's log shows any part of it.
+const TOKEN: &str = "3c5e0f6a1d7b48c29e0a4f81b6d3572c0e9f1a2b3c4d5e6f708192a3b4c5d6e7";
 /// A wedged guest must never hold CI; healthy runs take 5 to 40 s.
 const TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -93,7 +98,10 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     step(&format!("device scenario `{}`: cloud faults `{}`", scenario.name, scenario.faults));
     let mut cloud = Cloud::start(&cloud_bin, scenario.faults)?;
     let seed = std::process::id();
-    let append = format!("port={} seed={seed} readings={} {}", cloud.port, scenario.readings, scenario.plan);
+    let append = format!(
+        "device={DEVICE:016x} token={TOKEN} port={} seed={seed} readings={} {}",
+        cloud.port, scenario.readings, scenario.plan
+    );
     let elf = elf_path(&firmware, "uplink");
     let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
     let started = Instant::now();
@@ -122,6 +130,13 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
             bail!("{}: the uplink failed under QEMU: {}", scenario.name, describe_exit(status))
         }
         Some(_) => {}
+    }
+    if let Some(line) = lines.iter().find(|line| shows_token(line)) {
+        bail!(
+            "{}: a device log line shows part of its credential: {:?}",
+            scenario.name,
+            line.replace(TOKEN, "…")
+        );
     }
     let log = Log::read(&lines);
     let text = check(scenario, &log, &report)?;
@@ -245,12 +260,17 @@ impl Log {
     }
 }
 
+/// True if `line` holds any 16 consecutive hex digits of [`TOKEN`].
+fn shows_token(line: &str) -> bool {
+    (0..=TOKEN.len() - 16).any(|at| line.contains(&TOKEN[at..at + 16]))
+}
+
 fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
     line.find(marker).and_then(|at| line.get(at + marker.len()..))
 }
 
 fn key_hex(boot: u32, seq: u32) -> String {
-    wary::Key::from_parts(DEVICE, boot, u64::from(seq)).to_hex().as_str().to_owned()
+    wary::Key::from_parts(DEVICE, boot, seq).to_hex().as_str().to_owned()
 }
 
 /// Checks the run against the cloud's report; returns the summary text.
@@ -363,7 +383,7 @@ fn check(scenario: &Scenario, log: &Log, report: &serde_json::Value) -> Result<S
     ));
     out.push(format!("per-key effects/replays (boot,seq): {}", table.join("  ")));
     out.push(format!(
-        "{} keys of device {DEVICE:08x}, each applied exactly once: duplicates 0, lost 0",
+        "{} keys of device {DEVICE:016x}, each applied exactly once: duplicates 0, lost 0",
         log.accepted.len()
     ));
     Ok(out.join("\n"))
@@ -380,15 +400,24 @@ mod tests {
     const RUN: &str = "\
 0.009 INFO  BOOT 1: 0 pending, boot range reset Some(Corrupted)
 0.016 INFO  ACCEPTED boot=00000001 seq=0
-0.020 INFO  wary-ledger v2 0a386001000000010000000000000000 1 keyed_write reset 0 -1 retry unit 1 68 3 3 - - -1 1 0
-0.040 INFO  RESET reply: no reply after 800 ms, key=0a386001000000010000000000000000
+0.020 INFO  wary-ledger v3 574152590a3860010000000100000000 1 keyed_write reset 0 -1 retry unit 1 68 3 3 - - -1 1 0
+0.040 INFO  RESET reply: no reply after 800 ms, key=574152590a3860010000000100000000
 0.007 INFO  BOOT 2: 1 pending
 0.013 INFO  ACCEPTED boot=00000002 seq=0
-0.020 INFO  wary-ledger v2 0a386001000000010000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1 0
-0.030 INFO  wary-ledger v2 0a386001000000020000000000000000 1 keyed_write status 503 -1 retry unit 1 68 3 3 - - -1 1 0
-0.040 INFO  wary-ledger v2 0a386001000000020000000000000000 2 keyed_write status 503 -1 retry unit 1 68 3 3 gave_up budget -1 1 0
+0.020 INFO  wary-ledger v3 574152590a3860010000000100000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1 0
+0.030 INFO  wary-ledger v3 574152590a3860010000000200000000 1 keyed_write status 503 -1 retry unit 1 68 3 3 - - -1 1 0
+0.040 INFO  wary-ledger v3 574152590a3860010000000200000000 2 keyed_write status 503 -1 retry unit 1 68 3 3 gave_up budget -1 1 0
 0.041 INFO  wary-ledger v1 0a386001000000030000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1
-0.050 INFO  SUMMARY device=0a386001 boot=2 landed=1";
+0.042 INFO  wary-ledger v2 0a386001000000030000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1 0
+0.050 INFO  SUMMARY device=574152590a386001 boot=2 landed=1";
+
+    #[test]
+    fn a_line_with_any_part_of_the_token_is_caught() {
+        assert!(shows_token(&format!("0.1 INFO  http: Authorization: Bearer {TOKEN}")));
+        assert!(shows_token(&format!("x{}y", &TOKEN[30..46])));
+        assert!(!shows_token(&format!("x{}y", &TOKEN[30..45])));
+        assert!(!RUN.lines().any(shows_token));
+    }
 
     #[test]
     fn reads_boots_acceptances_resets_and_calls_across_boots() {
@@ -398,11 +427,11 @@ mod tests {
         assert_eq!(log.resets.len(), 1);
         assert_eq!((log.resets[0].0.as_str(), log.resets[0].1), ("reply", 1));
         // The first key's first call was cut off by the reset, its second took one attempt, the
-        // second key took two; a line of the old format is not read as a call.
+        // second key took two; lines of the older formats are not read as calls.
         assert_eq!(log.interrupted, 1);
         assert_eq!(log.calls, vec![1, 2]);
         assert_eq!(log.gave_up, 1);
-        assert_eq!(log.summary.as_deref(), Some("device=0a386001 boot=2 landed=1"));
+        assert_eq!(log.summary.as_deref(), Some("device=574152590a386001 boot=2 landed=1"));
     }
 
     fn report(effects: &[((u32, u32), u64, u64)], duplicates: u64) -> serde_json::Value {

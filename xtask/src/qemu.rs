@@ -262,7 +262,17 @@ pub(crate) fn start_qemu_on(
     args.extend(["-nographic", "-monitor", "none"]);
     args.extend_from_slice(serial);
     args.extend(["-semihosting-config", "enable=on,target=native", "-kernel", elf]);
-    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf}", args.join(" "));
+    // A device credential on the command line (`token=`) is a secret: never echoed.
+    let shown: Vec<String> = args
+        .iter()
+        .map(|arg| {
+            arg.split(' ')
+                .map(|word| if word.starts_with("token=") { "token=<redacted>" } else { word })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf}", shown.join(" "));
     let mut qemu = Command::new("qemu-system-arm")
         .args(&args)
         .stdin(Stdio::null())

@@ -8,7 +8,10 @@
 //! - **Outbox and boot counter**: on the internal flash, in the top 32 KiB that `memory.x`
 //!   keeps out of the program ([`layout`]), through embassy-nrf's `Nvmc`.
 //! - **Jitter seed**: from the hardware RNG (bias correction on), per boot.
-//! - **Device id**: FICR DEVICEID[0], the low 32 bits of the factory-programmed 64-bit id.
+//! - **Device id**: the factory-programmed 64-bit id, FICR DEVICEID[1] (high word) and
+//!   DEVICEID[0] (low word), the first 16 hex digits of every key.
+//! - **Credential**: `WARY_DEVICE_TOKEN` at build time (64 lowercase hex digits), sent as
+//!   `Authorization: Bearer <token>` on every attempt and never logged; unset, no header.
 //! - **Readings**: the on-die temperature sensor (`TEMP`), one every [`PERIOD`], for ever.
 //!
 //! Logs over defmt-rtt (`cargo run --release` prints them through probe-rs); a panic is
@@ -41,7 +44,7 @@ use wary_outbox::Outbox;
 #[cfg(not(feature = "tls"))]
 use wary_uplink::HttpTransport;
 use wary_uplink::http::Buffers;
-use wary_uplink::{Config, FLEET, POLICY, Reading, SplitMix64, Store, offer, uplink};
+use wary_uplink::{Config, Credential, FLEET, POLICY, Reading, SplitMix64, Store, offer, uplink};
 
 use crate::link::LinkAware;
 
@@ -70,6 +73,17 @@ const SERVER_IP: Ipv4Addr = match config::ipv4(config::or(option_env!("WARY_SERV
 const SERVER_PORT: u16 = match config::port(config::or(option_env!("WARY_PORT"), "8080")) {
     Some(port) => port,
     None => panic!("WARY_PORT: a TCP port, 1 to 65535"),
+};
+/// `WARY_DEVICE_TOKEN`: the device's credential, a random 256-bit value as 64 lowercase hex
+/// digits (one per device: the gateway keeps its SHA-256 beside the device id). Sent as
+/// `Authorization: Bearer <token>` on every attempt and never logged. Unset: no
+/// `Authorization` header.
+static CREDENTIAL: Option<Credential> = match option_env!("WARY_DEVICE_TOKEN") {
+    None => None,
+    Some(token) => match Credential::from_token(token) {
+        Some(credential) => Some(credential),
+        None => panic!("WARY_DEVICE_TOKEN: 64 lowercase hex digits (a random 256-bit value)"),
+    },
 };
 /// `WARY_PATH`: where readings are posted. Default `/readings`.
 const PATH: &str = config::or(option_env!("WARY_PATH"), wary_uplink::PATH);
@@ -154,9 +168,12 @@ async fn sensor_task(mut temp: Temp<'static>, store: &'static Store<Flash>) -> !
     }
 }
 
-/// FICR DEVICEID[0]: the low 32 bits of the factory-programmed, per-chip 64-bit id.
-fn device_id() -> u32 {
-    nrf_pac::FICR.deviceid(0).read()
+/// The factory-programmed, per-chip 64-bit id: FICR DEVICEID[1] as the high word, DEVICEID[0]
+/// as the low one. Both words: two chips that share one word still make different keys.
+fn device_id() -> u64 {
+    let low = nrf_pac::FICR.deviceid(0).read();
+    let high = nrf_pac::FICR.deviceid(1).read();
+    (u64::from(high) << 32) | u64::from(low)
 }
 
 #[embassy_executor::main]
@@ -201,7 +218,7 @@ async fn main(spawner: Spawner) {
         }
     };
     defmt::info!(
-        "wary uplink on nRF52840-DK: device {=u32:08x}, BOOT {=u32}: {=u32} pending, boot range reset {}, queue range reset {}, {=u32} foreign discarded",
+        "wary uplink on nRF52840-DK: device {=u64:016x}, BOOT {=u32}: {=u32} pending, boot range reset {}, queue range reset {}, {=u32} foreign discarded",
         device,
         report.boot,
         report.pending,
@@ -249,7 +266,8 @@ async fn main(spawner: Spawner) {
 
     let server = SocketAddrV4::new(SERVER_IP, SERVER_PORT);
     #[cfg(not(feature = "tls"))]
-    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take());
+    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take())
+        .with_credential(CREDENTIAL.as_ref());
     #[cfg(feature = "tls")]
     let http = {
         use rand_chacha::rand_core::SeedableRng;
@@ -265,6 +283,7 @@ async fn main(spawner: Spawner) {
             TLS_WRITE.take(),
             rand_chacha::ChaCha20Rng::from_seed(_tls_seed),
         )
+        .with_credential(CREDENTIAL.as_ref())
     };
     let mut transport = LinkAware::new(http, stack);
     let mut ledger = Ledger::<32>::new();

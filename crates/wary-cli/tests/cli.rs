@@ -167,7 +167,7 @@ fn write_ledger_under(policy: &Policy) -> String {
         let mut runner = Runner::new(policy, Sleep(&clock), || clock.now(), Lcg(i as u64 + 1))
             .fleet(&fleet)
             .ledger(&mut ledger);
-        let key = Key::from_parts(7, 1, i as u64);
+        let key = Key::from_parts(7, 1, i as u32);
         let _ = block_on(runner.call(Operation::KeyedWrite, key, |a| {
             clock.0.set(clock.0.get() + 40);
             let o = script.get(a.number as usize - 1).copied().unwrap_or(Outcome::Ok);
@@ -359,7 +359,7 @@ fn a_missing_policy_line_is_a_divergence() {
     assert_eq!(out.status.code(), Some(1), "{report}");
     let line = format!("the core decides no policy line for fingerprint {fp:08x}");
     assert!(
-        report.contains("divergence: call 00000007000000010000000000000000 attempt 1: ledger says ok"),
+        report.contains("divergence: call 00000000000000070000000100000000 attempt 1: ledger says ok"),
         "{report}"
     );
     assert_eq!(report.matches(&line).count(), 5, "{report}");
@@ -368,7 +368,10 @@ fn a_missing_policy_line_is_a_divergence() {
 /// An uplink run's device lines as `defmt-print` shows them (`tests/data/uplink-defmt.log`) convert
 /// to JSON lines and replay on the host with no divergence: the fingerprint and every decision
 /// agree across targets. The log is the Cortex-M4's under QEMU, the `storm` scenario of
-/// `cargo xtask qemu` (the device's own lines, as captured).
+/// `cargo xtask qemu`, captured in ledger version 2 and carried to version 3 line by line: the
+/// tag, and each key re-laid as device `574152590a386001` (the old 32-bit id in its low half),
+/// the same boot, the same sequence (every one fitted 32 bits). Nothing else changed, so its
+/// decisions still replay; `uplink-defmt-v3.log` is a capture made in version 3.
 #[test]
 fn a_device_ledger_from_defmt_replays_on_the_host() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
@@ -378,6 +381,12 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
     assert!(out.stderr.is_empty(), "fingerprints disagree: {}", String::from_utf8_lossy(&out.stderr));
     let jsonl = stdout(&out);
     let attempts = log.lines().filter(|l| l.contains(wary::DEVICE_TAG)).count();
+    // Every key is the QEMU device's: its whole 64-bit id in the first 16 hex digits.
+    for line in log.lines().filter(|l| l.contains(wary::DEVICE_TAG)) {
+        let record = wary::parse_device_line(line).unwrap();
+        assert_eq!(record.key.device_part(), 0x5741_5259_0a38_6001, "{line}");
+        assert_eq!(record.key.boot_part(), 1, "{line}");
+    }
     assert!(attempts > 40, "{attempts} device lines");
     assert_eq!(jsonl.lines().count(), attempts + 1, "one policy line, then one line per attempt");
     let (out, report) = replay_text("device.jsonl", &jsonl);
@@ -393,6 +402,33 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the one given"));
 }
 
+/// A version 3 capture, straight from the device (`tests/data/uplink-defmt-v3.log`: the `storm`
+/// scenario of `cargo xtask qemu`, the firmware given `device=574152590a386001` and a
+/// credential): every line converts and replays with no divergence, every key carries the whole
+/// device id, and the policy's fingerprint is the one the version 2 capture carried (version 3
+/// changed the keys, not the settings' encoding).
+#[test]
+fn a_version_3_device_capture_replays_and_its_keys_carry_the_whole_device_id() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let log = std::fs::read_to_string(format!("{data}/uplink-defmt-v3.log")).unwrap();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(wary::DEVICE_TAG)).collect();
+    assert!(lines.len() > 20, "{} device lines", lines.len());
+    for line in &lines {
+        let record = wary::parse_device_line(line).unwrap();
+        assert_eq!(record.key.device_part(), 0x5741_5259_0a38_6001, "{line}");
+        assert_eq!(record.policy, 2_599_086_968, "{line}");
+    }
+    assert!(log.contains("credential set"), "the capture is of a device with a credential");
+    let out = wary(&["ledger", "from-defmt", "--policy", &format!("{data}/uplink-policy.toml")], &log);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "fingerprints disagree: {}", String::from_utf8_lossy(&out.stderr));
+    let jsonl = stdout(&out);
+    assert_eq!(jsonl.lines().count(), lines.len() + 1, "one policy line, then one line per attempt");
+    let (out, report) = replay_text("device-v3.jsonl", &jsonl);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains(": 0 divergences, 0 unreadable lines"), "{report}");
+}
+
 /// A device line of the first ledger format is refused by its version, with the line number,
 /// and the exit status says so; the lines around it still convert.
 #[test]
@@ -405,6 +441,22 @@ fn a_device_line_of_another_version_is_refused() {
     let out = wary(&["ledger", "from-defmt"], &input);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("line 2: ledger line version 1, this wary reads version 2"), "{err}");
-    assert_eq!(stdout(&out).lines().count(), 2, "the v2 lines around it");
+    assert!(
+        err.contains(
+            "line 2: ledger line version 1 (times were ticks and seconds), this wary reads version 3"
+        ),
+        "{err}"
+    );
+    assert_eq!(stdout(&out).lines().count(), 2, "the v3 lines around it");
+    // A line of the second format, whose keys held a 32-bit device id, is refused the same way.
+    let v2 = "0.029 INFO  wary-ledger v2 0a386001000000010000000000000000 1 keyed_write ok 0 -1 ok none 0 0 10 10 ok - -1 2599086968 0";
+    let out = wary(&["ledger", "from-defmt"], &format!("{first}\n{v2}\n"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "line 2: ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"
+        ),
+        "{err}"
+    );
 }

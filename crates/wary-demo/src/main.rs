@@ -105,7 +105,14 @@ fn config(cloud: &Cloud, legacy: bool) -> Config {
 
 /// A reading's key: sensor, boot 1, sequence (the cloud's report is looked up by it).
 fn key(sensor: u32, seq: u64) -> String {
-    Key::from_parts(sensor, 1, seq).to_hex().as_str().to_owned()
+    Key::from_parts(
+        u64::from(sensor),
+        1,
+        u32::try_from(seq).expect("a demo sensor makes fewer than 2^32 readings"),
+    )
+    .to_hex()
+    .as_str()
+    .to_owned()
 }
 
 /// What a sensor makes of the gateway's answer.

@@ -88,7 +88,10 @@ async fn post(addr: SocketAddr, key: &str, body: &str) -> Reply {
 }
 
 fn key(n: u64) -> String {
-    Key::from_parts(1, 1, n).to_hex().as_str().to_owned()
+    Key::from_parts(1, 1, u32::try_from(n).expect("a test key's sequence fits 32 bits"))
+        .to_hex()
+        .as_str()
+        .to_owned()
 }
 
 fn header<'a>(r: &'a Reply, name: &str) -> Option<&'a str> {

@@ -10,8 +10,8 @@
 //! ([`LineError::Version`]):
 //!
 //! ```text
-//! {"type":"policy","v":2,"fingerprint":"5924342a","policy":{"base_ms":100,…,"table":{…}}}
-//! {"type":"attempt","v":2,"key":"…","attempt":1,"op":"keyed_write","outcome":"status","status":503,…,"policy":"5924342a"}
+//! {"type":"policy","v":3,"fingerprint":"5924342a","policy":{"base_ms":100,…,"table":{…}}}
+//! {"type":"attempt","v":3,"key":"…","attempt":1,"op":"keyed_write","outcome":"status","status":503,…,"policy":"5924342a"}
 //! ```
 //!
 //! No line holds payload bytes, credentials or raw error text: only classes, numbers and keys.
@@ -45,7 +45,10 @@ pub enum LineError {
     /// were carried on JSON lines).
     #[error(
         "ledger line version {}, this wary reads version {expected}",
-        found.map_or_else(|| "1 (no \"v\")".to_owned(), |v| v.to_string())
+        found.map_or_else(
+            || format!("1 (no \"v\"; {})", wary::LineError::version_note(1)),
+            |v| format!("{v} ({})", wary::LineError::version_note(v))
+        )
     )]
     Version {
         /// The version the line carries, if any.
@@ -301,14 +304,25 @@ mod tests {
         let old = good.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":1");
         let e = Line::parse(&old).unwrap_err();
         assert!(matches!(e, LineError::Version { found: Some(1), expected: LEDGER_VERSION }), "{e}");
-        assert_eq!(e.to_string(), format!("ledger line version 1, this wary reads version {LEDGER_VERSION}"));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "ledger line version 1 (times were ticks and seconds), this wary reads version {LEDGER_VERSION}"
+            )
+        );
+        // Version 2: the same fields, but keys of another layout.
+        let v2 = good.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":2");
+        assert_eq!(
+            Line::parse(&v2).unwrap_err().to_string(),
+            "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"
+        );
         // A line from before versions were carried.
         let none = good.replace(&format!("\"v\":{LEDGER_VERSION},"), "");
         assert!(matches!(Line::parse(&none), Err(LineError::Version { found: None, .. })));
         // A policy line of another version too.
         let p = Line::Policy(Policy::builder(Preset::Default).build().unwrap()).to_json();
-        let p1 = p.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":3");
-        assert!(matches!(Line::parse(&p1), Err(LineError::Version { found: Some(3), .. })));
+        let p1 = p.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":4");
+        assert!(matches!(Line::parse(&p1), Err(LineError::Version { found: Some(4), .. })));
         // A policy line whose fingerprint is not its policy's.
         let fp = Policy::builder(Preset::Default).build().unwrap().fingerprint();
         let forged = p.replace(&format!("{fp:08x}"), "00000000");

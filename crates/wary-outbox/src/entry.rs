@@ -86,7 +86,7 @@ pub const MAX_ENTRY_SIZE: usize = 64;
 /// smaller ids.
 ///
 /// The idempotency key of a reading is made from its id (`wary::Key::from_parts(device,
-/// id.boot, u64::from(id.seq))`), so a reading resent after a reset carries the same key as
+/// id.boot, id.seq)`), so a reading resent after a reset carries the same key as
 /// before it, and the cloud deduplicates an effect that landed just before the reset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]

@@ -21,12 +21,10 @@ pub enum Error {
     /// The entry wrote more bytes than its `MAX_SIZE`.
     #[error("the entry encoded to more than its maximum size")]
     Encode,
-    /// The boot counter reached `u32::MAX`; no new boot can have a unique id.
+    /// The boot counter reached `u32::MAX` and this boot's sequence numbers, if any, are spent:
+    /// no new id can be unique, so no record is made (a repeated id would be a repeated key).
     #[error("the boot counter is exhausted")]
     BootsExhausted,
-    /// This boot has used every sequence number; reboot to get fresh ids.
-    #[error("the sequence numbers of this boot are exhausted")]
-    SequenceExhausted,
     /// A state that should not happen: the flash library reported a bug of its own, or the
     /// flash reads in words larger than the outbox's buffer.
     #[error("the flash library reported an internal error")]

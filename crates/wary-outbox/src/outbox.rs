@@ -202,8 +202,10 @@ pub struct OpenError<F> {
 pub struct Outbox<F: NorFlash, E: Entry> {
     queue: QueueStorage<F, NoCache<()>>,
     boot_range: Range<u32>,
+    /// The queue's range, named by every boot record written.
+    queue_range: Range<u32>,
     boot: u32,
-    /// `None` once this boot has used every sequence number.
+    /// `None` once this boot has used every sequence number: the next push starts a new boot.
     next_seq: Option<u32>,
     pending: u32,
     counters: Counters,
@@ -260,6 +262,7 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
         let mut outbox = Outbox {
             queue: QueueStorage::new(flash, queue_config, Cache::new_uncached()),
             boot_range: config.boot_range,
+            queue_range: config.queue_range.clone(),
             boot: 0,
             next_seq: Some(0),
             pending: 0,
@@ -339,14 +342,28 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
 
     /// Queues `entry` as a new record of this boot and returns its id.
     ///
+    /// **When the sequence runs out.** A boot hands out sequence numbers 0 to `u32::MAX`. The
+    /// push after the last one starts a new boot first, as [`Outbox::open`] would: the next
+    /// boot count is written to flash and read back, and only then is the record pushed, as
+    /// sequence 0 of that boot. A sequence never wraps, so no id (and no key made from it)
+    /// repeats; a cut during that write leaves the old count or the new one on flash, and the
+    /// next open steps over both. When the boot count is at `u32::MAX` there is no new boot to
+    /// start: the push fails with [`Error::BootsExhausted`] rather than repeat an id.
+    ///
     /// # Errors
     ///
     /// The entry comes back: [`PushError::Full`] when the queue has no room (counted), or
-    /// [`PushError::Failed`] when the flash failed or the entry did not encode. A failed push
-    /// leaves no record behind, and its sequence number is not used again.
+    /// [`PushError::Failed`] when the flash failed, the entry did not encode, or every id is
+    /// used ([`Error::BootsExhausted`]). A failed push leaves no record behind, and its
+    /// sequence number is not used again.
     pub async fn push(&mut self, entry: E) -> Result<RecordId, PushError<E>> {
+        if self.next_seq.is_none() {
+            if let Err(error) = self.next_boot().await {
+                return Err(PushError::Failed(entry, error));
+            }
+        }
         let Some(seq) = self.next_seq else {
-            return Err(PushError::Failed(entry, Error::SequenceExhausted));
+            return Err(PushError::Failed(entry, Error::Internal));
         };
         let id = RecordId { boot: self.boot, seq };
         // Spent even if this push fails: a number is never worth two readings sharing a key.
@@ -442,7 +459,38 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
         }
     }
 
-    /// This boot's count (the `boot` of every record pushed since open).
+    /// Starts a new boot in the running outbox, once this one's sequence numbers are spent:
+    /// the next count is on flash (and reads back) before any record carries it.
+    async fn next_boot(&mut self) -> Result<(), Error> {
+        let boot = self.boot.checked_add(1).ok_or(Error::BootsExhausted)?;
+        self.write_boot_record(&BootRecord { boot, queue: self.queue_range.clone() }).await?;
+        self.boot = boot;
+        self.next_seq = Some(0);
+        Ok(())
+    }
+
+    /// Moves this boot's sequence forward to `seq`, never back: the numbers skipped are never
+    /// used. True if it moved (or was there already); false if `seq` is below the next number,
+    /// or this boot's numbers are spent. Use it to reserve a range of sequence numbers, or to
+    /// bring a test to the end of a boot's sequence.
+    pub fn skip_sequence_to(&mut self, seq: u32) -> bool {
+        match self.next_seq {
+            Some(next) if seq >= next => {
+                self.next_seq = Some(seq);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The sequence number the next push takes in this boot; `None` when this boot's numbers
+    /// are spent and the next push starts a new boot.
+    pub fn next_sequence(&self) -> Option<u32> {
+        self.next_seq
+    }
+
+    /// This boot's count (the `boot` of every record pushed since open, or since the push that
+    /// started a new boot when a boot's sequence ran out).
     pub fn boot(&self) -> u32 {
         self.boot
     }
@@ -712,5 +760,89 @@ fn open_fault<E: NorFlashError>(counters: &mut Counters, error: sequential_stora
     match error {
         sequential_storage::Error::Storage { value, .. } => QueueFault::Flash(flash_error(counters, &value)),
         _ => QueueFault::Damaged,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+mod tests {
+    use embassy_futures::block_on;
+
+    use super::*;
+    use crate::sim::SimFlash;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Tiny(u8);
+
+    impl Entry for Tiny {
+        const TAG: u8 = 0x33;
+        const MAX_SIZE: usize = 1;
+        fn encode(&self, buf: &mut [u8]) -> usize {
+            buf.first_mut().map_or(0, |b| {
+                *b = self.0;
+                1
+            })
+        }
+        fn decode(bytes: &[u8]) -> Option<Self> {
+            match bytes {
+                [b] => Some(Tiny(*b)),
+                _ => None,
+            }
+        }
+    }
+
+    const CONFIG: Config = Config { boot_range: 0..512, queue_range: 512..1536 };
+
+    #[test]
+    fn a_boot_count_that_would_wrap_refuses_the_push_and_makes_no_record() {
+        let mut memory = [0xFFu8; 1536];
+        let mut flash = SimFlash::<4, 256>::new(&mut memory);
+        block_on(async {
+            let (mut outbox, _) = Outbox::<_, Tiny>::open(&mut flash, CONFIG).await.unwrap();
+            // The last boot but one, its sequence spent: the next push starts the last boot.
+            outbox.boot = u32::MAX - 1;
+            outbox.next_seq = None;
+            let id = outbox.push(Tiny(1)).await.unwrap();
+            assert_eq!(id, RecordId { boot: u32::MAX, seq: 0 });
+            assert_eq!(outbox.boot(), u32::MAX);
+            // The last boot's sequence spent too: nothing is left that would not repeat an id.
+            assert!(outbox.skip_sequence_to(u32::MAX));
+            let last = outbox.push(Tiny(2)).await.unwrap();
+            assert_eq!(last, RecordId { boot: u32::MAX, seq: u32::MAX });
+            assert_eq!(outbox.next_sequence(), None);
+            match outbox.push(Tiny(3)).await {
+                Err(PushError::Failed(Tiny(3), Error::BootsExhausted)) => {}
+                other => panic!("expected BootsExhausted, got {other:?}"),
+            }
+            // Refused again, and nothing was queued by the refusals.
+            assert!(matches!(outbox.push(Tiny(4)).await, Err(PushError::Failed(_, Error::BootsExhausted))));
+            assert_eq!(outbox.len(), 2);
+            let mut ids = [None, None, None];
+            let mut pending = outbox.pending().await.unwrap();
+            for slot in &mut ids {
+                *slot = pending.next().await.unwrap().map(|r| r.id);
+            }
+            assert_eq!(ids, [Some(id), Some(last), None]);
+            // And a reboot cannot count past the last boot either.
+            let _flash = outbox.into_flash();
+            let reopened = Outbox::<_, Tiny>::open(&mut flash, CONFIG).await;
+            assert!(matches!(reopened, Err(OpenError { error: Error::BootsExhausted, .. })));
+        });
+    }
+
+    #[test]
+    fn skipping_the_sequence_only_moves_forward() {
+        let mut memory = [0xFFu8; 1536];
+        let mut flash = SimFlash::<4, 256>::new(&mut memory);
+        block_on(async {
+            let (mut outbox, report) = Outbox::<_, Tiny>::open(&mut flash, CONFIG).await.unwrap();
+            assert_eq!(outbox.push(Tiny(0)).await.unwrap(), RecordId { boot: report.boot, seq: 0 });
+            assert!(!outbox.skip_sequence_to(0), "back to a used number");
+            assert!(outbox.skip_sequence_to(1), "where it is already");
+            assert!(outbox.skip_sequence_to(100));
+            assert!(!outbox.skip_sequence_to(99));
+            assert_eq!(outbox.push(Tiny(1)).await.unwrap(), RecordId { boot: report.boot, seq: 100 });
+            assert_eq!(outbox.next_sequence(), Some(101));
+        });
     }
 }

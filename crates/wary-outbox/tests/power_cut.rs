@@ -384,6 +384,90 @@ fn recovery_from_a_zeroed_flash_survives_a_cut_at_every_byte() {
     assert!(cuts as u32 > 6 * common::PAGE);
 }
 
+/// The pushes around the end of a boot's sequence numbers: boot 1 pushes reading 0, skips to
+/// sequence `u32::MAX - 1`, pushes readings 1 and 2 (the last two numbers), then reading 3,
+/// whose push starts boot 2 (its count on flash first) and takes sequence 0 there, then
+/// reading 4, and settles readings 1, 3 and 4. The power is cut after `budget` bytes; true if the run
+/// completed.
+fn run_rollover(flash: &mut Flash<'_>, budget: u64, model: &mut Model) -> bool {
+    flash.cut_after(budget);
+    let mut outbox = match block_on(Outbox::<_, Reading>::open(&mut *flash, CONFIG)) {
+        Ok((outbox, report)) => {
+            model.boots.push(report.boot);
+            outbox
+        }
+        Err(e) => {
+            assert!(e.flash.is_cut(), "open failed without a cut: {:?}", e.error);
+            return false;
+        }
+    };
+    for n in 0..5 {
+        if n == 1 {
+            assert!(outbox.skip_sequence_to(u32::MAX - 1));
+        }
+        let pushed = block_on(outbox.push(Reading::nth(n)));
+        // A push that starts a new boot may have put that boot's count on flash even when the
+        // record did not follow: every later boot must be above it.
+        model.boots.push(outbox.boot());
+        match pushed {
+            Ok(id) => {
+                model.ids.insert(n, id);
+            }
+            Err(PushError::Failed(entry, _)) => {
+                assert_eq!(entry, Reading::nth(n), "the refused entry comes back");
+                assert!(outbox.into_flash().is_cut(), "push {n} failed without a cut");
+                model.cut_during = Some(Push(n));
+                return false;
+            }
+            Err(other) => panic!("push {n}: {other:?}"),
+        }
+    }
+    // Settling every record of boot 2 leaves its count on flash as its only trace.
+    for n in [1, 3, 4] {
+        match block_on(outbox.settle(model.ids[&n], Landed)) {
+            Ok(removed) => {
+                assert!(removed, "reading {n} was pending");
+                model.settled.insert(model.ids[&n]);
+            }
+            Err(_) => {
+                assert!(outbox.into_flash().is_cut(), "settle {n} failed without a cut");
+                model.cut_during = Some(Settle(n, Landed));
+                return false;
+            }
+        }
+    }
+    !outbox.into_flash().is_cut()
+}
+
+#[test]
+fn a_sequence_rollover_starts_a_new_boot_and_survives_a_cut_at_every_byte() {
+    let mut cuts = 0u64;
+    loop {
+        let mut memory = blank();
+        let mut flash = Flash::new(&mut memory);
+        let mut model = Model::default();
+        if run_rollover(&mut flash, cuts, &mut model) {
+            // Uncut: the last two numbers of boot 1, then boot 2 from sequence 0; no id twice.
+            let ids: Vec<RecordId> = (0..5).map(|n| model.ids[&n]).collect();
+            let id = |boot, seq| RecordId { boot, seq };
+            assert_eq!(ids, [id(1, 0), id(1, u32::MAX - 1), id(1, u32::MAX), id(2, 0), id(2, 1)]);
+            flash.power_on();
+            let (mut outbox, report) = open(&mut flash);
+            // No record of boot 2 is left: only the count on flash says it was used.
+            assert_eq!(report.boot, 3, "the rollover's boot was counted on flash");
+            let left: Vec<RecordId> = pending(&mut outbox).iter().map(|r| r.id).collect();
+            assert_eq!(left, [ids[0], ids[2]]);
+            break;
+        }
+        check_after_reboot(&mut flash, &CONFIG, &model, cuts);
+        cuts += 1;
+        assert!(cuts < 100_000, "the rollover run never completes");
+    }
+    println!("sequence rollover: {cuts} cut points, each rebooted and checked");
+    // The run writes three boot records and five records: hundreds of bytes.
+    assert!(cuts > 150, "{cuts}");
+}
+
 /// A random mix of pushes, settles of any pending record and peeks.
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![

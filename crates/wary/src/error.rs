@@ -118,8 +118,9 @@ pub enum LineError {
     /// The line is not a ledger line at all (no tag).
     #[error("not a ledger line")]
     NotALedgerLine,
-    /// The line was written by another version of the ledger format.
-    #[error("ledger line version {found}, this wary reads version {expected}")]
+    /// The line was written by another version of the ledger format; the message says what
+    /// that version meant ([`crate::LEDGER_VERSION`] lists them).
+    #[error("ledger line version {found} ({}), this wary reads version {expected}", LineError::version_note(*found))]
     Version {
         /// The version the line carries.
         found: u32,
@@ -135,4 +136,17 @@ pub enum LineError {
     /// There are more fields than the format has.
     #[error("more fields than a ledger line has")]
     TooManyFields,
+}
+
+impl LineError {
+    /// What a ledger line of `version` meant, for a refusal's message: why its fields cannot
+    /// be read as this build's ([`crate::LEDGER_VERSION`] lists the versions).
+    pub fn version_note(version: u32) -> &'static str {
+        match version {
+            0 | 1 => "times were ticks and seconds",
+            2 => "keys held a 32-bit device id",
+            v if v == crate::ledger::LEDGER_VERSION => "the current format",
+            _ => "a newer format",
+        }
+    }
 }

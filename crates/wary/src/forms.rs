@@ -475,10 +475,17 @@ mod tests {
         ];
         for r in records {
             let json = serde_json::to_string(&r).unwrap();
-            assert!(json.starts_with("{\"v\":2,"), "{json}");
+            assert!(json.starts_with("{\"v\":3,"), "{json}");
             let back: Record = serde_json::from_str(&json).unwrap();
             assert_eq!(back, r, "{json}");
         }
+        // A version 2 line is refused, and the message says why.
+        let old = serde_json::to_string(&records[0]).unwrap().replace("{\"v\":3,", "{\"v\":2,");
+        let e = serde_json::from_str::<Record>(&old).unwrap_err().to_string();
+        assert!(
+            e.contains("ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"),
+            "{e}"
+        );
         let v = serde_json::to_value(records[1]).unwrap();
         assert_eq!(v["outcome"], "status");
         assert_eq!(v["status"], 429);

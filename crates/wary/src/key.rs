@@ -2,18 +2,38 @@
 //! server can recognise a replay and apply the work once.
 //!
 //! Two ways to make one:
-//! - [`Key::from_parts`]: device id, boot count and a sequence number. Unique as long as the
-//!   boot count is persisted and increments every boot; the best choice on a device.
+//! - [`Key::from_parts`]: the device's whole 64-bit id, a 32-bit boot count and a 32-bit
+//!   sequence number. Unique as long as the boot count is persisted and increments every boot,
+//!   and a new boot starts before a boot's sequence would wrap; the best choice on a device.
 //! - `Key::from_payload` (feature `payload-key`): the first 128 bits of the payload's SHA-256, the same on every resend. Limitation:
 //!   a payload hash is not a business key. Two legitimately different events with the same
 //!   bytes (two identical readings, two equal payments) get the same key, and the server
 //!   applies only the first. Include something that tells them apart (a timestamp or sequence
 //!   in the payload), or use [`Key::from_parts`].
 //!
+//! # Layout of a parts key
+//!
+//! ```text
+//! bytes 0..8    device id    (u64, big-endian)  hex digits 0..16
+//! bytes 8..12   boot count   (u32, big-endian)  hex digits 16..24
+//! bytes 12..16  sequence     (u32, big-endian)  hex digits 24..32
+//! ```
+//!
+//! The device id is the whole 64-bit identity (on the nRF52840 both FICR `DEVICEID` words), not
+//! a part of it: two devices whose ids share their low 32 bits still make different keys from
+//! their first reading. A gateway can read the device a key belongs to from its first 16 hex
+//! digits and refuse a device that sends another's.
+//!
+//! **When a boot's sequence runs out.** A boot hands out at most 2³² sequence numbers. The
+//! layer that counts (the device outbox) starts a new boot, with the next persisted boot count
+//! and sequence 0, instead of wrapping; when the boot count itself would wrap it refuses to make
+//! a key. A key is never made twice.
+//!
 //! ```
 //! use wary::Key;
-//! let k = Key::from_parts(0x0102_0304, 7, 42);
-//! assert_eq!(k.to_hex().as_str(), "0102030400000007000000000000002a");
+//! let k = Key::from_parts(0x0011_2233_4455_6677, 7, 42);
+//! assert_eq!(k.to_hex().as_str(), "0011223344556677000000070000002a");
+//! assert_eq!((k.device_part(), k.boot_part(), k.sequence_part()), (0x0011_2233_4455_6677, 7, 42));
 //! ```
 
 use core::fmt;
@@ -24,16 +44,35 @@ use core::fmt;
 pub struct Key([u8; 16]);
 
 impl Key {
-    /// The key of (device id, boot count, sequence number), big-endian.
-    pub fn from_parts(device: u32, boot: u32, sequence: u64) -> Key {
-        let mut b = [0u8; 16];
-        for (dst, src) in b
-            .iter_mut()
-            .zip(device.to_be_bytes().into_iter().chain(boot.to_be_bytes()).chain(sequence.to_be_bytes()))
-        {
-            *dst = src;
-        }
-        Key(b)
+    /// The key of (device id, boot count, sequence number), big-endian (see the module docs for
+    /// the layout): the first 16 hex digits are the device id.
+    pub const fn from_parts(device: u64, boot: u32, sequence: u32) -> Key {
+        let [d0, d1, d2, d3, d4, d5, d6, d7] = device.to_be_bytes();
+        let [b0, b1, b2, b3] = boot.to_be_bytes();
+        let [s0, s1, s2, s3] = sequence.to_be_bytes();
+        Key([d0, d1, d2, d3, d4, d5, d6, d7, b0, b1, b2, b3, s0, s1, s2, s3])
+    }
+
+    /// The device id of a parts key: its first 8 bytes, the first 16 hex digits. Meaningful for
+    /// a key made by [`Key::from_parts`] (or received from a device that makes its keys that
+    /// way); for a payload key or a foreign key it is just the key's first 64 bits.
+    pub const fn device_part(&self) -> u64 {
+        let [d0, d1, d2, d3, d4, d5, d6, d7, ..] = self.0;
+        u64::from_be_bytes([d0, d1, d2, d3, d4, d5, d6, d7])
+    }
+
+    /// The boot count of a parts key: bytes 8..12. Meaningful for parts keys only, as
+    /// [`Key::device_part`].
+    pub const fn boot_part(&self) -> u32 {
+        let [_, _, _, _, _, _, _, _, b0, b1, b2, b3, ..] = self.0;
+        u32::from_be_bytes([b0, b1, b2, b3])
+    }
+
+    /// The sequence number of a parts key: bytes 12..16. Meaningful for parts keys only, as
+    /// [`Key::device_part`].
+    pub const fn sequence_part(&self) -> u32 {
+        let [.., s0, s1, s2, s3] = self.0;
+        u32::from_be_bytes([s0, s1, s2, s3])
     }
 
     /// The first 128 bits of SHA-256 of `payload` (see the module docs for the limitation).
@@ -132,8 +171,43 @@ mod tests {
     }
 
     #[test]
+    fn devices_that_share_their_low_32_bits_make_different_keys() {
+        // Two nRF52840s whose FICR DEVICEID[0] words are equal: the same low 32 bits.
+        let a = Key::from_parts(0x0000_0001_0a38_6001, 1, 0);
+        let b = Key::from_parts(0x0000_0002_0a38_6001, 1, 0);
+        assert_ne!(a, b);
+        assert_eq!(a.to_hex().as_str(), "000000010a3860010000000100000000");
+        assert_eq!(b.to_hex().as_str(), "000000020a3860010000000100000000");
+        // And the high word alone does not decide either.
+        assert_ne!(
+            Key::from_parts(0x0a38_6001_0000_0000, 1, 0),
+            Key::from_parts(0x0a38_6001_0000_0001, 1, 0)
+        );
+    }
+
+    #[test]
+    fn the_parts_read_back_and_the_device_is_the_first_16_hex_digits() {
+        for (device, boot, sequence) in [
+            (0, 0, 0),
+            (u64::MAX, u32::MAX, u32::MAX),
+            (0x0123_4567_89ab_cdef, 0xfedc_ba98, 0x7654_3210),
+            (1, 2, 3),
+        ] {
+            let k = Key::from_parts(device, boot, sequence);
+            assert_eq!((k.device_part(), k.boot_part(), k.sequence_part()), (device, boot, sequence));
+            let hex = k.to_hex();
+            assert_eq!(hex.get(..16), Some(format!("{device:016x}").as_str()));
+            assert_eq!(hex.get(16..24), Some(format!("{boot:08x}").as_str()));
+            assert_eq!(hex.get(24..), Some(format!("{sequence:08x}").as_str()));
+            let back = Key::from_hex(hex.as_str()).unwrap();
+            assert_eq!(back, k);
+            assert_eq!(back.device_part(), device);
+        }
+    }
+
+    #[test]
     fn hex_round_trips() {
-        let k = Key::from_parts(0xdead_beef, 7, 0x0123_4567_89ab_cdef);
+        let k = Key::from_parts(0xdead_beef_0bad_f00d, 7, 0x89ab_cdef);
         assert_eq!(Key::from_hex(k.to_hex().as_str()), Some(k));
         assert_eq!(Key::from_hex(&k.to_hex().to_uppercase()), Some(k));
         assert_eq!(Key::from_hex("xyz"), None);

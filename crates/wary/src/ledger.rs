@@ -29,12 +29,21 @@ use crate::key::Key;
 use crate::policy::Policy;
 use crate::time::Duration;
 
-/// The version of the ledger's line formats (the device line and the JSON line). It is also the
-/// first field of [`Policy::fingerprint`], so a change of format changes every fingerprint.
-pub const LEDGER_VERSION: u32 = 2;
+/// The version of the ledger's line formats (the device line and the JSON line). A reader
+/// refuses a line of any other version, saying why ([`LineError::Version`]).
+///
+/// - 1: times in ticks and seconds.
+/// - 2: times in milliseconds; keys laid out device (32 bits) | boot (32) | sequence (64).
+/// - 3: keys laid out device (64 bits) | boot (32) | sequence (32) (see [`Key::from_parts`]).
+///   No field was added or removed, but the key field's device part is now the whole device
+///   id: a version 2 key read as a version 3 one would name a device that does not exist.
+///
+/// The policy's fingerprint does not hash this version: a policy's settings are encoded as they
+/// were in version 2, so the same policy keeps its fingerprint across line versions.
+pub const LEDGER_VERSION: u32 = 3;
 
 /// The tag that starts a device ledger line: `wary-ledger v` and [`LEDGER_VERSION`].
-pub const DEVICE_TAG: &str = "wary-ledger v2";
+pub const DEVICE_TAG: &str = "wary-ledger v3";
 
 /// One attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -253,7 +262,7 @@ fn log_record(r: &Record) {
     };
     let retry_after = r.outcome.retry_after().map_or(-1, |d| i64::from(d.as_millis()));
     defmt::info!(
-        "wary-ledger v2 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u32} {=u32} {=u32} {=str} {=str} {=i64} {=u32} {=u8}",
+        "wary-ledger v3 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u32} {=u32} {=u32} {=str} {=str} {=i64} {=u32} {=u8}",
         key.as_str(),
         r.attempt,
         r.op.name(),
@@ -283,10 +292,13 @@ fn log_record(_: &Record) {}
 ///
 /// ```
 /// use wary::{Duration, Verdict, parse_device_line};
-/// let line = "INFO  wary-ledger v2 0a386001000000010000000000000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345 0";
+/// let line = "INFO  wary-ledger v3 00000001c0ffee010000000100000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345 0";
 /// let r = parse_device_line(line).unwrap();
 /// assert_eq!((r.attempt, r.wait, r.verdict), (1, Duration::from_millis(120), None));
-/// assert!(parse_device_line("INFO  wary-ledger v1 …").is_err());
+/// assert_eq!(r.key.device_part(), 0x0000_0001_c0ff_ee01);
+/// // A version 2 line: its key's first 8 hex digits were the device, so it is refused.
+/// let old = parse_device_line("INFO  wary-ledger v2 …").unwrap_err();
+/// assert_eq!(old.to_string(), "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3");
 /// ```
 pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
     const PREFIX: &str = "wary-ledger v";
@@ -500,9 +512,9 @@ mod tests {
 
     #[test]
     fn device_lines_read_back_every_field_and_refuse_what_is_not_one() {
-        let line = "0.1 INFO wary-ledger v2 0a386001000000010000000000000002 3 keyed_write status 429 2000 retry pct 50 0 12 900 gave_up retry_after_too_long 2000 305419896 2";
+        let line = "0.1 INFO wary-ledger v3 f00d00010a3860010000000100000002 3 keyed_write status 429 2000 retry pct 50 0 12 900 gave_up retry_after_too_long 2000 305419896 2";
         let r = parse_device_line(line).unwrap();
-        assert_eq!(r.key, Key::from_parts(0x0a38_6001, 1, 2));
+        assert_eq!(r.key, Key::from_parts(0xf00d_0001_0a38_6001, 1, 2));
         assert_eq!((r.attempt, r.op, r.class), (3, Operation::KeyedWrite, Class::Retry));
         let asked = Some(Duration::from_millis(2000));
         assert_eq!(
@@ -520,13 +532,19 @@ mod tests {
         );
         assert_eq!(r.policy, 0x1234_5678);
         let ok =
-            "wary-ledger v2 0a386001000000010000000000000002 1 read reset 0 -1 retry none 0 0 1 1 - - -1 7 0";
+            "wary-ledger v3 000000000a3860010000000100000002 1 read reset 0 -1 retry none 0 0 1 1 - - -1 7 0";
         assert!(parse_device_line(ok).is_ok());
         assert_eq!(parse_device_line("hello"), Err(LineError::NotALedgerLine));
-        assert_eq!(
-            parse_device_line(&ok.replace("v2", "v1")),
-            Err(LineError::Version { found: 1, expected: LEDGER_VERSION })
-        );
+        // Older and newer lines are refused by their version, with the reason.
+        for (found, why) in [
+            (1, "ledger line version 1 (times were ticks and seconds), this wary reads version 3"),
+            (2, "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"),
+            (4, "ledger line version 4 (a newer format), this wary reads version 3"),
+        ] {
+            let e = parse_device_line(&ok.replace("v3", &format!("v{found}"))).unwrap_err();
+            assert_eq!(e, LineError::Version { found, expected: LEDGER_VERSION });
+            assert_eq!(e.to_string(), why);
+        }
         assert_eq!(parse_device_line(&ok.replace(" 7 0", "")), Err(LineError::Missing("policy")));
         assert_eq!(parse_device_line(&ok.replace(" 7 0", " 7")), Err(LineError::Missing("unreadable")));
         assert_eq!(parse_device_line(&ok.replace(" 7 0", " 7 256")), Err(LineError::Bad("unreadable")));

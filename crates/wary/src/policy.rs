@@ -340,11 +340,13 @@ impl Policy {
 
     /// A 32-bit fingerprint of every setting, recorded in ledgers so a replay can tell that a
     /// record was made under another policy (FNV-1a over the settings in a fixed, explicit
-    /// encoding, so a device and a laptop agree; not cryptographic). It starts with the ledger
-    /// format's version, so the two change together.
+    /// encoding, so a device and a laptop agree; not cryptographic). It starts with the version
+    /// of that encoding, which changes when a setting is added or encoded otherwise; a change of
+    /// the ledger's line format that leaves the settings alone (version 3's key layout) keeps
+    /// every fingerprint.
     pub fn fingerprint(&self) -> u32 {
         let mut h = Fnv::new();
-        h.u32(crate::ledger::LEDGER_VERSION);
+        h.u32(POLICY_ENCODING);
         h.u32(self.backoff.base.as_millis());
         h.u32(self.backoff.cap.as_millis());
         h.u8(self.backoff.jitter as u8);
@@ -363,6 +365,11 @@ impl Policy {
         h.finish()
     }
 }
+
+/// The version of the settings' encoding in [`Policy::fingerprint`]: 2, the ledger format's
+/// version when the encoding was last changed. Fixed on its own since ledger version 3, whose
+/// change (the key layout) left the settings alone.
+const POLICY_ENCODING: u32 = 2;
 
 impl PolicyBuilder {
     /// The first ceiling.

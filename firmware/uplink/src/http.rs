@@ -3,7 +3,8 @@
 //!
 //! [`post`] makes exactly one attempt (retrying is the wary policy's job, one layer up): it
 //! connects to an IPv4 address and port, sends `POST <path>` with `Host`, `Content-Type:
-//! application/json`, `Content-Length`, `Idempotency-Key` and `Connection: close`, and reads the
+//! application/json`, `Content-Length`, `Idempotency-Key`, `Authorization: Bearer <token>` when
+//! the device has a credential, and `Connection: close`, and reads the
 //! status line and header block into a caller-owned buffer. reqwless encodes the request and
 //! parses the reply; the exchange drives the TCP socket itself so it knows which phase a
 //! failure hit (reqwless's own client folds connect, send and receive errors together, and
@@ -20,12 +21,18 @@
 //! at most [`BODY_GRACE`], only to see whether it ended cleanly ([`Response::body_complete`]).
 //! The status line proves the server answered, so a body cut short still returns the status.
 //!
-//! **Logs** carry phases, counts and lengths, never payload bytes or header text.
+//! **Logs** carry phases, counts and lengths, never payload bytes, header text or the
+//! credential.
 //!
 //! ```ignore
 //! static BUFFERS: ConstStaticCell<http::Buffers<1024, 1024, 1024>> =
 //!     ConstStaticCell::new(http::Buffers::new());
-//! let post = http::Post { path: "/readings", idempotency_key: &key_hex, body: payload.as_bytes() };
+//! let post = http::Post {
+//!     path: "/readings",
+//!     idempotency_key: &key_hex,
+//!     body: payload.as_bytes(),
+//!     credential: Some(&CREDENTIAL),
+//! };
 //! match http::post(stack, server, &post, time_left, BUFFERS.take()).await {
 //!     Ok(reply) => { /* reply.status, reply.retry_after, reply.date */ }
 //!     Err(err) if err.may_have_landed() => { /* a keyed write may be resent with its key */ }
@@ -45,6 +52,8 @@ use reqwless::headers::ContentType;
 use reqwless::request::{Method, Request, RequestBuilder};
 use reqwless::response::{BodyReader, Response as RawResponse};
 
+use crate::identity::Credential;
+
 /// How many `Retry-After` values a [`Response`] keeps; more are counted in
 /// [`Response::retry_after_dropped`]. Two already mean the server contradicts itself.
 pub const RETRY_AFTER_MAX: usize = 4;
@@ -62,7 +71,8 @@ const CLOSE_GRACE: Duration = Duration::from_millis(200);
 /// The longest `Host` value: `255.255.255.255:65535`.
 const HOST_LEN: usize = 21;
 
-/// The request: `POST <path>` with a JSON body and an idempotency key.
+/// The request: `POST <path>` with a JSON body, an idempotency key and, when the device has
+/// one, its credential.
 #[derive(Clone, Copy, Debug)]
 pub struct Post<'a> {
     /// Absolute path (origin form), such as `/readings`: visible ASCII, no spaces.
@@ -71,6 +81,9 @@ pub struct Post<'a> {
     pub idempotency_key: &'a str,
     /// The JSON body, sent as is with its `Content-Length`.
     pub body: &'a [u8],
+    /// The device's credential, sent as `Authorization: Bearer <token>`; `None` sends no
+    /// `Authorization` header. Its `Debug` shows no part of the token.
+    pub credential: Option<&'a Credential>,
 }
 
 /// The memory of one exchange: the TCP socket's receive and send buffers, and `HEAD` bytes
@@ -297,9 +310,14 @@ pub(crate) async fn finish(socket: &mut TcpSocket<'_>, answered: bool, deadline:
     let _ = embassy_time::with_timeout(grace, socket.flush()).await;
 }
 
-/// Writes the request head, with `host` as its `Host`, into `buf`; the body is sent from the
-/// caller's slice.
-pub(crate) async fn encode_head(request: &Post<'_>, host: &str, buf: &mut [u8]) -> Result<usize, HttpError> {
+/// Writes the request head, with `host` as its `Host`, into `buf` and returns its length; the
+/// body is sent from the caller's slice. Every exchange, plain or TLS, sends the head this
+/// writes, once per attempt: the `Authorization` header of [`Post::credential`] is in each.
+///
+/// # Errors
+///
+/// [`HttpError::BadRequest`] when a field is not visible ASCII or the head does not fit `buf`.
+pub async fn encode_head(request: &Post<'_>, host: &str, buf: &mut [u8]) -> Result<usize, HttpError> {
     // reqwless writes header text as given: a CR or LF here would let a path or key inject
     // headers, and a space would break the request line.
     if !request.path.starts_with('/')
@@ -309,11 +327,23 @@ pub(crate) async fn encode_head(request: &Post<'_>, host: &str, buf: &mut [u8]) 
     {
         return Err(HttpError::BadRequest);
     }
-    let headers = [("Idempotency-Key", request.idempotency_key), ("Connection", "close")];
+    let authorized;
+    let anonymous = [("Idempotency-Key", request.idempotency_key), ("Connection", "close")];
+    let headers: &[(&str, &str)] = match request.credential {
+        Some(credential) => {
+            authorized = [
+                ("Authorization", credential.header_value()),
+                ("Idempotency-Key", request.idempotency_key),
+                ("Connection", "close"),
+            ];
+            &authorized
+        }
+        None => &anonymous,
+    };
     let head = Request::post(request.path)
         .host(host)
         .content_type(ContentType::ApplicationJson)
-        .headers(&headers)
+        .headers(headers)
         .body(request.body)
         .build();
     let capacity = buf.len();

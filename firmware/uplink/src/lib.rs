@@ -3,10 +3,11 @@
 //! over any [`Transport`] — in practice [`HttpTransport`] on an `embassy-net` stack, whatever
 //! link the stack runs on (Ethernet, PPP over a cellular modem).
 //!
-//! - **Keys**: `Key::from_parts(device, boot, sequence)`, where boot and sequence are the
-//!   reading's id on flash: made once, when the reading was pushed, and sent on every attempt,
-//!   in every round and after every reset. The boot counter is on flash and goes up before the
-//!   first send of a boot, so no two readings ever share a key.
+//! - **Keys**: `Key::from_parts(device, boot, sequence)`: the device's whole 64-bit id, then
+//!   the reading's id on flash (boot count and sequence), made once, when the reading was
+//!   pushed, and sent on every attempt, in every round and after every reset. The boot counter
+//!   is on flash and goes up before the first send of a boot, and a boot whose sequence numbers
+//!   run out starts a new one, so no two readings ever share a key.
 //! - **Settling**: a reading leaves the outbox only when it landed (`ok`) or definitively
 //!   `failed` (counted and logged). `gave_up`, `cancelled` (a cancel settles nothing) and
 //!   `unknown` (which a keyed write should never produce) keep it for a later round, and a reset
@@ -23,13 +24,14 @@
 //! - **HTTPS** (feature `tls`): [`tls::TlsTransport`] is the same exchange over TLS 1.3, the
 //!   server authenticated by a CA pinned in the firmware.
 //! - Every attempt is logged with defmt by the core's ledger, as a device line tagged
-//!   [`wary::DEVICE_TAG`] (`wary-ledger v2`) that `wary ledger from-defmt` turns into the
+//!   [`wary::DEVICE_TAG`] (`wary-ledger v3`) that `wary ledger from-defmt` turns into the
 //!   host's replayable JSON lines.
 
 #![no_std]
 #![deny(missing_docs)]
 
 pub mod http;
+pub mod identity;
 pub mod store;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -47,6 +49,7 @@ use wary::{
 };
 use wary_outbox::Settlement;
 
+pub use identity::{Credential, parse_device_id};
 pub use store::{Reading, Store, offer, payload, sense};
 pub use transport::{HttpTransport, Transport};
 
@@ -90,8 +93,9 @@ impl RngCore for SplitMix64 {
 /// What the uplink is to do.
 #[derive(Debug, Clone, Copy, defmt::Format)]
 pub struct Config {
-    /// The device id in every key.
-    pub device: u32,
+    /// The device id in every key: the whole 64-bit identity, the first 16 hex digits of each
+    /// key.
+    pub device: u64,
     /// The longest one attempt's exchange may take (connect, send, reply); the time left
     /// before the call's deadline shortens it further.
     pub attempt_limit: Duration,
@@ -107,7 +111,7 @@ pub struct Config {
 impl Config {
     /// Readings from `device`: 5 s per exchange at most; between rounds that kept a reading a
     /// jittered pause doubling from 500 ms up to 30 s; a stop after 60 rounds.
-    pub const fn new(device: u32) -> Self {
+    pub const fn new(device: u64) -> Self {
         Config {
             device,
             attempt_limit: Duration::from_secs(5),
@@ -215,7 +219,7 @@ pub static FLEET: FleetBudget = match FleetBudget::new(10, 500) {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, defmt::Format)]
 pub struct Summary {
     /// The device id in the keys.
-    pub device: u32,
+    pub device: u64,
     /// This boot's number (the boot field of the keys of readings made in it).
     pub boot: u32,
     /// Readings that landed (in this boot; some may have been made in an earlier one).
@@ -257,7 +261,7 @@ impl Summary {
     /// Logs the `SUMMARY` line the host-side scenario checks, with the outbox's counters.
     pub fn log(&self, outbox: &wary_outbox::Counters, net: &transport::Counts) {
         defmt::info!(
-            "SUMMARY device={=u32:08x} boot={=u32} landed={=u32} failed={=u32} gave_up={=u32} unknown={=u32} cancelled={=u32} held={=u32} left={=u32} rounds={=u32} accepted={=u32} refused={=u32} flash_errors={=u32} regions_reset={=u32} exchanges={=u32} maybe_landed={=u32} never_sent={=u32} calls={=u32} attempts={=u64} mean={=u64}.{=u64:03} p95={=u32} max={=u32}",
+            "SUMMARY device={=u64:016x} boot={=u32} landed={=u32} failed={=u32} gave_up={=u32} unknown={=u32} cancelled={=u32} held={=u32} left={=u32} rounds={=u32} accepted={=u32} refused={=u32} flash_errors={=u32} regions_reset={=u32} exchanges={=u32} maybe_landed={=u32} never_sent={=u32} calls={=u32} attempts={=u64} mean={=u64}.{=u64:03} p95={=u32} max={=u32}",
             self.device,
             self.boot,
             self.landed,
@@ -349,7 +353,7 @@ where
                 }
             };
             after = Some(record.id);
-            let key = Key::from_parts(config.device, record.id.boot, u64::from(record.id.seq));
+            let key = Key::from_parts(config.device, record.id.boot, record.id.seq);
             let body = payload(&record);
             let (transport, body) = (&transport, &body);
             let result = runner

@@ -33,6 +33,7 @@ use rand_chacha::ChaCha20Rng;
 use wary::{Failure, Rules};
 
 use crate::http::{self, Buffers, Handed, HttpError, Post, Response};
+use crate::identity::Credential;
 use crate::transport::{Counts, Transport, outcome};
 
 /// The largest TLS 1.3 record body a server may send (2^14 bytes of plaintext, a content-type
@@ -232,6 +233,7 @@ pub struct TlsTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, 
     read: &'a mut [u8],
     write: &'a mut [u8],
     rng: ChaCha20Rng,
+    credential: Option<&'a Credential>,
     counts: Counts,
 }
 
@@ -263,8 +265,17 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
             read,
             write,
             rng,
+            credential: None,
             counts: Counts::default(),
         }
+    }
+
+    /// Sends `credential` as `Authorization: Bearer <token>` on every attempt, inside the TLS
+    /// session (without this, no `Authorization` header).
+    #[must_use]
+    pub fn with_credential(mut self, credential: Option<&'a Credential>) -> Self {
+        self.credential = credential;
+        self
     }
 
     /// What the transport saw so far.
@@ -277,7 +288,7 @@ impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transpor
     for TlsTransport<'_, '_, SOCKET_RX, SOCKET_TX, HEAD>
 {
     async fn post(&mut self, key: &str, body: &[u8], limit: wary::Duration) -> Result<(), Failure> {
-        let request = Post { path: self.path, idempotency_key: key, body };
+        let request = Post { path: self.path, idempotency_key: key, body, credential: self.credential };
         let records = Records { read: &mut *self.read, write: &mut *self.write, max_fragment: None };
         let result = post_tls(
             self.stack,

@@ -29,6 +29,7 @@ use embassy_net::Stack;
 use wary::{Duration, Failure, Outcome, Reading, Rules};
 
 use crate::http::{self, Buffers, HttpError, Post, Response};
+use crate::identity::Credential;
 
 /// Sends one attempt of a keyed write. Implementations make exactly one request.
 #[allow(async_fn_in_trait)]
@@ -87,6 +88,7 @@ pub struct HttpTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize,
     path: &'a str,
     rules: Rules,
     buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
+    credential: Option<&'a Credential>,
     counts: Counts,
 }
 
@@ -145,7 +147,15 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
         rules: Rules,
         buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
     ) -> Self {
-        HttpTransport { stack, server, path, rules, buffers, counts: Counts::default() }
+        HttpTransport { stack, server, path, rules, buffers, credential: None, counts: Counts::default() }
+    }
+
+    /// Sends `credential` as `Authorization: Bearer <token>` on every attempt (without this,
+    /// no `Authorization` header).
+    #[must_use]
+    pub fn with_credential(mut self, credential: Option<&'a Credential>) -> Self {
+        self.credential = credential;
+        self
     }
 
     /// What the transport saw so far.
@@ -158,7 +168,7 @@ impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transpor
     for HttpTransport<'_, '_, SOCKET_RX, SOCKET_TX, HEAD>
 {
     async fn post(&mut self, key: &str, body: &[u8], limit: Duration) -> Result<(), Failure> {
-        let request = Post { path: self.path, idempotency_key: key, body };
+        let request = Post { path: self.path, idempotency_key: key, body, credential: self.credential };
         let result = http::post(self.stack, self.server, &request, limit.into(), self.buffers).await;
         let (outcome, reading) = outcome(&result, &self.rules);
         self.counts.record(&result, &reading);

@@ -35,7 +35,14 @@ pub struct Reading {
 impl Reading {
     /// Its idempotency key, 32 hex digits, as a device makes it.
     pub fn key(&self) -> String {
-        Key::from_parts(self.sensor, 1, self.seq).to_hex().as_str().to_owned()
+        Key::from_parts(
+            u64::from(self.sensor),
+            1,
+            u32::try_from(self.seq).expect("a test reading's sequence fits 32 bits"),
+        )
+        .to_hex()
+        .as_str()
+        .to_owned()
     }
 
     /// Its JSON body, as a device sends it.

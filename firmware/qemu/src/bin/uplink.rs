@@ -4,9 +4,19 @@
 //! test cloud on the host (10.0.2.2 from the guest). It prints a summary and exits 0 once
 //! nothing is pending and the sensor is done.
 //!
-//! The semihosting command line (QEMU `-append`) says where the cloud listens and how to run:
-//! `port=<p> seed=<n> [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
-//! [reset_in_backoff=<boot>]`. The last three plan resets (`SYSRESETREQ`) in the given boot, to
+//! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
+//! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
+//! [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
+//! [reset_in_backoff=<boot>]`.
+//!
+//! - `device`: the 64-bit device id in every key, 16 hex digits or a decimal number
+//!   ([`parse_device_id`]). Required: without a valid one the firmware logs why and exits
+//!   non-zero, so a device never sends under a made-up identity.
+//! - `token`: the device's credential, 64 lowercase hex digits, sent as `Authorization: Bearer
+//!   <token>` on every attempt and never logged. Without it no `Authorization` header is sent;
+//!   a malformed one stops the firmware.
+//!
+//! The last three plan resets (`SYSRESETREQ`) in the given boot, to
 //! show that a reset loses no reading and applies none twice; QEMU restarts the program and the
 //! emulated flash survives:
 //!
@@ -42,10 +52,11 @@ use wary::{Failure, Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::Counts;
-use wary_uplink::{Config, FLEET, HttpTransport, PATH, POLICY, SplitMix64, Store, Transport, sense, uplink};
+use wary_uplink::{
+    Config, Credential, FLEET, HttpTransport, PATH, POLICY, SplitMix64, Store, Transport, parse_device_id,
+    sense, uplink,
+};
 
-/// This device's id in every key.
-const DEVICE: u32 = 0x0a38_6001;
 /// The host as seen from QEMU's user-mode network.
 const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 /// Readings the sensor makes in each boot, unless `readings=` says otherwise.
@@ -93,6 +104,8 @@ async fn sensor(store: &'static Store<Flash>, boot: u32, count: u32) {
 
 /// What the host asked for.
 struct Args {
+    device: u64,
+    credential: Option<Credential>,
     port: u16,
     seed: u64,
     readings: u32,
@@ -101,9 +114,13 @@ struct Args {
     reset_in_backoff: Option<u32>,
 }
 
-fn args() -> Option<Args> {
-    let all = semihosting::experimental::env::args::<512>().ok()?;
+/// The command line, or why it cannot be used.
+fn args() -> Result<Args, &'static str> {
+    let all = semihosting::experimental::env::args::<512>()
+        .map_err(|_| "the semihosting command line (QEMU -append) cannot be read")?;
     let mut a = Args {
+        device: 0,
+        credential: None,
         port: 0,
         seed: 0,
         readings: READINGS_PER_BOOT,
@@ -111,34 +128,55 @@ fn args() -> Option<Args> {
         reset_in_reply: None,
         reset_in_backoff: None,
     };
-    let (mut port, mut seed) = (None, None);
+    let (mut device, mut port, mut seed) = (None, None, None);
     for arg in &all {
         let Ok(arg) = arg else { continue };
         let Some((name, value)) = arg.split_once('=') else { continue };
         match name {
+            "device" => {
+                device = Some(
+                    parse_device_id(value)
+                        .ok_or("device= is not 16 hex digits or a decimal 64-bit number")?,
+                );
+            }
+            // The value itself is never echoed: it is a secret.
+            "token" => {
+                a.credential =
+                    Some(Credential::from_token(value).ok_or("token= is not 64 lowercase hex digits")?);
+            }
             "port" => port = value.parse().ok(),
             "seed" => seed = value.parse().ok(),
-            "readings" => a.readings = value.parse().ok()?,
+            "readings" => a.readings = value.parse().map_err(|_| "readings= is not a number")?,
             "cut_write" => {
-                let (boot, n) = value.split_once(':')?;
-                a.cut_write = Some((boot.parse().ok()?, n.parse().ok()?));
+                let bad = "cut_write= is not <boot>:<n>";
+                let (boot, n) = value.split_once(':').ok_or(bad)?;
+                a.cut_write = Some((boot.parse().map_err(|_| bad)?, n.parse().map_err(|_| bad)?));
             }
-            "reset_in_reply" => a.reset_in_reply = Some(value.parse().ok()?),
-            "reset_in_backoff" => a.reset_in_backoff = Some(value.parse().ok()?),
+            "reset_in_reply" => {
+                a.reset_in_reply = Some(value.parse().map_err(|_| "reset_in_reply= is not a boot number")?);
+            }
+            "reset_in_backoff" => {
+                a.reset_in_backoff =
+                    Some(value.parse().map_err(|_| "reset_in_backoff= is not a boot number")?);
+            }
             _ => {}
         }
     }
-    a.port = port?;
-    a.seed = seed?;
-    Some(a)
+    a.device = device.ok_or("no device= (the 64-bit device id) on the command line")?;
+    a.port = port.ok_or("no valid port= on the command line")?;
+    a.seed = seed.ok_or("no valid seed= on the command line")?;
+    Ok(a)
 }
 
 #[embassy_executor::main]
 async fn main(spawner: Spawner) {
     let board = mps2_an386::init();
-    let Some(args) = args() else {
-        defmt::error!("no port= and seed= on the semihosting command line (QEMU -append)");
-        exit(exit_code::FAIL)
+    let args = match args() {
+        Ok(args) => args,
+        Err(why) => {
+            defmt::error!("cannot run: {=str} (QEMU -append)", why);
+            exit(exit_code::FAIL)
+        }
     };
     let Some(psram) = flash::take() else { exit(exit_code::FAIL) };
 
@@ -158,6 +196,12 @@ async fn main(spawner: Spawner) {
         report.boot_range_reset,
         report.queue_range_reset,
         report.foreign_discarded
+    );
+    // Whether a credential is set, never what it is.
+    defmt::info!(
+        "device {=u64:016x}, credential {=str}",
+        args.device,
+        if args.credential.is_some() { "set" } else { "none" }
     );
     if let Some((b, n)) = args.cut_write
         && b == boot
@@ -189,11 +233,12 @@ async fn main(spawner: Spawner) {
     wait_for_lease(stack).await;
 
     let server = SocketAddrV4::new(HOST, args.port);
-    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take());
+    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take())
+        .with_credential(args.credential.as_ref());
     let mut transport = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
-    let config = Config::new(DEVICE);
+    let config = Config::new(args.device);
     let s =
         uplink(&config, &POLICY, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
             .await;

@@ -2,13 +2,16 @@
 //! an outcome; the round pause; how a verdict settles a reading; and the uplink loop over the
 //! durable outbox (on the emulated flash) against a scripted transport: the same key on every
 //! attempt, a 400 settled as failed, a Retry-After too long to wait holding the outbox for that
-//! long, and each attempt's time limit capped to the time left before the call's deadline.
+//! long, and each attempt's time limit capped to the time left before the call's deadline; and
+//! the device credential in the request head of every attempt, in no `Debug` form, and absent
+//! when the device has none.
 
 #![no_std]
 #![no_main]
 
 use core::cell::RefCell;
 
+use core::fmt::Write as _;
 use embassy_executor::Spawner;
 use embassy_time::{Delay, Instant, Timer};
 use heapless::Vec;
@@ -19,11 +22,18 @@ use wary::{
 };
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_qemu::Tally;
-use wary_uplink::http::{HttpError, Response};
+
+use wary_uplink::http::{self, HttpError, Post, Response};
+use wary_uplink::identity::{Credential, parse_device_id};
 use wary_uplink::transport::{failure, outcome};
 use wary_uplink::{Config, POLICY, Reading, RoundBackoff, Settle, SplitMix64, Store, Transport, uplink};
 
 const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
+
+/// A test credential (random, used nowhere else) and the header line it must produce.
+const TOKEN: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const AUTHORIZATION_LINE: &str =
+    "\r\nAuthorization: Bearer 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\r\n";
 
 /// Answers from a script, one per attempt (the last repeats); records what each attempt was
 /// given.
@@ -88,6 +98,64 @@ async fn main(_spawner: Spawner) {
     let _board = mps2_an386::init();
     let mut tally = Tally::new();
     let rules = Rules::LENIENT;
+
+    // The credential: `Authorization: Bearer <token>` in the head of each attempt's request,
+    // exactly once; never in a Debug form; no such header without one.
+    let credential = Credential::from_token(TOKEN);
+    tally.check("a 64-hex-digit token is a credential", credential.is_some());
+    let post = Post {
+        path: "/readings",
+        idempotency_key: "574152590a3860010000000100000000",
+        body: b"{}",
+        credential: credential.as_ref(),
+    };
+    let mut every_attempt = true;
+    for _attempt in 0..3 {
+        let mut head = [0u8; 512];
+        let text = match http::encode_head(&post, "10.0.2.2:8080", &mut head).await {
+            Ok(n) => head.get(..n).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or(""),
+            Err(_) => "",
+        };
+        every_attempt &= text.matches("Authorization").count() == 1
+            && text.contains(AUTHORIZATION_LINE)
+            && text.contains("\r\nIdempotency-Key: 574152590a3860010000000100000000\r\n")
+            && text.ends_with("\r\n\r\n");
+    }
+    tally.check(
+        "credential: one Authorization: Bearer line with the whole token, every attempt",
+        every_attempt,
+    );
+    let mut shown: heapless::String<256> = heapless::String::new();
+    let _ = write!(shown, "{:?} {:?}", credential, post);
+    tally.check(
+        "credential: Debug of it and of the request shows no part of the token",
+        shown.contains("Credential(..)") && !shown.contains(&TOKEN[..8]) && !shown.contains(&TOKEN[56..]),
+    );
+    let anonymous = Post { credential: None, ..post };
+    let mut head = [0u8; 512];
+    let text = match http::encode_head(&anonymous, "10.0.2.2:8080", &mut head).await {
+        Ok(n) => head.get(..n).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or(""),
+        Err(_) => "",
+    };
+    tally.check(
+        "no credential: no Authorization header, the rest unchanged",
+        !text.is_empty() && !text.contains("Authorization") && text.contains("\r\nIdempotency-Key: "),
+    );
+    tally.check(
+        "a malformed token is refused",
+        Credential::from_token(&TOKEN[1..]).is_none() && Credential::from_token("Z").is_none(),
+    );
+    tally.check(
+        "a 16-hex-digit device id",
+        parse_device_id("574152590a386001") == Some(0x5741_5259_0a38_6001),
+    );
+    tally.check(
+        "a decimal device id; anything else refused",
+        parse_device_id("18446744073709551615") == Some(u64::MAX)
+            && parse_device_id("18446744073709551616").is_none()
+            && parse_device_id("0x2a").is_none()
+            && parse_device_id("").is_none(),
+    );
 
     // What an exchange result means for the request.
     tally.check(
@@ -186,7 +254,7 @@ async fn main(_spawner: Spawner) {
     };
     let store = Store::new(outbox);
     store.finish_sensing();
-    let config = Config::new(0x0a38_6001);
+    let config = Config::new(0x5741_5259_0a38_6001);
     let fleet = FleetBudget::new(10, 500).unwrap_or_else(|_| tally.finish());
 
     // A 503, then ok: one reading, two attempts with one key.
