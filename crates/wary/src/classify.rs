@@ -704,21 +704,37 @@ impl Table {
         self.transport.wrapping_shr(slot.wrapping_mul(2)) as u32 & 3
     }
 
-    /// Feeds every rule to a fingerprint, in a fixed order: the 200 status rules, then the
-    /// class and transport rules.
-    pub(crate) fn fingerprint_into(&self, h: &mut Fnv) {
-        for (code, rule) in self.exact_rules() {
-            h.u16(code);
-            h.u8(rule as u8);
+    /// Feeds every rule to a fingerprint, in a fixed order: the exact status rules by ascending
+    /// status (status, rule), a 0, then the class rules and the transport rules in
+    /// [`Transport::ALL`]'s order. `const`, so a policy's fingerprint is worked out when it is
+    /// built.
+    pub(crate) const fn fingerprint_into(&self, h: &mut Fnv) {
+        // One byte of `exact` holds eight statuses, whose rules are two bytes of `rules`.
+        let (mut exact, mut rules): (&[u8], &[u8]) = (&self.exact, &self.rules);
+        let mut code = FIRST;
+        while let ([e, exact_rest @ ..], [r0, r1, rules_rest @ ..]) = (exact, rules) {
+            let two = *r0 as u32 | (*r1 as u32).wrapping_shl(8);
+            let mut bit = 0u32;
+            while bit < 8 {
+                if (*e as u32).wrapping_shr(bit) & 1 != 0 {
+                    h.u16(code.wrapping_add(bit as u16));
+                    h.u8(Rule::from_bits(two.wrapping_shr(bit.wrapping_mul(2)) as u8) as u8);
+                }
+                bit = bit.wrapping_add(1);
+            }
+            code = code.wrapping_add(8);
+            (exact, rules) = (exact_rest, rules_rest);
         }
         h.u16(0);
-        for r in [self.client_error, self.server_error, self.other_status] {
-            h.u8(r as u8);
+        h.u8(self.client_error as u8);
+        h.u8(self.server_error as u8);
+        h.u8(self.other_status as u8);
+        let mut slot = 0;
+        while slot < Transport::ALL.len() as u32 {
+            h.u8(self.slot_rule(slot) as u8);
+            slot = slot.wrapping_add(1);
         }
-        for t in Transport::ALL {
-            h.u8(self.transport_rule(t) as u8);
-        }
-        h.u8(u8::from(self.reads_only));
+        h.u8(self.reads_only as u8);
     }
 
     /// The operation of an HTTP method under this table: a table that retries reads only
@@ -1120,6 +1136,42 @@ mod more_tests {
             assert_eq!(t.status_rule(code), Rule::Fail, "{code}");
         }
         assert_eq!((t.status_rule(400), t.status_rule(599)), (Rule::RetryAny, Rule::RetryAny));
+    }
+
+    #[test]
+    fn the_fingerprint_feeds_exact_rules_by_status_then_class_and_transport_rules() {
+        // The encoding as a loop over the public accessors: the const walk over the bitmaps
+        // must feed the same bytes, the first and last status of the range included.
+        fn by_accessors(t: &Table) -> u32 {
+            let mut h = Fnv::new();
+            for (code, rule) in t.exact_rules() {
+                h.u16(code);
+                h.u8(rule as u8);
+            }
+            h.u16(0);
+            for r in [t.client_errors(), t.server_errors(), t.other_statuses()] {
+                h.u8(r as u8);
+            }
+            for k in Transport::ALL {
+                h.u8(t.transport_rule(k) as u8);
+            }
+            h.u8(u8::from(t.is_reads_only()));
+            h.finish()
+        }
+        let mut t = Table::DEFAULT.with_status(400, Rule::RetryAny).unwrap();
+        for (code, rule) in [(407, Rule::Fail), (431, Rule::RetryIdempotent), (599, Rule::RetryIdempotent)] {
+            t = t.with_status(code, rule).unwrap();
+        }
+        let t = t.with_transport(Transport::Tls, Rule::RetryAny).reads_only(true);
+        for table in [Table::DEFAULT, Table::BASIC, Table::STRICT, t] {
+            let mut h = Fnv::new();
+            table.fingerprint_into(&mut h);
+            assert_eq!(h.finish(), by_accessors(&table));
+        }
+        let (mut a, mut b) = (Fnv::new(), Fnv::new());
+        Table::DEFAULT.fingerprint_into(&mut a);
+        t.fingerprint_into(&mut b);
+        assert_ne!(a.finish(), b.finish());
     }
 
     #[test]

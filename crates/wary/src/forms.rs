@@ -6,7 +6,7 @@ use crate::classify::{Class, Failure, Operation, Outcome};
 use crate::decide::{GiveUp, Verdict};
 use crate::error::LineError;
 use crate::key::Key;
-use crate::ledger::Record;
+use crate::record::Record;
 use crate::time::Duration;
 
 /// A record's fields as names and numbers, before they are checked.
@@ -70,9 +70,6 @@ impl Fields<'_> {
 }
 
 #[cfg(feature = "serde")]
-pub(crate) use with_serde::{PolicyForm, RecordForm};
-
-#[cfg(feature = "serde")]
 mod with_serde {
     use core::fmt;
 
@@ -83,9 +80,9 @@ mod with_serde {
     use crate::backoff::Jitter;
     use crate::classify::{Rule, Table, Transport};
     use crate::error::{PolicyError, TableError};
-    use crate::ledger::LEDGER_VERSION;
     use crate::policy::{Policy, RetryAfterMode};
     use crate::retry_after::Rules;
+    use crate::version::LEDGER_VERSION;
 
     /// Why a line's form was refused.
     #[derive(Debug)]
@@ -330,6 +327,33 @@ mod with_serde {
                 retry_after_rules: p.retry_after_rules,
                 table: TableForm::from(&p.table),
             }
+        }
+    }
+
+    // `Policy` and `Record` read and write through their forms. The impls live here, beside the
+    // forms, so the policy and the record know nothing of their lines. As serde's
+    // `try_from`/`into` would, a refused form is reported through its `Display`.
+    impl Serialize for Policy {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            PolicyForm::from(*self).serialize(s)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Policy {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
+            Policy::try_from(PolicyForm::deserialize(d)?).map_err(serde::de::Error::custom)
+        }
+    }
+
+    impl Serialize for Record {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            RecordForm::from(*self).serialize(s)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Record {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Record, D::Error> {
+            Record::try_from(RecordForm::deserialize(d)?).map_err(serde::de::Error::custom)
         }
     }
 

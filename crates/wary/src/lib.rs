@@ -28,11 +28,13 @@ mod key;
 mod ledger;
 mod plan;
 mod policy;
+mod record;
 mod retry_after;
 #[cfg(feature = "runner")]
 mod run;
 mod throttle;
 mod time;
+mod version;
 
 pub use backoff::{Backoff, Draw, Jitter};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};

@@ -18,6 +18,7 @@ use crate::error::PolicyError;
 use crate::fingerprint::Fnv;
 use crate::retry_after::{Duplicates, Rules};
 use crate::time::Duration;
+use crate::version::LEDGER_VERSION;
 
 /// A starting point for a policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,11 +97,6 @@ impl RetryAfterMode {
 /// rule is one comparison, and the retry at which the backoff reaches its cap is worked out
 /// once, when the policy is built.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(
-    feature = "serde",
-    serde(try_from = "crate::forms::PolicyForm", into = "crate::forms::PolicyForm")
-)]
 pub struct Policy {
     pub(crate) table: Table,
     pub(crate) backoff: Backoff,
@@ -117,6 +113,8 @@ pub struct Policy {
     /// once by [`Policy::with_cap_shift`]; `u32::MAX` for a base of 0, which never grows.
     pub(crate) cap_shift: u32,
     pub(crate) retry_after_rules: Rules,
+    /// [`Policy::fingerprint`], worked out once by [`Policy::settled`] (0 in a builder).
+    pub(crate) fingerprint: u32,
 }
 
 impl core::fmt::Debug for Policy {
@@ -188,6 +186,7 @@ impl Policy {
                 max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Spread,
                 cap_shift: 0,
+                fingerprint: 0,
                 retry_after_rules: Rules::LENIENT,
             },
             Preset::Basic => Policy {
@@ -200,6 +199,7 @@ impl Policy {
                 max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Max,
                 cap_shift: 0,
+                fingerprint: 0,
                 retry_after_rules: Rules::LENIENT,
             },
             Preset::Strict => Policy {
@@ -212,6 +212,7 @@ impl Policy {
                 max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Max,
                 cap_shift: 0,
+                fingerprint: 0,
                 retry_after_rules: Rules::STRICT,
             },
         };
@@ -222,7 +223,7 @@ impl Policy {
     pub const fn to_builder(&self) -> PolicyBuilder {
         // A builder holds settings only: what `build` works out from them is left to it.
         PolicyBuilder {
-            p: Policy { cap_shift: 0, ..*self },
+            p: Policy { cap_shift: 0, fingerprint: 0, ..*self },
             deadline_set: !self.deadline.is_max(),
             max_retry_after_set: !self.max_retry_after.is_max(),
         }
@@ -341,20 +342,32 @@ impl Policy {
     /// A 32-bit fingerprint of every setting, recorded in ledgers so a replay can tell that a
     /// record was made under another policy (FNV-1a over the settings in a fixed, explicit
     /// encoding, so a device and a laptop agree; not cryptographic). It starts with the ledger
-    /// format's version, so the two change together.
-    pub fn fingerprint(&self) -> u32 {
+    /// format's version, so the two change together. Worked out once, when the policy is built:
+    /// reading it costs nothing per record.
+    pub const fn fingerprint(&self) -> u32 {
+        self.fingerprint
+    }
+
+    /// Works out [`Policy::fingerprint`] from the settings.
+    const fn fingerprint_of_settings(&self) -> u32 {
         let mut h = Fnv::new();
-        h.u32(crate::ledger::LEDGER_VERSION);
+        h.u32(LEDGER_VERSION);
         h.u32(self.backoff.base.as_millis());
         h.u32(self.backoff.cap.as_millis());
         h.u8(self.backoff.jitter as u8);
         h.u32(self.budget.as_millis());
-        h.opt_u32(self.deadline().map(Duration::as_millis));
+        h.opt_u32(match self.deadline() {
+            Some(d) => Some(d.as_millis()),
+            None => None,
+        });
         h.opt_u32(self.max_attempts());
         h.u32(self.min_attempt.as_millis());
-        h.opt_u32(self.max_retry_after().map(Duration::as_millis));
+        h.opt_u32(match self.max_retry_after() {
+            Some(d) => Some(d.as_millis()),
+            None => None,
+        });
         h.u8(self.retry_after_mode as u8);
-        h.u8(u8::from(self.retry_after_rules.accept_dates));
+        h.u8(self.retry_after_rules.accept_dates as u8);
         h.u8(match self.retry_after_rules.duplicates {
             Duplicates::Reject => 0,
             Duplicates::Longest => 1,
@@ -493,11 +506,19 @@ impl PolicyBuilder {
         if p.max_retries().is_none() {
             return Err(PolicyError::Unbounded);
         }
-        Ok(p.with_cap_shift())
+        Ok(p.settled())
     }
 }
 
 impl Policy {
+    /// This policy with what the decision and the ledger read worked out from its settings:
+    /// the cap shift ([`Policy::with_cap_shift`]) and the fingerprint.
+    pub(crate) const fn settled(self) -> Policy {
+        let mut p = self.with_cap_shift();
+        p.fingerprint = p.fingerprint_of_settings();
+        p
+    }
+
     /// This policy with its cap shift worked out from its base and cap: the fewest
     /// doublings of the base that reach the cap or pass 32 bits (at most 32), after which every
     /// ceiling is the cap; a base of 0 (only in a plan of unchecked settings) never grows.
