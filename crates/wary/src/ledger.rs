@@ -22,8 +22,6 @@
 use heapless::HistoryBuf;
 
 use crate::backoff::Draw;
-use crate::classify::Failure;
-use crate::decide::{GiveUp, Verdict};
 use crate::error::LineError;
 pub use crate::record::Record;
 use crate::time::Duration;
@@ -130,6 +128,9 @@ pub const DEVICE_FIELDS: [&str; 17] = [
 /// Logs one record as a device line (see [`DEVICE_FIELDS`]).
 #[cfg(feature = "defmt")]
 fn log_record(r: &Record) {
+    use crate::classify::Failure;
+    use crate::decide::{GiveUp, Verdict};
+
     let key = r.key.to_hex();
     let (draw_kind, draw_value) = match r.draw {
         None => ("none", 0),
@@ -339,7 +340,7 @@ impl<const B: usize> AttemptStats<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Class, Key, Operation, Outcome};
+    use crate::{Class, Failure, Key, Operation, Outcome, Verdict};
 
     fn rec(attempt: u32, verdict: Option<Verdict>) -> Record {
         Record {
