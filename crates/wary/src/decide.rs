@@ -296,17 +296,16 @@ impl Policy {
         Decision::Done(verdict)
     }
 
-    /// The wait before retry `k` (the attempt just made was attempt `k`) of a call whose last
-    /// outcome was retryable, or why the call must stop. Does not change `state`.
+    /// The stop rules that hold before any wait, after attempt `k`: the attempt cap, and the
+    /// deadline for an attempt started with no wait. Otherwise, what is left of the wait
+    /// budget, and how long a wait may be (that, and what the deadline leaves).
     #[inline]
-    pub(crate) fn next_wait(
+    fn room(
         &self,
         k: u32,
         state: &CallState,
-        outcome: &Outcome,
-        draw: Draw,
         elapsed: Option<Duration>,
-    ) -> Result<Duration, GiveUp> {
+    ) -> Result<(Duration, Duration), GiveUp> {
         // No cap is u32::MAX, which a call's count reaches only when it can count no further.
         if k >= self.max_attempts {
             return Err(GiveUp::Attempts);
@@ -325,6 +324,29 @@ impl Policy {
             },
             _ => left,
         };
+        Ok((left, room))
+    }
+
+    /// True if a call whose last outcome was `unknown` may send once more now, with no wait:
+    /// a write a probe found not landed. The resend counts as a retry, so it obeys the stop
+    /// rules a retry does: the attempt cap, the deadline (`elapsed` counts the probe's time)
+    /// and the fleet budget, which already holds the unknown attempt's cost.
+    pub fn may_resend(&self, state: &CallState, elapsed: Duration, fleet: Option<&FleetBudget>) -> bool {
+        self.room(state.attempts, state, Some(elapsed)).is_ok() && fleet.is_none_or(FleetBudget::allows_retry)
+    }
+
+    /// The wait before retry `k` (the attempt just made was attempt `k`) of a call whose last
+    /// outcome was retryable, or why the call must stop. Does not change `state`.
+    #[inline]
+    pub(crate) fn next_wait(
+        &self,
+        k: u32,
+        state: &CallState,
+        outcome: &Outcome,
+        draw: Draw,
+        elapsed: Option<Duration>,
+    ) -> Result<Duration, GiveUp> {
+        let (left, room) = self.room(k, state, elapsed)?;
         let ceiling = self.ceiling(k);
         let backoff = self.backoff.wait_under(ceiling, state.last_wait, draw);
         let wait = match outcome.retry_after() {

@@ -32,6 +32,7 @@ mod record;
 mod retry_after;
 #[cfg(feature = "runner")]
 mod run;
+mod step;
 mod throttle;
 mod time;
 mod version;
@@ -58,6 +59,7 @@ pub use run::EmbassyClock;
 #[cfg(feature = "runner")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runner")))]
 pub use run::{Attempt, Cancel, CancelToken, Clock, Landed, Never, NoProbe, Probe, Runner, Stopped};
+pub use step::Attempts;
 pub use throttle::FleetBudget;
 pub use time::{Duration, Instant};
 
