@@ -24,6 +24,7 @@
 
 use crate::error::TableError;
 use crate::fingerprint::Fnv;
+use crate::names::named_enum;
 use crate::retry_after::{Reading, Rules};
 use crate::time::Duration;
 
@@ -318,39 +319,21 @@ impl Outcome {
     }
 }
 
-/// What a table says about one kind of failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-#[repr(u8)]
-pub enum Rule {
-    /// Refused before the server did anything: safe to resend for any operation.
-    RetryAny = 0,
-    /// The work may have landed: resend a read or a keyed write; a write becomes
-    /// [`Class::Unknown`] and is never resent.
-    RetryIdempotent = 1,
-    /// Will fail the same way every time: fail at once, with no wait.
-    Fail = 2,
+named_enum! {
+    /// What a table says about one kind of failure.
+    #[repr(u8)]
+    pub enum Rule {
+        /// Refused before the server did anything: safe to resend for any operation.
+        RetryAny = 0 => "retry_any",
+        /// The work may have landed: resend a read or a keyed write; a write becomes
+        /// [`Class::Unknown`] and is never resent.
+        RetryIdempotent = 1 => "retry_idempotent",
+        /// Will fail the same way every time: fail at once, with no wait.
+        Fail = 2 => "fail",
+    }
 }
 
 impl Rule {
-    /// Every rule, in a fixed order.
-    pub const ALL: [Rule; 3] = [Rule::RetryAny, Rule::RetryIdempotent, Rule::Fail];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Rule::RetryAny => "retry_any",
-            Rule::RetryIdempotent => "retry_idempotent",
-            Rule::Fail => "fail",
-        }
-    }
-
-    /// Parses [`Rule::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Rule::ALL.into_iter().find(|r| r.name() == name)
-    }
-
     const fn from_bits(bits: u8) -> Rule {
         match bits & 3 {
             0 => Rule::RetryAny,
@@ -360,94 +343,39 @@ impl Rule {
     }
 }
 
-/// The class of one attempt's outcome for one operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Class {
-    /// Success.
-    Ok,
-    /// Safe to send again, if the stop rules allow.
-    Retry,
-    /// May have landed and cannot be resent safely.
-    Unknown,
-    /// Fails at once.
-    Failed,
-    /// Cancelled by the caller.
-    Cancelled,
-}
-
-impl Class {
-    /// Every class, in a fixed order.
-    pub const ALL: [Class; 5] = [Class::Ok, Class::Retry, Class::Unknown, Class::Failed, Class::Cancelled];
-
-    /// The name used by `wary plan` and the ledgers.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Class::Ok => "ok",
-            Class::Retry => "retry",
-            Class::Unknown => "unknown",
-            Class::Failed => "failed",
-            Class::Cancelled => "cancelled",
-        }
-    }
-
-    /// Parses [`Class::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Class::ALL.into_iter().find(|c| c.name() == name)
+named_enum! {
+    /// The class of one attempt's outcome for one operation.
+    pub enum Class {
+        /// Success.
+        Ok => "ok",
+        /// Safe to send again, if the stop rules allow.
+        Retry => "retry",
+        /// May have landed and cannot be resent safely.
+        Unknown => "unknown",
+        /// Fails at once.
+        Failed => "failed",
+        /// Cancelled by the caller.
+        Cancelled => "cancelled",
     }
 }
 
-/// The failures other than a status that a table has a rule for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Transport {
-    /// [`Failure::ConnectTimeout`].
-    ConnectTimeout,
-    /// [`Failure::ResponseTimeout`].
-    ResponseTimeout,
-    /// [`Failure::Refused`].
-    Refused,
-    /// [`Failure::Reset`].
-    Reset,
-    /// [`Failure::Tls`].
-    Tls,
-    /// [`Failure::BadBody`].
-    BadBody,
-    /// [`Failure::StreamBroken`] before anything was forwarded.
-    StreamBefore,
-}
-
-impl Transport {
-    /// Every kind, in a fixed order.
-    pub const ALL: [Transport; 7] = [
-        Transport::ConnectTimeout,
-        Transport::ResponseTimeout,
-        Transport::Refused,
-        Transport::Reset,
-        Transport::Tls,
-        Transport::BadBody,
-        Transport::StreamBefore,
-    ];
-
-    /// The name used in configuration (the failure's own name; `stream_broken_before` for a
-    /// stream broken before forwarding).
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Transport::ConnectTimeout => "connect_timeout",
-            Transport::ResponseTimeout => "response_timeout",
-            Transport::Refused => "refused",
-            Transport::Reset => "reset",
-            Transport::Tls => "tls",
-            Transport::BadBody => "bad_body",
-            Transport::StreamBefore => "stream_broken_before",
-        }
-    }
-
-    /// Parses [`Transport::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Transport::ALL.into_iter().find(|t| t.name() == name)
+named_enum! {
+    /// The failures other than a status that a table has a rule for.
+    pub enum Transport {
+        /// [`Failure::ConnectTimeout`].
+        ConnectTimeout => "connect_timeout",
+        /// [`Failure::ResponseTimeout`].
+        ResponseTimeout => "response_timeout",
+        /// [`Failure::Refused`].
+        Refused => "refused",
+        /// [`Failure::Reset`].
+        Reset => "reset",
+        /// [`Failure::Tls`].
+        Tls => "tls",
+        /// [`Failure::BadBody`].
+        BadBody => "bad_body",
+        /// [`Failure::StreamBroken`] before anything was forwarded.
+        StreamBefore => "stream_broken_before",
     }
 }
 

@@ -26,6 +26,7 @@ mod fingerprint;
 mod forms;
 mod key;
 mod ledger;
+mod names;
 mod plan;
 mod policy;
 mod record;

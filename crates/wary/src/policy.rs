@@ -16,74 +16,36 @@ use crate::backoff::{Backoff, Jitter};
 use crate::classify::Table;
 use crate::error::PolicyError;
 use crate::fingerprint::Fnv;
+use crate::names::named_enum;
 use crate::retry_after::{Duplicates, Rules};
 use crate::time::Duration;
 use crate::version::LEDGER_VERSION;
 
-/// A starting point for a policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Preset {
-    /// wary's default: the default table, equal jitter, both Retry-After forms, callers told the
-    /// same Retry-After spread past it. Base 100 ms, cap 10 s, budget 30 s.
-    Default,
-    /// The basic table (429 for any operation; every 5xx and a timeout if idempotent, else
-    /// unknown; every other status fails), equal jitter, and a Retry-After waited exactly:
-    /// `max(wait, retry_after)`. `wary plan` answers under it. Base 2 s, cap 60 s, budget 120 s.
-    Basic,
-    /// Strict: only reads retried, integer-second Retry-After only, duplicates refused, three
-    /// attempts, no jitter. Base 100 ms, cap 400 ms, budget 300 ms.
-    Strict,
-}
-
-impl Preset {
-    /// Every preset, in a fixed order.
-    pub const ALL: [Preset; 3] = [Preset::Default, Preset::Basic, Preset::Strict];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Preset::Default => "default",
-            Preset::Basic => "basic",
-            Preset::Strict => "strict",
-        }
-    }
-
-    /// Parses [`Preset::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Preset::ALL.into_iter().find(|p| p.name() == name)
+named_enum! {
+    /// A starting point for a policy.
+    pub enum Preset {
+        /// wary's default: the default table, equal jitter, both Retry-After forms, callers told the
+        /// same Retry-After spread past it. Base 100 ms, cap 10 s, budget 30 s.
+        Default => "default",
+        /// The basic table (429 for any operation; every 5xx and a timeout if idempotent, else
+        /// unknown; every other status fails), equal jitter, and a Retry-After waited exactly:
+        /// `max(wait, retry_after)`. `wary plan` answers under it. Base 2 s, cap 60 s, budget 120 s.
+        Basic => "basic",
+        /// Strict: only reads retried, integer-second Retry-After only, duplicates refused, three
+        /// attempts, no jitter. Base 100 ms, cap 400 ms, budget 300 ms.
+        Strict => "strict",
     }
 }
 
-/// How a Retry-After combines with the backoff's own wait. Either way it raises the wait and
-/// never lowers it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum RetryAfterMode {
-    /// `max(wait, retry_after)`: exactly what the server asked, if longer than the backoff.
-    Max,
-    /// `max(wait, retry_after + draw·ceiling)`: clients told the same value do not all come
-    /// back in the same instant.
-    Spread,
-}
-
-impl RetryAfterMode {
-    /// Both, in a fixed order.
-    pub const ALL: [RetryAfterMode; 2] = [RetryAfterMode::Max, RetryAfterMode::Spread];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            RetryAfterMode::Max => "max",
-            RetryAfterMode::Spread => "spread",
-        }
-    }
-
-    /// Parses [`RetryAfterMode::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        RetryAfterMode::ALL.into_iter().find(|m| m.name() == name)
+named_enum! {
+    /// How a Retry-After combines with the backoff's own wait. Either way it raises the wait and
+    /// never lowers it.
+    pub enum RetryAfterMode {
+        /// `max(wait, retry_after)`: exactly what the server asked, if longer than the backoff.
+        Max => "max",
+        /// `max(wait, retry_after + draw·ceiling)`: clients told the same value do not all come
+        /// back in the same instant.
+        Spread => "spread",
     }
 }
 

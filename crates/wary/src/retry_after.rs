@@ -27,6 +27,7 @@
 //! ```
 
 use crate::error::RetryAfterError;
+use crate::names::named_enum;
 
 /// A parsed Retry-After value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,32 +57,13 @@ impl RetryAfter {
     }
 }
 
-/// How duplicate Retry-After headers are treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Duplicates {
-    /// Refuse them: ambiguous, so the response is treated as having no Retry-After.
-    Reject,
-    /// Take the longest wait any of them asks for: the server wants at least that.
-    Longest,
-}
-
-impl Duplicates {
-    /// Both, in a fixed order.
-    pub const ALL: [Duplicates; 2] = [Duplicates::Reject, Duplicates::Longest];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Duplicates::Reject => "reject",
-            Duplicates::Longest => "longest",
-        }
-    }
-
-    /// Parses [`Duplicates::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Duplicates::ALL.into_iter().find(|d| d.name() == name)
+named_enum! {
+    /// How duplicate Retry-After headers are treated.
+    pub enum Duplicates {
+        /// Refuse them: ambiguous, so the response is treated as having no Retry-After.
+        Reject => "reject",
+        /// Take the longest wait any of them asks for: the server wants at least that.
+        Longest => "longest",
     }
 }
 
