@@ -21,6 +21,7 @@
 mod backoff;
 mod classify;
 mod decide;
+mod deprecated;
 mod error;
 mod fingerprint;
 mod forms;
@@ -41,6 +42,8 @@ mod version;
 pub use backoff::{Backoff, Draw, Jitter};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
+#[allow(deprecated)]
+pub use deprecated::*;
 pub use error::{
     DrawError, FleetBudgetError, LineError, PlanError, PolicyError, RetryAfterError, TableError,
 };
@@ -51,7 +54,7 @@ pub use ledger::{
 pub use plan::{Plan, plan, plan_into, plan_static};
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
 pub use retry_after::{
-    Duplicates, Reading, RetryAfter, Rules, parse as parse_retry_after, parse_http_date,
+    Ambiguous, Reading, RetryAfter, Rules, parse as parse_retry_after, parse_http_date,
     parse_lenient as parse_retry_after_lenient,
 };
 #[cfg(all(feature = "runner", feature = "embassy-time"))]

@@ -56,7 +56,7 @@ pub(crate) use named_enum;
 
 #[cfg(test)]
 mod tests {
-    use crate::{Class, Duplicates, Jitter, Preset, RetryAfterMode, Rule, Transport};
+    use crate::{Ambiguous, Class, Jitter, Preset, RetryAfterMode, Rule, Transport};
 
     /// Every name reads back as its variant, names are distinct, an unknown name is `None`,
     /// and (with serde) the serde name is the name.
@@ -82,7 +82,7 @@ mod tests {
         check(&Transport::ALL, Transport::name, Transport::from_name);
         check(&Preset::ALL, Preset::name, Preset::from_name);
         check(&RetryAfterMode::ALL, RetryAfterMode::name, RetryAfterMode::from_name);
-        check(&Duplicates::ALL, Duplicates::name, Duplicates::from_name);
+        check(&Ambiguous::ALL, Ambiguous::name, Ambiguous::from_name);
         assert_eq!(Transport::ALL.len(), 7);
         assert_eq!(Transport::StreamBefore.name(), "stream_broken_before");
         assert_eq!(Rule::Fail as u8, 2);
@@ -104,6 +104,6 @@ mod tests {
         Transport::ALL.into_iter().for_each(|v| same(v, v.name()));
         Preset::ALL.into_iter().for_each(|v| same(v, v.name()));
         RetryAfterMode::ALL.into_iter().for_each(|v| same(v, v.name()));
-        Duplicates::ALL.into_iter().for_each(|v| same(v, v.name()));
+        Ambiguous::ALL.into_iter().for_each(|v| same(v, v.name()));
     }
 }

@@ -17,7 +17,7 @@ use crate::classify::Table;
 use crate::error::PolicyError;
 use crate::fingerprint::Fnv;
 use crate::names::named_enum;
-use crate::retry_after::{Duplicates, Rules};
+use crate::retry_after::{Ambiguous, Rules};
 use crate::time::Duration;
 use crate::version::LEDGER_VERSION;
 
@@ -330,9 +330,9 @@ impl Policy {
         });
         h.u8(self.retry_after_mode as u8);
         h.u8(self.retry_after_rules.accept_dates as u8);
-        h.u8(match self.retry_after_rules.duplicates {
-            Duplicates::Reject => 0,
-            Duplicates::Longest => 1,
+        h.u8(match self.retry_after_rules.ambiguous {
+            Ambiguous::Reject => 0,
+            Ambiguous::Longest => 1,
         });
         self.table.fingerprint_into(&mut h);
         h.finish()
@@ -744,7 +744,7 @@ mod tests {
 
     #[test]
     fn every_setting_changes_the_fingerprint() {
-        use crate::retry_after::Duplicates;
+        use crate::retry_after::Ambiguous;
         let variants = [
             basic(),
             basic().table(Table::BASIC.with_transport(Transport::Tls, Rule::RetryAny)),
@@ -766,7 +766,7 @@ mod tests {
             basic().max_retry_after(ms(31)),
             basic().retry_after_mode(RetryAfterMode::Spread),
             basic().retry_after_rules(Rules { accept_dates: false, ..Rules::LENIENT }),
-            basic().retry_after_rules(Rules { duplicates: Duplicates::Reject, ..Rules::LENIENT }),
+            basic().retry_after_rules(Rules { ambiguous: Ambiguous::Reject, ..Rules::LENIENT }),
             basic().table(Table::DEFAULT),
             basic().table(Table::BASIC.with_status(409, Rule::RetryAny).unwrap()),
             basic().table(Table::BASIC.with_status(409, Rule::Fail).unwrap()),

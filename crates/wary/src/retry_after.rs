@@ -58,11 +58,14 @@ impl RetryAfter {
 }
 
 named_enum! {
-    /// How duplicate Retry-After headers are treated.
-    pub enum Duplicates {
-        /// Refuse them: ambiguous, so the response is treated as having no Retry-After.
+    /// What to do with a Retry-After that can be read more than one way: several headers, a
+    /// number written outside the grammar (`1.5`, `+5`), a value that cannot be read at all.
+    pub enum Ambiguous {
+        /// Refuse it: the response is treated as having no Retry-After (strict reading).
         Reject => "reject",
-        /// Take the longest wait any of them asks for: the server wants at least that.
+        /// Read it as the longest wait it can mean: the longest of several values, a malformed
+        /// number rounded up (see [`parse_lenient`]); a value that cannot be read at all is
+        /// ignored and counted (lenient reading).
         Longest => "longest",
     }
 }
@@ -101,22 +104,23 @@ impl Reading {
 pub struct Rules {
     /// Accept the HTTP-date form.
     pub accept_dates: bool,
-    /// What to do with more than one header.
-    pub duplicates: Duplicates,
+    /// What to do with an ambiguous value: several headers, or a number outside the grammar.
+    /// Its serde name is `duplicates`, the key policy files use.
+    #[cfg_attr(feature = "serde", serde(rename = "duplicates"))]
+    pub ambiguous: Ambiguous,
 }
 
 impl Rules {
     /// Both forms, the longest of duplicates.
-    pub const LENIENT: Rules = Rules { accept_dates: true, duplicates: Duplicates::Longest };
+    pub const LENIENT: Rules = Rules { accept_dates: true, ambiguous: Ambiguous::Longest };
     /// Integer seconds only, duplicates refused: a header that is not exactly what the rule
     /// allows is not guessed at.
-    pub const STRICT: Rules = Rules { accept_dates: false, duplicates: Duplicates::Reject };
+    pub const STRICT: Rules = Rules { accept_dates: false, ambiguous: Ambiguous::Reject };
 
-    /// True for rules that take the longest of duplicates: they are the lenient rules, which
-    /// also read a malformed number as the longest wait it can mean (see [`parse_lenient`])
-    /// and ignore what they cannot read. Rules that refuse duplicates refuse those too.
+    /// True for rules that read an ambiguous value as the longest wait it can mean
+    /// ([`Ambiguous::Longest`]).
     pub const fn is_lenient(&self) -> bool {
-        matches!(self.duplicates, Duplicates::Longest)
+        matches!(self.ambiguous, Ambiguous::Longest)
     }
 
     /// Reads every `Retry-After` value of one response, with its `Date` value, to whole seconds
@@ -449,11 +453,11 @@ mod tests {
 
     #[test]
     fn duplicates_names_round_trip() {
-        assert_eq!((Duplicates::Reject.name(), Duplicates::Longest.name()), ("reject", "longest"));
-        for d in Duplicates::ALL {
-            assert_eq!(Duplicates::from_name(d.name()), Some(d));
+        assert_eq!((Ambiguous::Reject.name(), Ambiguous::Longest.name()), ("reject", "longest"));
+        for d in Ambiguous::ALL {
+            assert_eq!(Ambiguous::from_name(d.name()), Some(d));
         }
-        assert_eq!(Duplicates::from_name("first"), None);
+        assert_eq!(Ambiguous::from_name("first"), None);
     }
 
     #[test]
