@@ -377,7 +377,7 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty(), "fingerprints disagree: {}", String::from_utf8_lossy(&out.stderr));
     let jsonl = stdout(&out);
-    let attempts = log.lines().filter(|l| l.contains(wary::DEVICE_TAG)).count();
+    let attempts = log.lines().filter(|l| l.contains(wary::ledger::DEVICE_TAG)).count();
     assert!(attempts > 40, "{attempts} device lines");
     assert_eq!(jsonl.lines().count(), attempts + 1, "one policy line, then one line per attempt");
     let (out, report) = replay_text("device.jsonl", &jsonl);
@@ -400,7 +400,7 @@ fn a_device_line_of_another_version_is_refused() {
     let v1 = "3.017 INFO  wary-ledger v1 0a386001a4cf94560000000000000000 1 keyed_write response_timeout 0 -1 retry unit 17852510 50 3005 3005 - - -1 3383049023";
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
     let log = std::fs::read_to_string(format!("{data}/uplink-defmt.log")).unwrap();
-    let first = log.lines().find(|l| l.contains(wary::DEVICE_TAG)).unwrap();
+    let first = log.lines().find(|l| l.contains(wary::ledger::DEVICE_TAG)).unwrap();
     let input = format!("{first}\n{v1}\n{first}\n");
     let out = wary(&["ledger", "from-defmt"], &input);
     assert_eq!(out.status.code(), Some(1));

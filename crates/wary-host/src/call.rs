@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::StdRng;
 use wary::{
-    Attempts, Decision, Draw, Duration, FleetBudget, GiveUp, Instant, Key, Operation, Outcome, Policy,
-    Record, Sink, Verdict,
+    Attempts, Decision, Draw, Duration, FleetBudget, GiveUp, Instant, Key, Operation, Outcome, Policy, Sink,
+    Verdict, ledger::Record,
 };
 
 use crate::ratelimit::Signals;
@@ -262,7 +262,7 @@ impl Call {
 
 #[cfg(test)]
 mod tests {
-    use wary::{Ledger, Preset};
+    use wary::{Preset, ledger::Ledger};
 
     use super::*;
 

@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 use wary::{
-    Ambiguous, Duration, FleetBudgetError, Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, Rules,
-    TableError,
+    Duration, FleetBudgetError, Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, TableError,
+    retry_after::{Ambiguous, Rules},
 };
 
 use crate::ratelimit::Signals;

@@ -314,7 +314,7 @@ mod tests {
         let policy = Policy::builder(Preset::Default).base(ms(10)).cap(ms(40)).build().unwrap();
         let fleet = Arc::new(FleetBudget::new(4, 100).unwrap());
         let shadow_fleet = FleetBudget::new(4, 100).unwrap();
-        let ledger = Arc::new(Mutex::new(wary::Ledger::<16>::new()));
+        let ledger = Arc::new(Mutex::new(wary::ledger::Ledger::<16>::new()));
         let mut p = WaryPolicy::with_rng(policy, rng()).fleet(fleet.clone()).ledger(ledger.clone());
         let mut draws = rng();
         let mut shadow = CallState::new();

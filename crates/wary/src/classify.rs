@@ -251,7 +251,7 @@ impl Outcome {
     /// shows them), and the [`Reading`] gives the whole reading, for metrics.
     ///
     /// ```
-    /// use wary::{Duration, Failure, Outcome, Rules};
+    /// use wary::{Duration, Failure, Outcome, retry_after::Rules};
     /// let (o, _) = Outcome::from_response(204, [], None, None, &Rules::LENIENT);
     /// assert_eq!(o, Outcome::Ok);
     /// let (o, r) = Outcome::from_response(429, [b"1.5".as_slice(), b"soon"], None, None, &Rules::LENIENT);

@@ -523,7 +523,8 @@ mod tests {
     fn a_loose_retry_after_is_waited_out_in_full() {
         // "1.5" asks for at least 1.5 s: the call waits 2 s, not the backoff's 100 ms.
         let p = Policy::builder(Preset::Basic).build().unwrap();
-        let (o, _) = Outcome::from_response(429, [b"1.5".as_slice()], None, None, &crate::Rules::LENIENT);
+        let (o, _) =
+            Outcome::from_response(429, [b"1.5".as_slice()], None, None, &crate::retry_after::Rules::LENIENT);
         assert_eq!(nw(&p, &CallState::new(), &o, Draw::ZERO, None), Ok(2_000));
     }
 

@@ -392,7 +392,7 @@ mod with_serde {
 mod tests {
     use crate::{
         Class, Decision, Draw, Duration, Failure, GiveUp, Jitter, Key, Operation, Outcome, Policy, Preset,
-        Record, RetryAfterMode, Rule, Rules, Table, Transport, Verdict,
+        RetryAfterMode, Rule, Table, Transport, Verdict, ledger::Record, retry_after::Rules,
     };
 
     fn ms(n: u64) -> Duration {

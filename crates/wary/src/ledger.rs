@@ -9,7 +9,7 @@
 //! the policy, so a call can be replayed.
 //!
 //! ```
-//! use wary::AttemptStats;
+//! use wary::ledger::AttemptStats;
 //! let mut s = AttemptStats::<8>::new();
 //! for attempts in [1, 1, 1, 3] {
 //!     s.add(attempts);
@@ -22,7 +22,7 @@
 use heapless::HistoryBuf;
 
 use crate::backoff::Draw;
-use crate::error::LineError;
+pub use crate::error::LineError;
 pub use crate::record::Record;
 use crate::time::Duration;
 
@@ -180,7 +180,7 @@ fn log_record(_: &Record) {}
 /// skipped. A line of another version is refused with [`LineError::Version`].
 ///
 /// ```
-/// use wary::{Duration, Verdict, parse_device_line};
+/// use wary::{Duration, Verdict, ledger::parse_device_line};
 /// let line = "INFO  wary-ledger v2 0a386001000000010000000000000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345 0";
 /// let r = parse_device_line(line).unwrap();
 /// assert_eq!((r.attempt, r.wait, r.verdict), (1, Duration::from_millis(120), None));

@@ -26,12 +26,12 @@ mod error;
 mod fingerprint;
 mod forms;
 mod key;
-mod ledger;
+pub mod ledger;
 mod names;
-mod plan;
+pub mod plan;
 mod policy;
 mod record;
-mod retry_after;
+pub mod retry_after;
 #[cfg(feature = "runner")]
 mod run;
 mod step;
@@ -44,19 +44,11 @@ pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
 #[allow(deprecated)]
 pub use deprecated::*;
-pub use error::{
-    DrawError, FleetBudgetError, LineError, PlanError, PolicyError, RetryAfterError, TableError,
-};
+pub use error::{DrawError, FleetBudgetError, PolicyError, TableError};
 pub use key::Key;
-pub use ledger::{
-    AttemptStats, DEVICE_FIELDS, DEVICE_TAG, LEDGER_VERSION, Ledger, Record, Sink, parse_device_line,
-};
-pub use plan::{Plan, plan, plan_into, plan_static};
+/// Where the runner writes its records ([`ledger::Sink`]).
+pub use ledger::Sink;
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
-pub use retry_after::{
-    Ambiguous, Reading, RetryAfter, Rules, parse as parse_retry_after, parse_http_date,
-    parse_lenient as parse_retry_after_lenient,
-};
 #[cfg(all(feature = "runner", feature = "embassy-time"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "runner", feature = "embassy-time"))))]
 pub use run::EmbassyClock;

@@ -56,7 +56,7 @@ pub(crate) use named_enum;
 
 #[cfg(test)]
 mod tests {
-    use crate::{Ambiguous, Class, Jitter, Preset, RetryAfterMode, Rule, Transport};
+    use crate::{Class, Jitter, Preset, RetryAfterMode, Rule, Transport, retry_after::Ambiguous};
 
     /// Every name reads back as its variant, names are distinct, an unknown name is `None`,
     /// and (with serde) the serde name is the name.

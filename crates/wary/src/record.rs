@@ -1,7 +1,7 @@
 //! One attempt's record: what the runner, the host adapters and a replay write to a ledger.
 //!
 //! A record holds classes, numbers and the key only — never payload bytes, credentials or raw
-//! error text. How records are kept and written out is the ledger's ([`crate::Ledger`]); how
+//! error text. How records are kept and written out is the ledger's ([`crate::ledger::Ledger`]); how
 //! they read and write as lines is in the line forms.
 
 use crate::backoff::Draw;

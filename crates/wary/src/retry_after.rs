@@ -18,7 +18,7 @@
 //! server sending garbage. Strict rules read delay-seconds only and refuse anything else.
 //!
 //! ```
-//! use wary::{RetryAfter, parse_http_date, parse_retry_after as parse};
+//! use wary::{retry_after::{RetryAfter, parse as parse, parse_http_date}};
 //! assert_eq!(parse(b"120"), Ok(RetryAfter::Seconds(120)));
 //! let date = parse_http_date(b"Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
 //! assert_eq!(date, 784111777);
@@ -26,7 +26,7 @@
 //! assert_eq!(parse(b"Sun Nov  6 08:49:37 1994"), Ok(RetryAfter::Date(784111777)));
 //! ```
 
-use crate::error::RetryAfterError;
+pub use crate::error::RetryAfterError;
 use crate::names::named_enum;
 
 /// A parsed Retry-After value.
@@ -142,7 +142,7 @@ impl Rules {
     /// or a metric can show a server that sends garbage.
     ///
     /// ```
-    /// use wary::{RetryAfterError, Rules};
+    /// use wary::{retry_after::{RetryAfterError, Rules}};
     /// let r = Rules::LENIENT.read_counted([b"1.5".as_slice(), b"soon"], None, None);
     /// // 1.5 s means at least 1.5 s: wait 2, never 1. "soon" is ignored, and counted.
     /// assert_eq!((r.seconds, r.unreadable), (Some(2), 1));
@@ -231,7 +231,7 @@ pub fn parse(value: &[u8]) -> Result<RetryAfter, RetryAfterError> {
 /// [`RetryAfterError::Malformed`].
 ///
 /// ```
-/// use wary::{RetryAfter, parse_retry_after_lenient as parse_lenient};
+/// use wary::{retry_after::{RetryAfter, parse_lenient as parse_lenient}};
 /// assert_eq!(parse_lenient(b"1.5"), Ok(RetryAfter::Seconds(2)));
 /// assert_eq!(parse_lenient(b"+5"), Ok(RetryAfter::Seconds(5)));
 /// assert_eq!(parse_lenient(b"1e3"), Ok(RetryAfter::Seconds(1000)));
