@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::StdRng;
 use wary::{
-    Attempts, Decision, Draw, Duration, FleetBudget, GiveUp, Instant, Key, Operation, Outcome, Policy, Sink,
-    Verdict, ledger::Record,
+    Attempts, Decision, Draw, Duration, FleetBudget, Instant, Key, Operation, Outcome, Policy, Sink, Verdict,
+    ledger::Record,
 };
 
 use crate::ratelimit::Signals;
@@ -240,18 +240,8 @@ impl Call {
     ) -> Step {
         let now = adapter.now();
         let draw = adapter.draw();
-        let (decision, record) =
-            self.attempts.end(&adapter.policy, adapter.fleet.as_deref(), op, key, outcome, draw, now);
-        let (decision, record) = match decision {
-            Decision::Retry { .. } if last => {
-                let gave_up = Verdict::GaveUp(GiveUp::Attempts);
-                (
-                    Decision::Done(gave_up),
-                    Record { wait: Duration::ZERO, ..record.with_verdict(Some(gave_up)) },
-                )
-            }
-            d => (d, record),
-        };
+        let step = self.attempts.end(&adapter.policy, adapter.fleet.as_deref(), op, key, outcome, draw, now);
+        let (decision, record) = if last { Attempts::unrepeatable(step) } else { step };
         adapter.record(&record);
         match decision {
             Decision::Retry { wait } => Step::Retry { wait },
@@ -262,7 +252,7 @@ impl Call {
 
 #[cfg(test)]
 mod tests {
-    use wary::{Preset, ledger::Ledger};
+    use wary::{GiveUp, Preset, ledger::Ledger};
 
     use super::*;
 

@@ -23,7 +23,7 @@
 
 use crate::backoff::Draw;
 use crate::classify::{Operation, Outcome};
-use crate::decide::{CallState, Decision};
+use crate::decide::{CallState, Decision, GiveUp, Verdict};
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::record::Record;
@@ -107,6 +107,19 @@ impl Attempts {
         (decision, record)
     }
 
+    /// [`Attempts::end`]'s answer for an attempt that cannot be sent again (a request whose
+    /// body cannot be copied): a retry the policy would make ends the call `gave_up
+    /// (attempts)` instead, as if the attempt cap were reached, and its record says so.
+    pub fn unrepeatable((decision, record): (Decision, Record)) -> (Decision, Record) {
+        match decision {
+            Decision::Retry { .. } => {
+                let gave_up = Verdict::GaveUp(GiveUp::Attempts);
+                (Decision::Done(gave_up), Record { wait: Duration::ZERO, verdict: Some(gave_up), ..record })
+            }
+            Decision::Done(_) => (decision, record),
+        }
+    }
+
     /// True if a write a probe found not landed may be sent once more at `now`: the decision's
     /// stop rules for a retry with no wait ([`Policy::may_resend`]).
     pub fn may_resend(&self, policy: &Policy, fleet: Option<&FleetBudget>, now: Instant) -> bool {
@@ -122,7 +135,7 @@ impl Attempts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Class, GiveUp, Preset, Verdict};
+    use crate::{Class, Preset};
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -168,6 +181,27 @@ mod tests {
         let (d, r) = a.end(&p, Some(&fleet), Operation::Read, key, Outcome::status(503), Draw::ZERO, at(3));
         assert_eq!(d, Decision::Done(Verdict::GaveUp(GiveUp::Throttled)));
         assert_eq!(r.verdict, Some(Verdict::GaveUp(GiveUp::Throttled)));
+    }
+
+    #[test]
+    fn an_unrepeatable_attempt_gives_up_where_it_would_retry() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let key = Key::from_parts(1, 1, 1);
+        let mut a = Attempts::new(at(0));
+        a.start(&p, at(0));
+        let step = a.end(&p, None, Operation::KeyedWrite, key, Outcome::status(503), Draw::ZERO, at(5));
+        assert!(matches!(step.0, Decision::Retry { .. }));
+        let (d, r) = Attempts::unrepeatable(step);
+        let gave_up = Verdict::GaveUp(GiveUp::Attempts);
+        assert_eq!(
+            (d, r.verdict, r.wait, r.draw),
+            (Decision::Done(gave_up), Some(gave_up), ms(0), Some(Draw::ZERO))
+        );
+        // A call that ended anyway keeps its verdict.
+        a.start(&p, at(10));
+        let step = a.end(&p, None, Operation::KeyedWrite, key, Outcome::status(400), Draw::ZERO, at(15));
+        assert_eq!(Attempts::unrepeatable(step), step);
+        assert_eq!(step.0, Decision::Done(Verdict::Failed));
     }
 
     #[test]
