@@ -333,29 +333,24 @@ mod with_serde {
     // `Policy` and `Record` read and write through their forms. The impls live here, beside the
     // forms, so the policy and the record know nothing of their lines. As serde's
     // `try_from`/`into` would, a refused form is reported through its `Display`.
-    impl Serialize for Policy {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            PolicyForm::from(*self).serialize(s)
-        }
+    macro_rules! through_form {
+        ($t:ty, $form:ty) => {
+            impl Serialize for $t {
+                fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    <$form>::from(*self).serialize(s)
+                }
+            }
+
+            impl<'de> Deserialize<'de> for $t {
+                fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<$t, D::Error> {
+                    <$t>::try_from(<$form>::deserialize(d)?).map_err(serde::de::Error::custom)
+                }
+            }
+        };
     }
 
-    impl<'de> Deserialize<'de> for Policy {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
-            Policy::try_from(PolicyForm::deserialize(d)?).map_err(serde::de::Error::custom)
-        }
-    }
-
-    impl Serialize for Record {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            RecordForm::from(*self).serialize(s)
-        }
-    }
-
-    impl<'de> Deserialize<'de> for Record {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Record, D::Error> {
-            Record::try_from(RecordForm::deserialize(d)?).map_err(serde::de::Error::custom)
-        }
-    }
+    through_form!(Policy, PolicyForm);
+    through_form!(Record, RecordForm);
 
     impl TryFrom<PolicyForm> for Policy {
         type Error = FormError;
