@@ -2,8 +2,8 @@
 //! retry with it: `tower::retry::Retry::new(WaryPolicy::new(policy)?, client)`, or
 //! [`WaryRetry::new`] to get the verdict on the error path too.
 //!
-//! Per request the adapter keeps a [`Call`]; each response or error is decided by the core's
-//! [`Policy::decide_with_fleet`] with the operation the policy derives from the request
+//! Per request the adapter keeps a [`Call`], the core's attempt step ([`wary::Attempts`]);
+//! each response or error is decided by the core's decision with the operation the policy derives from the request
 //! ([`Policy::operation`]: its method, and whether it carries an `Idempotency-Key`; under the
 //! `strict` preset only GET and HEAD are reads), so an unkeyed POST is never resent after an
 //! ambiguous failure. Waits are tokio sleeps; a shared [`FleetBudget`](wary::FleetBudget) (an `Arc` or a

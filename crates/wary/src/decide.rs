@@ -1,4 +1,5 @@
-//! The decision after each attempt, and how a call ends.
+//! The decision after each attempt, and how a call ends: `Policy`'s decision (`impl Policy`
+//! here holds `decide`, `decide_with_fleet`, `may_resend` and every stop rule, written once).
 //!
 //! A call's whole state is a [`CallState`] of twelve bytes: the attempts made, the time waited
 //! and the last wait. After each attempt, [`Policy::decide`] classifies the outcome and either

@@ -1,6 +1,10 @@
 //! A policy: a classification table, a backoff, Retry-After handling and the stop rules.
 //! Built once and checked when built, so a bad setting is refused before any call runs.
 //!
+//! This file holds `Policy`'s settings: the builder and its checks, the accessors, and what is
+//! worked out once when a policy is built (the cap shift, the fingerprint). The decision is
+//! `impl Policy` in `decide.rs`.
+//!
 //! ```
 //! use wary::{Duration, Jitter, Policy, PolicyError, Preset};
 //! let ms = Duration::from_millis;
