@@ -42,7 +42,9 @@ mod version;
 pub use backoff::{Backoff, Draw, Jitter};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
+// The old root names, for one release; out of the docs, where the new paths are.
 #[allow(deprecated)]
+#[doc(hidden)]
 pub use deprecated::*;
 pub use error::{DrawError, FleetBudgetError, PolicyError, TableError};
 pub use key::Key;
