@@ -5,8 +5,9 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use wary::{
-    CallState, Decision, Draw, Duration, Failure, Jitter, Operation, Outcome, PlanError, Policy, Preset,
-    RetryAfterMode, Rule, TableError, Verdict, plan,
+    CallState, Decision, Draw, Duration, Failure, Jitter, Operation, Outcome, Policy, Preset, RetryAfterMode,
+    Rule, TableError, Verdict,
+    plan::{PlanError, plan},
 };
 
 const CAPACITY: usize = 64;

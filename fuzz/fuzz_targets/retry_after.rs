@@ -5,7 +5,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use wary::{RetryAfter, Rules, parse_http_date, parse_retry_after as parse};
+use wary::retry_after::{RetryAfter, Rules, parse, parse_http_date};
 
 #[derive(Arbitrary, Debug)]
 struct Input<'a> {

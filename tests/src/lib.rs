@@ -2,7 +2,7 @@
 //! unit of a case as one millisecond (as `wary plan` reads them: the formula rounds in the
 //! case's own unit, and the core's in whole milliseconds).
 
-use wary::{Draw, Duration, Operation, Outcome, Plan, Policy, Preset};
+use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, plan::Plan};
 
 /// One unit of a case: a millisecond.
 pub fn unit(n: u64) -> Duration {
@@ -34,7 +34,7 @@ pub fn units(waits: &[Duration]) -> Vec<u64> {
 
 /// Runs the core's plan with a generous capacity.
 pub fn plan_percent(outcomes: &[Outcome], op: Operation, policy: &Policy, draws: &[u8]) -> Plan<64> {
-    match wary::plan::<64>(policy, op, outcomes, &pct(draws)) {
+    match wary::plan::plan::<64>(policy, op, outcomes, &pct(draws)) {
         Ok(p) => p,
         Err(e) => unreachable!("plan failed: {e}"),
     }

@@ -47,8 +47,9 @@
 
 use wary::{
     CallState, Decision, Draw, DrawError, Duration, FleetBudget, FleetBudgetError, GiveUp, Jitter, Operation,
-    Outcome, PlanError, Policy, PolicyBuilder, PolicyError, Preset, RetryAfter, RetryAfterError, Rule, Rules,
-    Table, TableError, Verdict, parse_retry_after as parse, plan,
+    Outcome, Policy, PolicyBuilder, PolicyError, Preset, Rule, Table, TableError, Verdict,
+    plan::{PlanError, plan},
+    retry_after::{RetryAfter, RetryAfterError, Rules, parse},
 };
 
 fn ms(n: u64) -> Duration {

@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use wary::{Draw, Duration, Failure, GiveUp, Operation, Outcome, Policy, Preset, Verdict, plan};
+use wary::{Draw, Duration, Failure, GiveUp, Operation, Outcome, Policy, Preset, Verdict, plan::plan};
 
 const MAX_LEN: usize = 6;
 /// A Retry-After in the case's Retry-After unit ([`Case::ra_ms`]): fits most budgets in the grid.

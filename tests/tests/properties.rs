@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use wary::{
     CallState, Decision, Draw, Duration, Failure, FleetBudget, GiveUp, Jitter, Operation, Outcome, Policy,
-    Preset, RetryAfterMode, Verdict, plan,
+    Preset, RetryAfterMode, Verdict, plan::plan,
 };
 
 const CAPACITY: usize = 64;
@@ -342,7 +342,7 @@ fn plan_with_a_deadline_stays_within_max_retries() {
     // Waits of 1 and 2 fill the deadline of 3: two retries at most.
     assert_eq!(WithDeadline::MAX_RETRIES, 2);
     let outcomes = [Outcome::status(503); 10];
-    let r = wary::plan_static::<WithDeadline, 2>(Operation::Idempotent, &outcomes, &[Draw::ZERO; 9]);
+    let r = wary::plan::plan_static::<WithDeadline, 2>(Operation::Idempotent, &outcomes, &[Draw::ZERO; 9]);
     assert!(r.is_ok(), "{r:?}");
     assert!(r.unwrap().waits.iter().map(|w| millis(*w)).sum::<u64>() <= 3);
 }

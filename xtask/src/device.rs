@@ -239,9 +239,9 @@ impl Log {
                 log.resets.push((kind, log.boots.last().copied().unwrap_or(0), rest.to_owned()));
             } else if let Some(rest) = after(line, "SUMMARY ") {
                 log.summary = Some(rest.to_owned());
-            } else if line.contains(wary::DEVICE_TAG) {
+            } else if line.contains(wary::ledger::DEVICE_TAG) {
                 // The core writes the device line and reads it back: one format, one version.
-                let Ok(record) = wary::parse_device_line(line) else {
+                let Ok(record) = wary::ledger::parse_device_line(line) else {
                     continue;
                 };
                 let key = record.key.to_hex().as_str().to_owned();

@@ -38,7 +38,7 @@ use embassy_nrf::{bind_interrupts, peripherals, rng, uarte};
 use embassy_time::{Delay, Duration, Timer};
 use panic_probe as _;
 use static_cell::{ConstStaticCell, StaticCell};
-use wary::Ledger;
+use wary::ledger::Ledger;
 use wary_dial::{Apn, Chat};
 use wary_outbox::Outbox;
 #[cfg(not(feature = "tls"))]

@@ -47,7 +47,7 @@ pub fn runner_future() -> Option<usize> {
     let policy = wary::Policy::builder(wary::Preset::Default).build().ok()?;
     let fleet = wary::FleetBudget::new(10, 100).ok()?;
     let cancel = CancelToken::new();
-    let mut ledger = wary::Ledger::<16>::new();
+    let mut ledger = wary::ledger::Ledger::<16>::new();
     let mut runner =
         Runner::new(&policy, NoDelay, Zero, Rng(1)).cancel(&cancel).fleet(&fleet).ledger(&mut ledger);
     let fut = runner.call(wary::Operation::KeyedWrite, wary::Key::from_parts(1, 1, 1), |_| {

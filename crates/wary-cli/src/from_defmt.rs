@@ -1,12 +1,12 @@
 //! `wary ledger from-defmt`: device ledger lines, as `defmt-print` shows them, into the host's
 //! JSON-lines ledger, so a field incident replays on a laptop.
 //!
-//! A device line is [`wary::DEVICE_TAG`] followed by the fields of [`wary::DEVICE_FIELDS`],
-//! read by the core's own [`wary::parse_device_line`]; whatever `defmt-print` puts before the
+//! A device line is [`wary::ledger::DEVICE_TAG`] followed by the fields of [`wary::ledger::DEVICE_FIELDS`],
+//! read by the core's own [`wary::ledger::parse_device_line`]; whatever `defmt-print` puts before the
 //! tag (timestamp, level) is skipped, and lines without a ledger tag are ignored. A line of
 //! another ledger version is refused as such: its fields mean something else.
 
-use wary::{LineError, Record, parse_device_line};
+use wary::ledger::{LineError, Record, parse_device_line};
 
 /// Converts one line; `Ok(None)` if it is not a device ledger line.
 pub fn convert(line: &str) -> Result<Option<Record>, LineError> {
@@ -54,7 +54,7 @@ mod tests {
         // version, not read as if it were this one.
         let v1 = "3.017 INFO  wary-ledger v1 0a386001a4cf94560000000000000000 1 keyed_write response_timeout 0 -1 retry unit 17852510 50 3005 3005 - - -1 3383049023";
         let e = convert(v1).unwrap_err();
-        assert_eq!(e, LineError::Version { found: 1, expected: wary::LEDGER_VERSION });
+        assert_eq!(e, LineError::Version { found: 1, expected: wary::ledger::LEDGER_VERSION });
         assert_eq!(
             e.to_string(),
             "ledger line version 1 (times were ticks and seconds), this wary reads version 3"
@@ -63,7 +63,7 @@ mod tests {
         // (0a386001), so read as this version it would name another device. Refused, saying why.
         let v2 = "0.029 INFO  wary-ledger v2 0a386001000000010000000000000000 1 keyed_write ok 0 -1 ok none 0 0 10 10 ok - -1 2599086968 0";
         let e = convert(v2).unwrap_err();
-        assert_eq!(e, LineError::Version { found: 2, expected: wary::LEDGER_VERSION });
+        assert_eq!(e, LineError::Version { found: 2, expected: wary::ledger::LEDGER_VERSION });
         assert_eq!(
             e.to_string(),
             "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"

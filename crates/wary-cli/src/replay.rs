@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use wary::{AttemptStats, CallState, Class, Decision, Draw, GiveUp, Policy, Record, Verdict};
+use wary::{
+    CallState, Class, Decision, Draw, GiveUp, Policy, Verdict,
+    ledger::{AttemptStats, Record},
+};
 use wary_host::ledger::{Line, read_lines};
 
 /// One call's records, in order.

@@ -380,10 +380,10 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty(), "fingerprints disagree: {}", String::from_utf8_lossy(&out.stderr));
     let jsonl = stdout(&out);
-    let attempts = log.lines().filter(|l| l.contains(wary::DEVICE_TAG)).count();
+    let attempts = log.lines().filter(|l| l.contains(wary::ledger::DEVICE_TAG)).count();
     // Every key is the QEMU device's: its whole 64-bit id in the first 16 hex digits.
-    for line in log.lines().filter(|l| l.contains(wary::DEVICE_TAG)) {
-        let record = wary::parse_device_line(line).unwrap();
+    for line in log.lines().filter(|l| l.contains(wary::ledger::DEVICE_TAG)) {
+        let record = wary::ledger::parse_device_line(line).unwrap();
         assert_eq!(record.key.device_part(), 0x5741_5259_0a38_6001, "{line}");
         assert_eq!(record.key.boot_part(), 1, "{line}");
     }
@@ -411,10 +411,10 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
 fn a_version_3_device_capture_replays_and_its_keys_carry_the_whole_device_id() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
     let log = std::fs::read_to_string(format!("{data}/uplink-defmt-v3.log")).unwrap();
-    let lines: Vec<&str> = log.lines().filter(|l| l.contains(wary::DEVICE_TAG)).collect();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(wary::ledger::DEVICE_TAG)).collect();
     assert!(lines.len() > 20, "{} device lines", lines.len());
     for line in &lines {
-        let record = wary::parse_device_line(line).unwrap();
+        let record = wary::ledger::parse_device_line(line).unwrap();
         assert_eq!(record.key.device_part(), 0x5741_5259_0a38_6001, "{line}");
         assert_eq!(record.policy, 2_599_086_968, "{line}");
     }
@@ -436,7 +436,7 @@ fn a_device_line_of_another_version_is_refused() {
     let v1 = "3.017 INFO  wary-ledger v1 0a386001a4cf94560000000000000000 1 keyed_write response_timeout 0 -1 retry unit 17852510 50 3005 3005 - - -1 3383049023";
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
     let log = std::fs::read_to_string(format!("{data}/uplink-defmt.log")).unwrap();
-    let first = log.lines().find(|l| l.contains(wary::DEVICE_TAG)).unwrap();
+    let first = log.lines().find(|l| l.contains(wary::ledger::DEVICE_TAG)).unwrap();
     let input = format!("{first}\n{v1}\n{first}\n");
     let out = wary(&["ledger", "from-defmt"], &input);
     assert_eq!(out.status.code(), Some(1));

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use wary::{
     Attempt, Backoff, Draw, Duration, FleetBudget, FleetBudgetError, GiveUp, Instant, Jitter, Key, Operation,
-    Policy, Record, Runner, Sink, Stopped, Verdict,
+    Policy, Runner, Sink, Stopped, Verdict, ledger::Record,
 };
 use wary_host::ledger::JsonLedger;
 use wary_host::spec::PolicySpec;

@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use wary::{AttemptStats, Class, Duration, Instant, Key, Record, Verdict};
+use wary::{
+    Class, Duration, Instant, Key, Verdict,
+    ledger::{AttemptStats, Record},
+};
 
 /// Attempt-count buckets (the last holds "this many or more").
 pub const BUCKETS: usize = 32;

@@ -5,7 +5,8 @@
 //! `cargo run -p wary-host --example runner`
 
 use wary::{
-    CancelToken, Duration, Failure, FleetBudget, Instant, Key, Ledger, Operation, Policy, Preset, Runner,
+    CancelToken, Duration, Failure, FleetBudget, Instant, Key, Operation, Policy, Preset, Runner,
+    ledger::Ledger,
 };
 use wary_host::time::StdDelay;
 

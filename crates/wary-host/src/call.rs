@@ -1,10 +1,10 @@
 //! One call driven by someone else's loop: a tower `Retry` service or a reqwest middleware
 //! sends each attempt and asks after it, so they cannot hand the loop to the core's runner.
 //! [`Adapter`] holds what the calls share (the policy, the rate-limit signals, a fleet budget,
-//! a ledger, the draws, the clock); [`Call`] holds one call's state and asks the core's
-//! [`Policy::decide_with_fleet`] after each attempt, writing the same ledger record the runner
-//! writes ([`Record::decided`]). There is one decision, the core's; this module only carries it
-//! across attempts.
+//! a ledger, the draws, the clock); [`Call`] holds one call's core attempt step
+//! ([`Attempts`]), the same the core's runner drives: it numbers and times the attempts, asks
+//! the decision and builds the ledger record. There is one decision and one step, the core's;
+//! this module reads the clock and the draw, and writes the record.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::StdRng;
 use wary::{
-    CallState, Decision, Draw, Duration, FleetBudget, GiveUp, Instant, Key, Operation, Outcome, Policy,
-    Record, Sink, Verdict,
+    Attempts, Decision, Draw, Duration, FleetBudget, Instant, Key, Operation, Outcome, Policy, Sink, Verdict,
+    ledger::Record,
 };
 
 use crate::ratelimit::Signals;
@@ -157,8 +157,7 @@ impl Adapter {
 
     /// A call starting now.
     pub fn begin(&self) -> Call {
-        let now = self.now();
-        Call { state: CallState::new(), started: now, attempt_started: now }
+        Call { attempts: Attempts::new(self.now()) }
     }
 
     fn now(&self) -> Instant {
@@ -190,43 +189,36 @@ pub enum Step {
     Done(Verdict),
 }
 
-/// One call's state across its attempts.
+/// One call's state across its attempts: the core's attempt step ([`Attempts`]) with this
+/// adapter's clock, draws, fleet budget and ledger.
 #[derive(Debug, Clone, Copy)]
 pub struct Call {
-    state: CallState,
-    started: Instant,
-    attempt_started: Instant,
+    attempts: Attempts,
 }
 
 impl Default for Call {
     fn default() -> Self {
-        Call {
-            state: CallState::new(),
-            started: Instant::from_millis(0),
-            attempt_started: Instant::from_millis(0),
-        }
+        Call { attempts: Attempts::new(Instant::from_millis(0)) }
     }
 }
 
 impl Call {
     /// Attempts decided so far.
     pub fn attempts(&self) -> u32 {
-        self.state.attempts()
+        self.attempts.attempts()
     }
 
     /// Marks an attempt's start (restarting the call's clock before the first); returns the
     /// time left before the call's deadline, `None` without one.
     pub fn start_attempt(&mut self, adapter: &Adapter) -> Option<Duration> {
         let now = adapter.now();
-        if self.state.attempts() == 0 {
-            self.started = now;
+        if self.attempts.attempts() == 0 {
+            self.attempts = Attempts::new(now);
         }
-        self.attempt_started = now;
-        let elapsed = now.duration_since(self.started);
-        adapter.policy.deadline().map(|d| d.saturating_sub(elapsed))
+        self.attempts.start(&adapter.policy, now)
     }
 
-    /// Decides after one attempt with the core's decision and writes its ledger record.
+    /// Decides after one attempt with the core's attempt step and writes its ledger record.
     pub fn after(&mut self, adapter: &Adapter, op: Operation, key: Key, outcome: Outcome) -> Step {
         self.after_capped(adapter, op, key, outcome, false)
     }
@@ -246,33 +238,11 @@ impl Call {
         outcome: Outcome,
         last: bool,
     ) -> Step {
-        let t1 = adapter.now();
+        let now = adapter.now();
         let draw = adapter.draw();
-        let elapsed = t1.duration_since(self.started);
-        let number = self.state.attempts().saturating_add(1);
-        let policy = &adapter.policy;
-        let decision = match adapter.fleet.as_deref() {
-            Some(fleet) => {
-                policy.decide_with_fleet(&mut self.state, op, &outcome, draw, Some(elapsed), fleet)
-            }
-            None => policy.decide(&mut self.state, op, &outcome, draw, Some(elapsed)),
-        };
-        let decision = match decision {
-            Decision::Retry { .. } if last => Decision::Done(Verdict::GaveUp(GiveUp::Attempts)),
-            d => d,
-        };
-        let attempt_time = t1.duration_since(self.attempt_started);
-        adapter.record(&Record::decided(
-            policy,
-            key,
-            number,
-            op,
-            outcome,
-            draw,
-            decision,
-            attempt_time,
-            elapsed,
-        ));
+        let step = self.attempts.end(&adapter.policy, adapter.fleet.as_deref(), op, key, outcome, draw, now);
+        let (decision, record) = if last { Attempts::unrepeatable(step) } else { step };
+        adapter.record(&record);
         match decision {
             Decision::Retry { wait } => Step::Retry { wait },
             Decision::Done(v) => Step::Done(v),
@@ -282,7 +252,7 @@ impl Call {
 
 #[cfg(test)]
 mod tests {
-    use wary::{Ledger, Preset};
+    use wary::{GiveUp, Preset, ledger::Ledger};
 
     use super::*;
 

@@ -13,7 +13,7 @@ use std::io;
 
 use http::header::{DATE, RETRY_AFTER};
 use http::{HeaderMap, StatusCode};
-use wary::{Failure, Outcome, Policy, Reading};
+use wary::{Failure, Outcome, Policy, retry_after::Reading};
 
 use crate::ratelimit::Signals;
 use crate::time::WallClock;

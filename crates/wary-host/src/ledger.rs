@@ -20,7 +20,10 @@ use std::io::{self, Write};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use wary::{LEDGER_VERSION, Policy, Record, Sink};
+use wary::{
+    Policy, Sink,
+    ledger::{LEDGER_VERSION, Record},
+};
 
 /// One line of a ledger: a policy's settings, or one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

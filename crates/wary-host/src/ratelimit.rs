@@ -115,7 +115,8 @@ fn x_ratelimit_reset_ask(status: u16, headers: &HeaderMap, now_unix: Option<u64>
         return None;
     }
     let reset = number("x-ratelimit-reset")?;
-    let date = headers.get(http::header::DATE).and_then(|d| wary::parse_http_date(d.as_bytes()).ok());
+    let date =
+        headers.get(http::header::DATE).and_then(|d| wary::retry_after::parse_http_date(d.as_bytes()).ok());
     let now = date.or(now_unix)?;
     Some(reset.saturating_sub(now))
 }

@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 use wary::{
-    Duplicates, Duration, FleetBudgetError, Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, Rules,
-    TableError,
+    Duration, FleetBudgetError, Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, TableError,
+    retry_after::{Ambiguous, Rules},
 };
 
 use crate::ratelimit::Signals;
@@ -159,10 +159,10 @@ impl PolicySpec {
         let preset_rules = *start.retry_after_rules();
         b = b.retry_after_rules(Rules {
             accept_dates: self.retry_after_dates.unwrap_or(preset_rules.accept_dates),
-            duplicates: match self.reject_duplicate_retry_after {
-                Some(true) => Duplicates::Reject,
-                Some(false) => Duplicates::Longest,
-                None => preset_rules.duplicates,
+            ambiguous: match self.reject_duplicate_retry_after {
+                Some(true) => Ambiguous::Reject,
+                Some(false) => Ambiguous::Longest,
+                None => preset_rules.ambiguous,
             },
         });
         let mut table = *start.table();

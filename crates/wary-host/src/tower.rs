@@ -2,8 +2,8 @@
 //! retry with it: `tower::retry::Retry::new(WaryPolicy::new(policy)?, client)`, or
 //! [`WaryRetry::new`] to get the verdict on the error path too.
 //!
-//! Per request the adapter keeps a [`Call`]; each response or error is decided by the core's
-//! [`Policy::decide_with_fleet`] with the operation the policy derives from the request
+//! Per request the adapter keeps a [`Call`], the core's attempt step ([`wary::Attempts`]);
+//! each response or error is decided by the core's decision with the operation the policy derives from the request
 //! ([`Policy::operation`]: its method, and whether it carries an `Idempotency-Key`; under the
 //! `strict` preset only GET and HEAD are reads), so an unkeyed POST is never resent after an
 //! ambiguous failure. Waits are tokio sleeps; a shared [`FleetBudget`](wary::FleetBudget) (an `Arc` or a
@@ -321,7 +321,7 @@ mod tests {
         let policy = Policy::builder(Preset::Default).base(ms(10)).cap(ms(40)).build().unwrap();
         let fleet = Arc::new(FleetBudget::new(4, 100).unwrap());
         let shadow_fleet = FleetBudget::new(4, 100).unwrap();
-        let ledger = Arc::new(Mutex::new(wary::Ledger::<16>::new()));
+        let ledger = Arc::new(Mutex::new(wary::ledger::Ledger::<16>::new()));
         let mut p = WaryPolicy::with_rng(policy, rng()).fleet(fleet.clone()).ledger(ledger.clone());
         let mut draws = rng();
         let mut shadow = CallState::new();

@@ -12,7 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceExt;
 use tower::retry::Retry;
-use wary::{Class, Duration, Ledger, Policy, Preset, Verdict};
+use wary::{Class, Duration, Policy, Preset, Verdict, ledger::Ledger};
 use wary_cloud::{Cloud, Faults};
 use wary_host::draw::seeded;
 use wary_host::tower::WaryPolicy;

@@ -18,7 +18,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::timeout::TimeoutLayer;
 use tower::{ServiceBuilder, ServiceExt};
-use wary::{Duration, Failure, GiveUp, Ledger, Policy, Preset, Verdict};
+use wary::ledger::Ledger;
+use wary::{Duration, Failure, GiveUp, Policy, Preset, Verdict};
 use wary_host::tower::{WaryPolicy, WaryRetry};
 
 /// A listener with a full backlog of one, and the connections that fill it.

@@ -22,7 +22,8 @@ use http::Extensions;
 use reqwest::{Method, Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use wary::{Duration as Ms, Failure, GiveUp, Policy, Preset, Record, Sink, Verdict};
+use wary::ledger::Record;
+use wary::{Duration as Ms, Failure, GiveUp, Policy, Preset, Sink, Verdict};
 use wary_reqwest::{CallError, DeadlineElapsed, WaryMiddleware};
 
 /// What happened, in order, across the client, the server and the decision.

@@ -16,43 +16,23 @@
 //! ```
 
 use crate::error::DrawError;
+use crate::names::named_enum;
 use crate::time::Duration;
 
-/// How a wait is drawn below its ceiling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Jitter {
-    /// Half fixed, half drawn: `c/2 + draw·(c − c/2)`. The fixed half means every retry spends
-    /// budget, so the budget bounds the attempts. wary's default.
-    Equal,
-    /// Anywhere in `[0, c)`: the fewest calls under contention, but a draw
-    /// near 0 spends no budget, so a policy with it needs an attempt cap.
-    Full,
-    /// `base + draw·(min(cap, 3·previous) − base)`: each wait grows from the last one drawn.
-    Decorrelated,
-    /// Exactly the ceiling: a synchronised herd if many clients fail together. For tests and
-    /// comparisons.
-    None,
-}
-
-impl Jitter {
-    /// Every jitter, in a fixed order.
-    pub const ALL: [Jitter; 4] = [Jitter::Equal, Jitter::Full, Jitter::Decorrelated, Jitter::None];
-
-    /// The name used in configuration and `wary explain`.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Jitter::Equal => "equal",
-            Jitter::Full => "full",
-            Jitter::Decorrelated => "decorrelated",
-            Jitter::None => "none",
-        }
-    }
-
-    /// Parses [`Jitter::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Jitter::ALL.into_iter().find(|j| j.name() == name)
+named_enum! {
+    /// How a wait is drawn below its ceiling.
+    pub enum Jitter {
+        /// Half fixed, half drawn: `c/2 + draw·(c − c/2)`. The fixed half means every retry spends
+        /// budget, so the budget bounds the attempts. wary's default.
+        Equal => "equal",
+        /// Anywhere in `[0, c)`: the fewest calls under contention, but a draw
+        /// near 0 spends no budget, so a policy with it needs an attempt cap.
+        Full => "full",
+        /// `base + draw·(min(cap, 3·previous) − base)`: each wait grows from the last one drawn.
+        Decorrelated => "decorrelated",
+        /// Exactly the ceiling: a synchronised herd if many clients fail together. For tests and
+        /// comparisons.
+        None => "none",
     }
 }
 

@@ -24,6 +24,7 @@
 
 use crate::error::TableError;
 use crate::fingerprint::Fnv;
+use crate::names::named_enum;
 use crate::retry_after::{Reading, Rules};
 use crate::time::Duration;
 
@@ -262,7 +263,7 @@ impl Outcome {
     /// shows them), and the [`Reading`] gives the whole reading, for metrics.
     ///
     /// ```
-    /// use wary::{Duration, Failure, Outcome, Rules};
+    /// use wary::{Duration, Failure, Outcome, retry_after::Rules};
     /// let (o, _) = Outcome::from_response(204, [], None, None, &Rules::LENIENT);
     /// assert_eq!(o, Outcome::Ok);
     /// let (o, r) = Outcome::from_response(429, [b"1.5".as_slice(), b"soon"], None, None, &Rules::LENIENT);
@@ -330,39 +331,21 @@ impl Outcome {
     }
 }
 
-/// What a table says about one kind of failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-#[repr(u8)]
-pub enum Rule {
-    /// Refused before the server did anything: safe to resend for any operation.
-    RetryAny = 0,
-    /// The work may have landed: resend a read or a keyed write; a write becomes
-    /// [`Class::Unknown`] and is never resent.
-    RetryIdempotent = 1,
-    /// Will fail the same way every time: fail at once, with no wait.
-    Fail = 2,
+named_enum! {
+    /// What a table says about one kind of failure.
+    #[repr(u8)]
+    pub enum Rule {
+        /// Refused before the server did anything: safe to resend for any operation.
+        RetryAny = 0 => "retry_any",
+        /// The work may have landed: resend a read or a keyed write; a write becomes
+        /// [`Class::Unknown`] and is never resent.
+        RetryIdempotent = 1 => "retry_idempotent",
+        /// Will fail the same way every time: fail at once, with no wait.
+        Fail = 2 => "fail",
+    }
 }
 
 impl Rule {
-    /// Every rule, in a fixed order.
-    pub const ALL: [Rule; 3] = [Rule::RetryAny, Rule::RetryIdempotent, Rule::Fail];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Rule::RetryAny => "retry_any",
-            Rule::RetryIdempotent => "retry_idempotent",
-            Rule::Fail => "fail",
-        }
-    }
-
-    /// Parses [`Rule::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Rule::ALL.into_iter().find(|r| r.name() == name)
-    }
-
     const fn from_bits(bits: u8) -> Rule {
         match bits & 3 {
             0 => Rule::RetryAny,
@@ -372,94 +355,39 @@ impl Rule {
     }
 }
 
-/// The class of one attempt's outcome for one operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Class {
-    /// Success.
-    Ok,
-    /// Safe to send again, if the stop rules allow.
-    Retry,
-    /// May have landed and cannot be resent safely.
-    Unknown,
-    /// Fails at once.
-    Failed,
-    /// Cancelled by the caller.
-    Cancelled,
-}
-
-impl Class {
-    /// Every class, in a fixed order.
-    pub const ALL: [Class; 5] = [Class::Ok, Class::Retry, Class::Unknown, Class::Failed, Class::Cancelled];
-
-    /// The name used by `wary plan` and the ledgers.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Class::Ok => "ok",
-            Class::Retry => "retry",
-            Class::Unknown => "unknown",
-            Class::Failed => "failed",
-            Class::Cancelled => "cancelled",
-        }
-    }
-
-    /// Parses [`Class::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Class::ALL.into_iter().find(|c| c.name() == name)
+named_enum! {
+    /// The class of one attempt's outcome for one operation.
+    pub enum Class {
+        /// Success.
+        Ok => "ok",
+        /// Safe to send again, if the stop rules allow.
+        Retry => "retry",
+        /// May have landed and cannot be resent safely.
+        Unknown => "unknown",
+        /// Fails at once.
+        Failed => "failed",
+        /// Cancelled by the caller.
+        Cancelled => "cancelled",
     }
 }
 
-/// The failures other than a status that a table has a rule for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Transport {
-    /// [`Failure::ConnectTimeout`].
-    ConnectTimeout,
-    /// [`Failure::ResponseTimeout`].
-    ResponseTimeout,
-    /// [`Failure::Refused`].
-    Refused,
-    /// [`Failure::Reset`].
-    Reset,
-    /// [`Failure::Tls`].
-    Tls,
-    /// [`Failure::BadBody`].
-    BadBody,
-    /// [`Failure::StreamBroken`] before anything was forwarded.
-    StreamBefore,
-}
-
-impl Transport {
-    /// Every kind, in a fixed order.
-    pub const ALL: [Transport; 7] = [
-        Transport::ConnectTimeout,
-        Transport::ResponseTimeout,
-        Transport::Refused,
-        Transport::Reset,
-        Transport::Tls,
-        Transport::BadBody,
-        Transport::StreamBefore,
-    ];
-
-    /// The name used in configuration (the failure's own name; `stream_broken_before` for a
-    /// stream broken before forwarding).
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Transport::ConnectTimeout => "connect_timeout",
-            Transport::ResponseTimeout => "response_timeout",
-            Transport::Refused => "refused",
-            Transport::Reset => "reset",
-            Transport::Tls => "tls",
-            Transport::BadBody => "bad_body",
-            Transport::StreamBefore => "stream_broken_before",
-        }
-    }
-
-    /// Parses [`Transport::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Transport::ALL.into_iter().find(|t| t.name() == name)
+named_enum! {
+    /// The failures other than a status that a table has a rule for.
+    pub enum Transport {
+        /// [`Failure::ConnectTimeout`].
+        ConnectTimeout => "connect_timeout",
+        /// [`Failure::ResponseTimeout`].
+        ResponseTimeout => "response_timeout",
+        /// [`Failure::Refused`].
+        Refused => "refused",
+        /// [`Failure::Reset`].
+        Reset => "reset",
+        /// [`Failure::Tls`].
+        Tls => "tls",
+        /// [`Failure::BadBody`].
+        BadBody => "bad_body",
+        /// [`Failure::StreamBroken`] before anything was forwarded.
+        StreamBefore => "stream_broken_before",
     }
 }
 
@@ -716,21 +644,37 @@ impl Table {
         self.transport.wrapping_shr(slot.wrapping_mul(2)) as u32 & 3
     }
 
-    /// Feeds every rule to a fingerprint, in a fixed order: the 200 status rules, then the
-    /// class and transport rules.
-    pub(crate) fn fingerprint_into(&self, h: &mut Fnv) {
-        for (code, rule) in self.exact_rules() {
-            h.u16(code);
-            h.u8(rule as u8);
+    /// Feeds every rule to a fingerprint, in a fixed order: the exact status rules by ascending
+    /// status (status, rule), a 0, then the class rules and the transport rules in
+    /// [`Transport::ALL`]'s order. `const`, so a policy's fingerprint is worked out when it is
+    /// built.
+    pub(crate) const fn fingerprint_into(&self, h: &mut Fnv) {
+        // One byte of `exact` holds eight statuses, whose rules are two bytes of `rules`.
+        let (mut exact, mut rules): (&[u8], &[u8]) = (&self.exact, &self.rules);
+        let mut code = FIRST;
+        while let ([e, exact_rest @ ..], [r0, r1, rules_rest @ ..]) = (exact, rules) {
+            let two = *r0 as u32 | (*r1 as u32).wrapping_shl(8);
+            let mut bit = 0u32;
+            while bit < 8 {
+                if (*e as u32).wrapping_shr(bit) & 1 != 0 {
+                    h.u16(code.wrapping_add(bit as u16));
+                    h.u8(Rule::from_bits(two.wrapping_shr(bit.wrapping_mul(2)) as u8) as u8);
+                }
+                bit = bit.wrapping_add(1);
+            }
+            code = code.wrapping_add(8);
+            (exact, rules) = (exact_rest, rules_rest);
         }
         h.u16(0);
-        for r in [self.client_error, self.server_error, self.other_status] {
-            h.u8(r as u8);
+        h.u8(self.client_error as u8);
+        h.u8(self.server_error as u8);
+        h.u8(self.other_status as u8);
+        let mut slot = 0;
+        while slot < Transport::ALL.len() as u32 {
+            h.u8(self.slot_rule(slot) as u8);
+            slot = slot.wrapping_add(1);
         }
-        for t in Transport::ALL {
-            h.u8(self.transport_rule(t) as u8);
-        }
-        h.u8(u8::from(self.reads_only));
+        h.u8(self.reads_only as u8);
     }
 
     /// The operation of an HTTP method under this table (`keyed`: the request carries an
@@ -1133,6 +1077,42 @@ mod more_tests {
             assert_eq!(t.status_rule(code), Rule::Fail, "{code}");
         }
         assert_eq!((t.status_rule(400), t.status_rule(599)), (Rule::RetryAny, Rule::RetryAny));
+    }
+
+    #[test]
+    fn the_fingerprint_feeds_exact_rules_by_status_then_class_and_transport_rules() {
+        // The encoding as a loop over the public accessors: the const walk over the bitmaps
+        // must feed the same bytes, the first and last status of the range included.
+        fn by_accessors(t: &Table) -> u32 {
+            let mut h = Fnv::new();
+            for (code, rule) in t.exact_rules() {
+                h.u16(code);
+                h.u8(rule as u8);
+            }
+            h.u16(0);
+            for r in [t.client_errors(), t.server_errors(), t.other_statuses()] {
+                h.u8(r as u8);
+            }
+            for k in Transport::ALL {
+                h.u8(t.transport_rule(k) as u8);
+            }
+            h.u8(u8::from(t.is_reads_only()));
+            h.finish()
+        }
+        let mut t = Table::DEFAULT.with_status(400, Rule::RetryAny).unwrap();
+        for (code, rule) in [(407, Rule::Fail), (431, Rule::RetryIdempotent), (599, Rule::RetryIdempotent)] {
+            t = t.with_status(code, rule).unwrap();
+        }
+        let t = t.with_transport(Transport::Tls, Rule::RetryAny).reads_only(true);
+        for table in [Table::DEFAULT, Table::BASIC, Table::STRICT, t] {
+            let mut h = Fnv::new();
+            table.fingerprint_into(&mut h);
+            assert_eq!(h.finish(), by_accessors(&table));
+        }
+        let (mut a, mut b) = (Fnv::new(), Fnv::new());
+        Table::DEFAULT.fingerprint_into(&mut a);
+        t.fingerprint_into(&mut b);
+        assert_ne!(a.finish(), b.finish());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The decision after each attempt, and how a call ends.
+//! The decision after each attempt, and how a call ends: `Policy`'s decision (`impl Policy`
+//! here holds `decide`, `decide_with_fleet`, `may_resend` and every stop rule, written once).
 //!
 //! A call's whole state is a [`CallState`] of twelve bytes: the attempts made, the time waited
 //! and the last wait. After each attempt, [`Policy::decide`] classifies the outcome and either
@@ -296,17 +297,16 @@ impl Policy {
         Decision::Done(verdict)
     }
 
-    /// The wait before retry `k` (the attempt just made was attempt `k`) of a call whose last
-    /// outcome was retryable, or why the call must stop. Does not change `state`.
+    /// The stop rules that hold before any wait, after attempt `k`: the attempt cap, and the
+    /// deadline for an attempt started with no wait. Otherwise, what is left of the wait
+    /// budget, and how long a wait may be (that, and what the deadline leaves).
     #[inline]
-    pub(crate) fn next_wait(
+    fn room(
         &self,
         k: u32,
         state: &CallState,
-        outcome: &Outcome,
-        draw: Draw,
         elapsed: Option<Duration>,
-    ) -> Result<Duration, GiveUp> {
+    ) -> Result<(Duration, Duration), GiveUp> {
         // No cap is u32::MAX, which a call's count reaches only when it can count no further.
         if k >= self.max_attempts {
             return Err(GiveUp::Attempts);
@@ -325,6 +325,29 @@ impl Policy {
             },
             _ => left,
         };
+        Ok((left, room))
+    }
+
+    /// True if a call whose last outcome was `unknown` may send once more now, with no wait:
+    /// a write a probe found not landed. The resend counts as a retry, so it obeys the stop
+    /// rules a retry does: the attempt cap, the deadline (`elapsed` counts the probe's time)
+    /// and the fleet budget, which already holds the unknown attempt's cost.
+    pub fn may_resend(&self, state: &CallState, elapsed: Duration, fleet: Option<&FleetBudget>) -> bool {
+        self.room(state.attempts, state, Some(elapsed)).is_ok() && fleet.is_none_or(FleetBudget::allows_retry)
+    }
+
+    /// The wait before retry `k` (the attempt just made was attempt `k`) of a call whose last
+    /// outcome was retryable, or why the call must stop. Does not change `state`.
+    #[inline]
+    pub(crate) fn next_wait(
+        &self,
+        k: u32,
+        state: &CallState,
+        outcome: &Outcome,
+        draw: Draw,
+        elapsed: Option<Duration>,
+    ) -> Result<Duration, GiveUp> {
+        let (left, room) = self.room(k, state, elapsed)?;
         let ceiling = self.ceiling(k);
         let backoff = self.backoff.wait_under(ceiling, state.last_wait, draw);
         let wait = match outcome.retry_after() {
@@ -507,7 +530,8 @@ mod tests {
     fn a_loose_retry_after_is_waited_out_in_full() {
         // "1.5" asks for at least 1.5 s: the call waits 2 s, not the backoff's 100 ms.
         let p = Policy::builder(Preset::Basic).build().unwrap();
-        let (o, _) = Outcome::from_response(429, [b"1.5".as_slice()], None, None, &crate::Rules::LENIENT);
+        let (o, _) =
+            Outcome::from_response(429, [b"1.5".as_slice()], None, None, &crate::retry_after::Rules::LENIENT);
         assert_eq!(nw(&p, &CallState::new(), &o, Draw::ZERO, None), Ok(2_000));
     }
 

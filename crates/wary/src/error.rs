@@ -68,7 +68,7 @@ pub enum DrawError {
     OutOfRange,
 }
 
-/// Why [`crate::plan()`] could not plan a call from its inputs.
+/// Why [`plan`](crate::plan::plan()) could not plan a call from its inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
@@ -110,7 +110,7 @@ pub enum RetryAfterError {
 }
 
 /// Why a ledger line (a device's defmt line, or a JSON line's fields) could not be read back
-/// into a [`crate::Record`].
+/// into a [`crate::ledger::Record`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]

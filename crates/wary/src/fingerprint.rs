@@ -12,25 +12,28 @@ impl Fnv {
         Fnv(0x811c_9dc5)
     }
 
-    fn bytes(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u32::from(*b)).wrapping_mul(0x0100_0193);
+    // `const`, with `while` loops: a policy's fingerprint is worked out when it is built, and
+    // `PolicyBuilder::build` is a `const fn`.
+    const fn bytes(&mut self, mut bytes: &[u8]) {
+        while let [b, rest @ ..] = bytes {
+            self.0 = (self.0 ^ *b as u32).wrapping_mul(0x0100_0193);
+            bytes = rest;
         }
     }
 
-    pub(crate) fn u8(&mut self, v: u8) {
+    pub(crate) const fn u8(&mut self, v: u8) {
         self.bytes(&[v]);
     }
 
-    pub(crate) fn u16(&mut self, v: u16) {
+    pub(crate) const fn u16(&mut self, v: u16) {
         self.bytes(&v.to_le_bytes());
     }
 
-    pub(crate) fn u32(&mut self, v: u32) {
+    pub(crate) const fn u32(&mut self, v: u32) {
         self.bytes(&v.to_le_bytes());
     }
 
-    pub(crate) fn opt_u32(&mut self, v: Option<u32>) {
+    pub(crate) const fn opt_u32(&mut self, v: Option<u32>) {
         match v {
             Some(v) => {
                 self.u8(1);

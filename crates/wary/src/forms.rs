@@ -6,7 +6,7 @@ use crate::classify::{Class, Failure, Operation, Outcome};
 use crate::decide::{GiveUp, Verdict};
 use crate::error::LineError;
 use crate::key::Key;
-use crate::ledger::Record;
+use crate::record::Record;
 use crate::time::Duration;
 
 /// A record's fields as names and numbers, before they are checked.
@@ -70,9 +70,6 @@ impl Fields<'_> {
 }
 
 #[cfg(feature = "serde")]
-pub(crate) use with_serde::{PolicyForm, RecordForm};
-
-#[cfg(feature = "serde")]
 mod with_serde {
     use core::fmt;
 
@@ -83,9 +80,9 @@ mod with_serde {
     use crate::backoff::Jitter;
     use crate::classify::{Rule, Table, Transport};
     use crate::error::{PolicyError, TableError};
-    use crate::ledger::LEDGER_VERSION;
     use crate::policy::{Policy, RetryAfterMode};
     use crate::retry_after::Rules;
+    use crate::version::LEDGER_VERSION;
 
     /// Why a line's form was refused.
     #[derive(Debug)]
@@ -333,6 +330,28 @@ mod with_serde {
         }
     }
 
+    // `Policy` and `Record` read and write through their forms. The impls live here, beside the
+    // forms, so the policy and the record know nothing of their lines. As serde's
+    // `try_from`/`into` would, a refused form is reported through its `Display`.
+    macro_rules! through_form {
+        ($t:ty, $form:ty) => {
+            impl Serialize for $t {
+                fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    <$form>::from(*self).serialize(s)
+                }
+            }
+
+            impl<'de> Deserialize<'de> for $t {
+                fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<$t, D::Error> {
+                    <$t>::try_from(<$form>::deserialize(d)?).map_err(serde::de::Error::custom)
+                }
+            }
+        };
+    }
+
+    through_form!(Policy, PolicyForm);
+    through_form!(Record, RecordForm);
+
     impl TryFrom<PolicyForm> for Policy {
         type Error = FormError;
         fn try_from(f: PolicyForm) -> Result<Policy, FormError> {
@@ -368,7 +387,7 @@ mod with_serde {
 mod tests {
     use crate::{
         Class, Decision, Draw, Duration, Failure, GiveUp, Jitter, Key, Operation, Outcome, Policy, Preset,
-        Record, RetryAfterMode, Rule, Rules, Table, Transport, Verdict,
+        RetryAfterMode, Rule, Table, Transport, Verdict, ledger::Record, retry_after::Rules,
     };
 
     fn ms(n: u64) -> Duration {

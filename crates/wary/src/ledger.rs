@@ -9,7 +9,7 @@
 //! the policy, so a call can be replayed.
 //!
 //! ```
-//! use wary::AttemptStats;
+//! use wary::ledger::AttemptStats;
 //! let mut s = AttemptStats::<8>::new();
 //! for attempts in [1, 1, 1, 3] {
 //!     s.add(attempts);
@@ -22,128 +22,14 @@
 use heapless::HistoryBuf;
 
 use crate::backoff::Draw;
-use crate::classify::{Class, Failure, Operation, Outcome};
-use crate::decide::{Decision, Verdict};
-use crate::error::LineError;
-use crate::key::Key;
-use crate::policy::Policy;
+pub use crate::error::LineError;
+pub use crate::record::Record;
 use crate::time::Duration;
 
-/// The version of the ledger's line formats (the device line and the JSON line). A reader
-/// refuses a line of any other version, saying why ([`LineError::Version`]).
-///
-/// - 1: times in ticks and seconds.
-/// - 2: times in milliseconds; keys laid out device (32 bits) | boot (32) | sequence (64).
-/// - 3: keys laid out device (64 bits) | boot (32) | sequence (32) (see [`Key::from_parts`]).
-///   No field was added or removed, but the key field's device part is now the whole device
-///   id: a version 2 key read as a version 3 one would name a device that does not exist.
-///
-/// The policy's fingerprint does not hash this version: a policy's settings are encoded as they
-/// were in version 2, so the same policy keeps its fingerprint across line versions.
-pub const LEDGER_VERSION: u32 = 3;
+pub use crate::version::LEDGER_VERSION;
 
 /// The tag that starts a device ledger line: `wary-ledger v` and [`LEDGER_VERSION`].
 pub const DEVICE_TAG: &str = "wary-ledger v3";
-
-/// One attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(
-    feature = "serde",
-    serde(try_from = "crate::forms::RecordForm", into = "crate::forms::RecordForm")
-)]
-pub struct Record {
-    /// The call's idempotency key (also identifies reads' calls).
-    pub key: Key,
-    /// The attempt number, from 1.
-    pub attempt: u32,
-    /// The call's operation.
-    pub op: Operation,
-    /// What the attempt returned (status and Retry-After included).
-    pub outcome: Outcome,
-    /// Its class.
-    pub class: Class,
-    /// The draw that decided the wait after it: present whenever a wait was computed, a give-up
-    /// on the budget or the deadline included, so a replay reaches the same verdict.
-    pub draw: Option<Draw>,
-    /// The wait after it (zero if the call ended).
-    pub wait: Duration,
-    /// How long the attempt took.
-    pub attempt_time: Duration,
-    /// The call's time so far, at the end of this attempt.
-    pub total_time: Duration,
-    /// The verdict, on the call's last record.
-    pub verdict: Option<Verdict>,
-    /// [`Policy::fingerprint`] of the policy that decided.
-    pub policy: u32,
-}
-
-impl Record {
-    /// The record of one decided attempt: the one place a record is built, by the runner, the
-    /// host adapters and replay alike. `draw` is kept when the outcome was retryable (the draw
-    /// decided the wait, or the give-up); the verdict is the decision's when the call ended.
-    #[allow(clippy::too_many_arguments)]
-    pub fn decided(
-        policy: &Policy,
-        key: Key,
-        attempt: u32,
-        op: Operation,
-        outcome: Outcome,
-        draw: Draw,
-        decision: Decision,
-        attempt_time: Duration,
-        total_time: Duration,
-    ) -> Record {
-        let class = policy.classify(op, &outcome);
-        let (wait, verdict) = match decision {
-            Decision::Retry { wait } => (wait, None),
-            Decision::Done(v) => (Duration::ZERO, Some(v)),
-        };
-        Record {
-            key,
-            attempt,
-            op,
-            outcome,
-            class,
-            draw: (class == Class::Retry).then_some(draw),
-            wait,
-            attempt_time,
-            total_time,
-            verdict,
-            policy: policy.fingerprint(),
-        }
-    }
-
-    /// The last record of a call cancelled after `attempts` attempts.
-    pub fn cancelled(
-        policy: &Policy,
-        key: Key,
-        attempts: u32,
-        op: Operation,
-        total_time: Duration,
-    ) -> Record {
-        Record {
-            key,
-            attempt: attempts,
-            op,
-            outcome: Outcome::Failure(Failure::Cancelled),
-            class: Class::Cancelled,
-            draw: None,
-            wait: Duration::ZERO,
-            attempt_time: Duration::ZERO,
-            total_time,
-            verdict: Some(Verdict::Cancelled),
-            policy: policy.fingerprint(),
-        }
-    }
-
-    /// This record with the call's verdict (or none: the call goes on).
-    pub const fn with_verdict(mut self, verdict: Option<Verdict>) -> Record {
-        self.verdict = verdict;
-        self
-    }
-}
 
 /// Where records go.
 pub trait Sink {
@@ -242,6 +128,9 @@ pub const DEVICE_FIELDS: [&str; 17] = [
 /// Logs one record as a device line (see [`DEVICE_FIELDS`]).
 #[cfg(feature = "defmt")]
 fn log_record(r: &Record) {
+    use crate::classify::Failure;
+    use crate::decide::{GiveUp, Verdict};
+
     let key = r.key.to_hex();
     let (draw_kind, draw_value) = match r.draw {
         None => ("none", 0),
@@ -254,7 +143,7 @@ fn log_record(r: &Record) {
             "gave_up",
             g.name(),
             match g {
-                crate::decide::GiveUp::RetryAfterTooLong { asked } => i64::from(asked.as_millis()),
+                GiveUp::RetryAfterTooLong { asked } => i64::from(asked.as_millis()),
                 _ => -1,
             },
         ),
@@ -291,7 +180,7 @@ fn log_record(_: &Record) {}
 /// skipped. A line of another version is refused with [`LineError::Version`].
 ///
 /// ```
-/// use wary::{Duration, Verdict, parse_device_line};
+/// use wary::{Duration, Verdict, ledger::parse_device_line};
 /// let line = "INFO  wary-ledger v3 00000001c0ffee010000000100000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345 0";
 /// let r = parse_device_line(line).unwrap();
 /// assert_eq!((r.attempt, r.wait, r.verdict), (1, Duration::from_millis(120), None));
@@ -454,6 +343,7 @@ impl<const B: usize> AttemptStats<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Class, Failure, Key, Operation, Outcome, Verdict};
 
     fn rec(attempt: u32, verdict: Option<Verdict>) -> Record {
         Record {

@@ -21,41 +21,43 @@
 mod backoff;
 mod classify;
 mod decide;
+mod deprecated;
 mod error;
 mod fingerprint;
 mod forms;
 mod key;
-mod ledger;
-mod plan;
+pub mod ledger;
+mod names;
+pub mod plan;
 mod policy;
-mod retry_after;
+mod record;
+pub mod retry_after;
 #[cfg(feature = "runner")]
 mod run;
+mod step;
 mod throttle;
 mod time;
+mod version;
 
 pub use backoff::{Backoff, Draw, Jitter};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
-pub use error::{
-    DrawError, FleetBudgetError, LineError, PlanError, PolicyError, RetryAfterError, TableError,
-};
+// The old root names, for one release; out of the docs, where the new paths are.
+#[allow(deprecated)]
+#[doc(hidden)]
+pub use deprecated::*;
+pub use error::{DrawError, FleetBudgetError, PolicyError, TableError};
 pub use key::Key;
-pub use ledger::{
-    AttemptStats, DEVICE_FIELDS, DEVICE_TAG, LEDGER_VERSION, Ledger, Record, Sink, parse_device_line,
-};
-pub use plan::{Plan, plan, plan_into, plan_static};
+/// Where the runner writes its records ([`ledger::Sink`]).
+pub use ledger::Sink;
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
-pub use retry_after::{
-    Duplicates, Reading, RetryAfter, Rules, parse as parse_retry_after, parse_http_date,
-    parse_lenient as parse_retry_after_lenient,
-};
 #[cfg(all(feature = "runner", feature = "embassy-time"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "runner", feature = "embassy-time"))))]
 pub use run::EmbassyClock;
 #[cfg(feature = "runner")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runner")))]
 pub use run::{Attempt, Cancel, CancelToken, Clock, Landed, Never, NoProbe, Probe, Runner, Stopped};
+pub use step::Attempts;
 pub use throttle::FleetBudget;
 pub use time::{Duration, Instant};
 

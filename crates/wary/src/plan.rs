@@ -12,7 +12,7 @@
 //! could loop forever on them.
 //!
 //! ```
-//! use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, plan};
+//! use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, plan::plan};
 //! let ms = Duration::from_millis;
 //! let p = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap();
 //! let outcomes = [Outcome::status(503); 10];
@@ -28,7 +28,7 @@ use heapless::Vec;
 use crate::backoff::Draw;
 use crate::classify::{Class, Operation, Outcome};
 use crate::decide::{CallState, Decision, GiveUp, Verdict};
-use crate::error::PlanError;
+pub use crate::error::PlanError;
 use crate::policy::{Policy, PolicyBuilder, StaticPolicy};
 
 /// The waits before each retry, in order, and how the call ended.
@@ -113,7 +113,7 @@ fn plan_any<const N: usize>(
 /// decided before it.
 ///
 /// ```
-/// use wary::{Draw, Duration, Operation, Outcome, Plan, Policy, Preset, plan_into};
+/// use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, plan::{Plan, plan_into}};
 /// let ms = Duration::from_millis;
 /// let p = Policy::builder(Preset::Basic).base(ms(2)).cap(ms(60)).budget(ms(120)).build().unwrap();
 /// let mut plan = Plan::<8>::new();
@@ -168,7 +168,7 @@ pub fn plan_into<const N: usize>(
 /// [`PlanError::CapacityExceeded`].
 ///
 /// ```
-/// use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, StaticPolicy, plan_static};
+/// use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, StaticPolicy, plan::plan_static};
 /// struct Basic;
 /// impl StaticPolicy for Basic {
 ///     const POLICY: Policy = match Policy::builder(Preset::Basic)
@@ -186,7 +186,7 @@ pub fn plan_into<const N: usize>(
 /// A capacity of 6 for the same policy does not compile:
 ///
 /// ```compile_fail
-/// # use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, StaticPolicy, plan_static};
+/// # use wary::{Draw, Duration, Operation, Outcome, Policy, Preset, StaticPolicy, plan::plan_static};
 /// # struct Basic;
 /// # impl StaticPolicy for Basic {
 /// #     const POLICY: Policy = match Policy::builder(Preset::Basic)

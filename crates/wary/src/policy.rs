@@ -1,6 +1,10 @@
 //! A policy: a classification table, a backoff, Retry-After handling and the stop rules.
 //! Built once and checked when built, so a bad setting is refused before any call runs.
 //!
+//! This file holds `Policy`'s settings: the builder and its checks, the accessors, and what is
+//! worked out once when a policy is built (the cap shift, the fingerprint). The decision is
+//! `impl Policy` in `decide.rs`.
+//!
 //! ```
 //! use wary::{Duration, Jitter, Policy, PolicyError, Preset};
 //! let ms = Duration::from_millis;
@@ -16,73 +20,36 @@ use crate::backoff::{Backoff, Jitter};
 use crate::classify::Table;
 use crate::error::PolicyError;
 use crate::fingerprint::Fnv;
-use crate::retry_after::{Duplicates, Rules};
+use crate::names::named_enum;
+use crate::retry_after::{Ambiguous, Rules};
 use crate::time::Duration;
+use crate::version::POLICY_ENCODING;
 
-/// A starting point for a policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Preset {
-    /// wary's default: the default table, equal jitter, both Retry-After forms, callers told the
-    /// same Retry-After spread past it. Base 100 ms, cap 10 s, budget 30 s.
-    Default,
-    /// The basic table (429 for any operation; every 5xx and a timeout if idempotent, else
-    /// unknown; every other status fails), equal jitter, and a Retry-After waited exactly:
-    /// `max(wait, retry_after)`. `wary plan` answers under it. Base 2 s, cap 60 s, budget 120 s.
-    Basic,
-    /// Strict: only reads retried, integer-second Retry-After only, duplicates refused, three
-    /// attempts, no jitter. Base 100 ms, cap 400 ms, budget 300 ms.
-    Strict,
-}
-
-impl Preset {
-    /// Every preset, in a fixed order.
-    pub const ALL: [Preset; 3] = [Preset::Default, Preset::Basic, Preset::Strict];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Preset::Default => "default",
-            Preset::Basic => "basic",
-            Preset::Strict => "strict",
-        }
-    }
-
-    /// Parses [`Preset::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Preset::ALL.into_iter().find(|p| p.name() == name)
+named_enum! {
+    /// A starting point for a policy.
+    pub enum Preset {
+        /// wary's default: the default table, equal jitter, both Retry-After forms, callers told the
+        /// same Retry-After spread past it. Base 100 ms, cap 10 s, budget 30 s.
+        Default => "default",
+        /// The basic table (429 for any operation; every 5xx and a timeout if idempotent, else
+        /// unknown; every other status fails), equal jitter, and a Retry-After waited exactly:
+        /// `max(wait, retry_after)`. `wary plan` answers under it. Base 2 s, cap 60 s, budget 120 s.
+        Basic => "basic",
+        /// Strict: only reads retried, integer-second Retry-After only, duplicates refused, three
+        /// attempts, no jitter. Base 100 ms, cap 400 ms, budget 300 ms.
+        Strict => "strict",
     }
 }
 
-/// How a Retry-After combines with the backoff's own wait. Either way it raises the wait and
-/// never lowers it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum RetryAfterMode {
-    /// `max(wait, retry_after)`: exactly what the server asked, if longer than the backoff.
-    Max,
-    /// `max(wait, retry_after + draw·ceiling)`: clients told the same value do not all come
-    /// back in the same instant.
-    Spread,
-}
-
-impl RetryAfterMode {
-    /// Both, in a fixed order.
-    pub const ALL: [RetryAfterMode; 2] = [RetryAfterMode::Max, RetryAfterMode::Spread];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            RetryAfterMode::Max => "max",
-            RetryAfterMode::Spread => "spread",
-        }
-    }
-
-    /// Parses [`RetryAfterMode::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        RetryAfterMode::ALL.into_iter().find(|m| m.name() == name)
+named_enum! {
+    /// How a Retry-After combines with the backoff's own wait. Either way it raises the wait and
+    /// never lowers it.
+    pub enum RetryAfterMode {
+        /// `max(wait, retry_after)`: exactly what the server asked, if longer than the backoff.
+        Max => "max",
+        /// `max(wait, retry_after + draw·ceiling)`: clients told the same value do not all come
+        /// back in the same instant.
+        Spread => "spread",
     }
 }
 
@@ -96,11 +63,6 @@ impl RetryAfterMode {
 /// rule is one comparison, and the retry at which the backoff reaches its cap is worked out
 /// once, when the policy is built.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(
-    feature = "serde",
-    serde(try_from = "crate::forms::PolicyForm", into = "crate::forms::PolicyForm")
-)]
 pub struct Policy {
     pub(crate) table: Table,
     pub(crate) backoff: Backoff,
@@ -117,6 +79,8 @@ pub struct Policy {
     /// once by [`Policy::with_cap_shift`]; `u32::MAX` for a base of 0, which never grows.
     pub(crate) cap_shift: u32,
     pub(crate) retry_after_rules: Rules,
+    /// [`Policy::fingerprint`], worked out once by [`Policy::settled`] (0 in a builder).
+    pub(crate) fingerprint: u32,
 }
 
 impl core::fmt::Debug for Policy {
@@ -188,6 +152,7 @@ impl Policy {
                 max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Spread,
                 cap_shift: 0,
+                fingerprint: 0,
                 retry_after_rules: Rules::LENIENT,
             },
             Preset::Basic => Policy {
@@ -200,6 +165,7 @@ impl Policy {
                 max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Max,
                 cap_shift: 0,
+                fingerprint: 0,
                 retry_after_rules: Rules::LENIENT,
             },
             Preset::Strict => Policy {
@@ -212,6 +178,7 @@ impl Policy {
                 max_retry_after: Duration::MAX,
                 retry_after_mode: RetryAfterMode::Max,
                 cap_shift: 0,
+                fingerprint: 0,
                 retry_after_rules: Rules::STRICT,
             },
         };
@@ -222,7 +189,7 @@ impl Policy {
     pub const fn to_builder(&self) -> PolicyBuilder {
         // A builder holds settings only: what `build` works out from them is left to it.
         PolicyBuilder {
-            p: Policy { cap_shift: 0, ..*self },
+            p: Policy { cap_shift: 0, fingerprint: 0, ..*self },
             deadline_set: !self.deadline.is_max(),
             max_retry_after_set: !self.max_retry_after.is_max(),
         }
@@ -341,35 +308,42 @@ impl Policy {
     /// A 32-bit fingerprint of every setting, recorded in ledgers so a replay can tell that a
     /// record was made under another policy (FNV-1a over the settings in a fixed, explicit
     /// encoding, so a device and a laptop agree; not cryptographic). It starts with the version
-    /// of that encoding, which changes when a setting is added or encoded otherwise; a change of
-    /// the ledger's line format that leaves the settings alone (version 3's key layout) keeps
-    /// every fingerprint.
-    pub fn fingerprint(&self) -> u32 {
+    /// of that encoding ([`POLICY_ENCODING`]), which changes when a setting is added or encoded
+    /// otherwise; a change of the ledger's line format that leaves the settings alone (version
+    /// 3's key layout) keeps every fingerprint. Worked out once, when the policy is built:
+    /// reading it costs nothing per record.
+    pub const fn fingerprint(&self) -> u32 {
+        self.fingerprint
+    }
+
+    /// Works out [`Policy::fingerprint`] from the settings.
+    const fn fingerprint_of_settings(&self) -> u32 {
         let mut h = Fnv::new();
         h.u32(POLICY_ENCODING);
         h.u32(self.backoff.base.as_millis());
         h.u32(self.backoff.cap.as_millis());
         h.u8(self.backoff.jitter as u8);
         h.u32(self.budget.as_millis());
-        h.opt_u32(self.deadline().map(Duration::as_millis));
+        h.opt_u32(match self.deadline() {
+            Some(d) => Some(d.as_millis()),
+            None => None,
+        });
         h.opt_u32(self.max_attempts());
         h.u32(self.min_attempt.as_millis());
-        h.opt_u32(self.max_retry_after().map(Duration::as_millis));
+        h.opt_u32(match self.max_retry_after() {
+            Some(d) => Some(d.as_millis()),
+            None => None,
+        });
         h.u8(self.retry_after_mode as u8);
-        h.u8(u8::from(self.retry_after_rules.accept_dates));
-        h.u8(match self.retry_after_rules.duplicates {
-            Duplicates::Reject => 0,
-            Duplicates::Longest => 1,
+        h.u8(self.retry_after_rules.accept_dates as u8);
+        h.u8(match self.retry_after_rules.ambiguous {
+            Ambiguous::Reject => 0,
+            Ambiguous::Longest => 1,
         });
         self.table.fingerprint_into(&mut h);
         h.finish()
     }
 }
-
-/// The version of the settings' encoding in [`Policy::fingerprint`]: 2, the ledger format's
-/// version when the encoding was last changed. Fixed on its own since ledger version 3, whose
-/// change (the key layout) left the settings alone.
-const POLICY_ENCODING: u32 = 2;
 
 impl PolicyBuilder {
     /// The first ceiling.
@@ -500,11 +474,19 @@ impl PolicyBuilder {
         if p.max_retries().is_none() {
             return Err(PolicyError::Unbounded);
         }
-        Ok(p.with_cap_shift())
+        Ok(p.settled())
     }
 }
 
 impl Policy {
+    /// This policy with what the decision and the ledger read worked out from its settings:
+    /// the cap shift ([`Policy::with_cap_shift`]) and the fingerprint.
+    pub(crate) const fn settled(self) -> Policy {
+        let mut p = self.with_cap_shift();
+        p.fingerprint = p.fingerprint_of_settings();
+        p
+    }
+
     /// This policy with its cap shift worked out from its base and cap: the fewest
     /// doublings of the base that reach the cap or pass 32 bits (at most 32), after which every
     /// ceiling is the cap; a base of 0 (only in a plan of unchecked settings) never grows.
@@ -768,7 +750,7 @@ mod tests {
 
     #[test]
     fn every_setting_changes_the_fingerprint() {
-        use crate::retry_after::Duplicates;
+        use crate::retry_after::Ambiguous;
         let variants = [
             basic(),
             basic().table(Table::BASIC.with_transport(Transport::Tls, Rule::RetryAny)),
@@ -790,7 +772,7 @@ mod tests {
             basic().max_retry_after(ms(31)),
             basic().retry_after_mode(RetryAfterMode::Spread),
             basic().retry_after_rules(Rules { accept_dates: false, ..Rules::LENIENT }),
-            basic().retry_after_rules(Rules { duplicates: Duplicates::Reject, ..Rules::LENIENT }),
+            basic().retry_after_rules(Rules { ambiguous: Ambiguous::Reject, ..Rules::LENIENT }),
             basic().table(Table::DEFAULT),
             basic().table(Table::BASIC.with_status(409, Rule::RetryAny).unwrap()),
             basic().table(Table::BASIC.with_status(409, Rule::Fail).unwrap()),

@@ -18,7 +18,7 @@
 //! server sending garbage. Strict rules read delay-seconds only and refuse anything else.
 //!
 //! ```
-//! use wary::{RetryAfter, parse_http_date, parse_retry_after as parse};
+//! use wary::{retry_after::{RetryAfter, parse as parse, parse_http_date}};
 //! assert_eq!(parse(b"120"), Ok(RetryAfter::Seconds(120)));
 //! let date = parse_http_date(b"Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
 //! assert_eq!(date, 784111777);
@@ -26,7 +26,8 @@
 //! assert_eq!(parse(b"Sun Nov  6 08:49:37 1994"), Ok(RetryAfter::Date(784111777)));
 //! ```
 
-use crate::error::RetryAfterError;
+pub use crate::error::RetryAfterError;
+use crate::names::named_enum;
 
 /// A parsed Retry-After value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,32 +57,16 @@ impl RetryAfter {
     }
 }
 
-/// How duplicate Retry-After headers are treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
-pub enum Duplicates {
-    /// Refuse them: ambiguous, so the response is treated as having no Retry-After.
-    Reject,
-    /// Take the longest wait any of them asks for: the server wants at least that.
-    Longest,
-}
-
-impl Duplicates {
-    /// Both, in a fixed order.
-    pub const ALL: [Duplicates; 2] = [Duplicates::Reject, Duplicates::Longest];
-
-    /// The name used in configuration.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Duplicates::Reject => "reject",
-            Duplicates::Longest => "longest",
-        }
-    }
-
-    /// Parses [`Duplicates::name`] back.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Duplicates::ALL.into_iter().find(|d| d.name() == name)
+named_enum! {
+    /// What to do with a Retry-After that can be read more than one way: several headers, a
+    /// number written outside the grammar (`1.5`, `+5`), a value that cannot be read at all.
+    pub enum Ambiguous {
+        /// Refuse it: the response is treated as having no Retry-After (strict reading).
+        Reject => "reject",
+        /// Read it as the longest wait it can mean: the longest of several values, a malformed
+        /// number rounded up (see [`parse_lenient`]); a value that cannot be read at all is
+        /// ignored and counted (lenient reading).
+        Longest => "longest",
     }
 }
 
@@ -119,22 +104,23 @@ impl Reading {
 pub struct Rules {
     /// Accept the HTTP-date form.
     pub accept_dates: bool,
-    /// What to do with more than one header.
-    pub duplicates: Duplicates,
+    /// What to do with an ambiguous value: several headers, or a number outside the grammar.
+    /// Its serde name is `duplicates`, the key policy files use.
+    #[cfg_attr(feature = "serde", serde(rename = "duplicates"))]
+    pub ambiguous: Ambiguous,
 }
 
 impl Rules {
     /// Both forms, the longest of duplicates.
-    pub const LENIENT: Rules = Rules { accept_dates: true, duplicates: Duplicates::Longest };
+    pub const LENIENT: Rules = Rules { accept_dates: true, ambiguous: Ambiguous::Longest };
     /// Integer seconds only, duplicates refused: a header that is not exactly what the rule
     /// allows is not guessed at.
-    pub const STRICT: Rules = Rules { accept_dates: false, duplicates: Duplicates::Reject };
+    pub const STRICT: Rules = Rules { accept_dates: false, ambiguous: Ambiguous::Reject };
 
-    /// True for rules that take the longest of duplicates: they are the lenient rules, which
-    /// also read a malformed number as the longest wait it can mean (see [`parse_lenient`])
-    /// and ignore what they cannot read. Rules that refuse duplicates refuse those too.
+    /// True for rules that read an ambiguous value as the longest wait it can mean
+    /// ([`Ambiguous::Longest`]).
     pub const fn is_lenient(&self) -> bool {
-        matches!(self.duplicates, Duplicates::Longest)
+        matches!(self.ambiguous, Ambiguous::Longest)
     }
 
     /// Reads every `Retry-After` value of one response, with its `Date` value, to whole seconds
@@ -156,7 +142,7 @@ impl Rules {
     /// or a metric can show a server that sends garbage.
     ///
     /// ```
-    /// use wary::{RetryAfterError, Rules};
+    /// use wary::{retry_after::{RetryAfterError, Rules}};
     /// let r = Rules::LENIENT.read_counted([b"1.5".as_slice(), b"soon"], None, None);
     /// // 1.5 s means at least 1.5 s: wait 2, never 1. "soon" is ignored, and counted.
     /// assert_eq!((r.seconds, r.unreadable), (Some(2), 1));
@@ -245,7 +231,7 @@ pub fn parse(value: &[u8]) -> Result<RetryAfter, RetryAfterError> {
 /// [`RetryAfterError::Malformed`].
 ///
 /// ```
-/// use wary::{RetryAfter, parse_retry_after_lenient as parse_lenient};
+/// use wary::{retry_after::{RetryAfter, parse_lenient as parse_lenient}};
 /// assert_eq!(parse_lenient(b"1.5"), Ok(RetryAfter::Seconds(2)));
 /// assert_eq!(parse_lenient(b"+5"), Ok(RetryAfter::Seconds(5)));
 /// assert_eq!(parse_lenient(b"1e3"), Ok(RetryAfter::Seconds(1000)));
@@ -467,11 +453,11 @@ mod tests {
 
     #[test]
     fn duplicates_names_round_trip() {
-        assert_eq!((Duplicates::Reject.name(), Duplicates::Longest.name()), ("reject", "longest"));
-        for d in Duplicates::ALL {
-            assert_eq!(Duplicates::from_name(d.name()), Some(d));
+        assert_eq!((Ambiguous::Reject.name(), Ambiguous::Longest.name()), ("reject", "longest"));
+        for d in Ambiguous::ALL {
+            assert_eq!(Ambiguous::from_name(d.name()), Some(d));
         }
-        assert_eq!(Duplicates::from_name("first"), None);
+        assert_eq!(Ambiguous::from_name("first"), None);
     }
 
     #[test]

@@ -28,10 +28,11 @@ use rand_core::RngCore;
 
 use crate::backoff::Draw;
 use crate::classify::{Failure, Operation, Outcome};
-use crate::decide::{CallState, Decision, Verdict};
+use crate::decide::{Decision, Verdict};
 use crate::key::Key;
-use crate::ledger::{Record, Sink};
+use crate::ledger::Sink;
 use crate::policy::Policy;
+use crate::step::Attempts;
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
 
@@ -288,19 +289,17 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
         Fut: Future<Output = Result<T, Failure>>,
         P: Probe<T>,
     {
-        let start = self.clock.now();
-        let mut state = CallState::new();
+        let mut call = Attempts::new(self.clock.now());
         let mut resent = false;
         let mut last: Option<Failure> = None;
-        let policy = self.policy;
+        let (policy, fleet) = (self.policy, self.fleet);
         loop {
             // Before sending.
             if self.cancel.is_cancelled() {
-                return Err(self.cancelled_call(key, op, start, &state, last));
+                return Err(self.cancelled_call(key, op, &call, last));
             }
-            let number = state.attempts().saturating_add(1);
-            let t0 = self.clock.now();
-            let remaining = policy.deadline().map(|d| d.saturating_sub(t0.duration_since(start)));
+            let number = call.number();
+            let remaining = call.start(policy, self.clock.now());
             let result = attempt(Attempt { number, key, remaining }).await;
             let t1 = self.clock.now();
             // After receiving: a response that arrives after a cancel is not accepted.
@@ -311,33 +310,18 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             };
             last = outcome.failure().copied();
             let draw = Draw::from_rng(&mut self.rng);
-            let elapsed = t1.duration_since(start);
-            let decision = match self.fleet {
-                Some(fleet) => policy.decide_with_fleet(&mut state, op, &outcome, draw, Some(elapsed), fleet),
-                None => policy.decide(&mut state, op, &outcome, draw, Some(elapsed)),
-            };
-            let record = Record::decided(
-                policy,
-                key,
-                number,
-                op,
-                outcome,
-                draw,
-                decision,
-                t1.duration_since(t0),
-                elapsed,
-            );
+            let (decision, record) = call.end(policy, fleet, op, key, outcome, draw, t1);
             match decision {
                 Decision::Retry { wait } => {
                     self.ledger.record(&record);
                     // Before sleeping.
                     if self.cancel.is_cancelled() {
-                        return Err(self.cancelled_call(key, op, start, &state, last));
+                        return Err(self.cancelled_call(key, op, &call, last));
                     }
                     let sleep = self.delay.delay_ms(wait.as_millis());
                     let woke = select(pin!(sleep), pin!(self.cancel.cancelled())).await;
                     if let Either::Second(()) = woke {
-                        return Err(self.cancelled_call(key, op, start, &state, last));
+                        return Err(self.cancelled_call(key, op, &call, last));
                     }
                     // After sleeping: checked at the top of the loop, before the next send.
                 }
@@ -346,7 +330,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                     if let Some(v) = value {
                         return Ok(v);
                     }
-                    return Err(stopped(Verdict::Failed, &state, last));
+                    return Err(stopped(Verdict::Failed, &call, last));
                 }
                 Decision::Done(Verdict::Unknown) => {
                     // The probe is raced against the cancel signal like any wait.
@@ -355,7 +339,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                         Either::First(landed) => landed,
                         Either::Second(()) => {
                             self.ledger.record(&record.with_verdict(None));
-                            return Err(self.cancelled_call(key, op, start, &state, last));
+                            return Err(self.cancelled_call(key, op, &call, last));
                         }
                     };
                     match landed {
@@ -363,22 +347,21 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
                             self.ledger.record(&record.with_verdict(Some(Verdict::Ok)));
                             return Ok(v);
                         }
-                        // Confirmed not landed: one resend, counted as a retry, so it obeys the
-                        // stop rules a retry does: the attempt cap, the deadline (the probe's time
-                        // counted) and the fleet budget.
-                        Landed::No if !resent && self.may_resend(number, start) => {
+                        // Confirmed not landed: one resend, counted as a retry, so the decision's
+                        // stop rules for a retry decide it (the probe's time counted).
+                        Landed::No if !resent && call.may_resend(policy, fleet, self.clock.now()) => {
                             resent = true;
                             self.ledger.record(&record.with_verdict(None));
                         }
                         Landed::No | Landed::Unknown => {
                             self.ledger.record(&record);
-                            return Err(stopped(Verdict::Unknown, &state, last));
+                            return Err(stopped(Verdict::Unknown, &call, last));
                         }
                     }
                 }
                 Decision::Done(verdict) => {
                     self.ledger.record(&record);
-                    return Err(stopped(verdict, &state, last));
+                    return Err(stopped(verdict, &call, last));
                 }
             }
         }
@@ -386,31 +369,13 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
 }
 
 impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'_, D, C, R, X, L> {
-    /// True if a write the probe found not landed may be resent now.
-    fn may_resend(&self, attempts: u32, start: Instant) -> bool {
-        let policy = self.policy;
-        let under_cap = policy.max_attempts().is_none_or(|cap| attempts < cap);
-        let elapsed = self.clock.now().duration_since(start);
-        let in_time = policy.deadline().is_none_or(|d| elapsed.saturating_add(policy.min_attempt()) <= d);
-        let fleet_allows = self.fleet.is_none_or(FleetBudget::allows_retry);
-        under_cap && in_time && fleet_allows
-    }
-
     /// Ends a cancelled call: its last ledger record says so, carrying the attempts sent.
-    fn cancelled_call(
-        &mut self,
-        key: Key,
-        op: Operation,
-        start: Instant,
-        state: &CallState,
-        last: Option<Failure>,
-    ) -> Stopped {
-        let total = self.clock.now().duration_since(start);
-        self.ledger.record(&Record::cancelled(self.policy, key, state.attempts(), op, total));
-        stopped(Verdict::Cancelled, state, last)
+    fn cancelled_call(&mut self, key: Key, op: Operation, call: &Attempts, last: Option<Failure>) -> Stopped {
+        self.ledger.record(&call.cancelled(self.policy, op, key, self.clock.now()));
+        stopped(Verdict::Cancelled, call, last)
     }
 }
 
-fn stopped(verdict: Verdict, state: &CallState, last: Option<Failure>) -> Stopped {
-    Stopped { verdict, attempts: state.attempts(), last }
+fn stopped(verdict: Verdict, call: &Attempts, last: Option<Failure>) -> Stopped {
+    Stopped { verdict, attempts: call.attempts(), last }
 }

@@ -13,7 +13,7 @@ use embassy_futures::join::join;
 use embedded_hal_async::delay::DelayNs;
 use wary::{
     Attempt, CancelToken, Clock, Duration, Failure, FleetBudget, GiveUp, Instant, Jitter, Key, Landed,
-    Ledger, Operation, Outcome, Policy, Preset, Probe, Runner, Verdict,
+    Operation, Outcome, Policy, Preset, Probe, Runner, Verdict, ledger::Ledger,
 };
 
 fn ms(n: u64) -> Duration {

@@ -13,8 +13,9 @@
 
 use heapless::Vec;
 use wary::{
-    CallState, Class, Decision, Draw, Duration, Failure, FleetBudget, GiveUp, Operation, Outcome, Plan,
-    Policy, Preset, StaticPolicy, Verdict, plan_static,
+    CallState, Class, Decision, Draw, Duration, Failure, FleetBudget, GiveUp, Operation, Outcome, Policy,
+    Preset, StaticPolicy, Verdict,
+    plan::{Plan, plan_static},
 };
 
 /// Runs every check: the conformance cases, the generated properties with the fingerprint, and

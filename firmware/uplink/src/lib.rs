@@ -24,7 +24,7 @@
 //! - **HTTPS** (feature `tls`): [`tls::TlsTransport`] is the same exchange over TLS 1.3, the
 //!   server authenticated by a CA pinned in the firmware.
 //! - Every attempt is logged with defmt by the core's ledger, as a device line tagged
-//!   [`wary::DEVICE_TAG`] (`wary-ledger v3`) that `wary ledger from-defmt` turns into the
+//!   [`wary::ledger::DEVICE_TAG`] (`wary-ledger v3`) that `wary ledger from-defmt` turns into the
 //!   host's replayable JSON lines.
 
 #![no_std]
@@ -44,8 +44,8 @@ use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use rand_core::RngCore;
 use wary::{
-    Backoff, Draw, Duration, EmbassyClock, FleetBudget, GiveUp, Jitter, Key, Ledger, Operation, Policy,
-    Preset, Runner, Verdict,
+    Backoff, Draw, Duration, EmbassyClock, FleetBudget, GiveUp, Jitter, Key, Operation, Policy, Preset,
+    Runner, Verdict, ledger::Ledger,
 };
 use wary_outbox::Settlement;
 

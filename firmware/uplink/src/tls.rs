@@ -30,7 +30,7 @@ use embedded_tls::{
     MaxFragmentLength, NoClock, TlsCipherSuite, TlsConfig, TlsConnection, TlsContext, TlsError, TlsVerifier,
 };
 use rand_chacha::ChaCha20Rng;
-use wary::{Failure, Rules};
+use wary::{Failure, retry_after::Rules};
 
 use crate::http::{self, Buffers, Handed, HttpError, Post, Response};
 use crate::identity::Credential;

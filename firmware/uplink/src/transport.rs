@@ -26,7 +26,10 @@
 use core::net::SocketAddrV4;
 
 use embassy_net::Stack;
-use wary::{Duration, Failure, Outcome, Reading, Rules};
+use wary::{
+    Duration, Failure, Outcome,
+    retry_after::{Reading, Rules},
+};
 
 use crate::http::{self, Buffers, HttpError, Post, Response};
 use crate::identity::Credential;

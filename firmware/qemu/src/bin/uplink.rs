@@ -48,7 +48,7 @@ use mps2_an386::flash::{self, PsramFlash, WORD_SIZE};
 use mps2_an386::{eth, exit, exit_code};
 use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
-use wary::{Failure, Ledger};
+use wary::{Failure, ledger::Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::Counts;

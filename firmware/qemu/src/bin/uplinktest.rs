@@ -17,8 +17,8 @@ use embassy_time::{Delay, Instant, Timer};
 use heapless::Vec;
 use mps2_an386::flash;
 use wary::{
-    Class, Draw, Duration, Failure, FleetBudget, GiveUp, Ledger, Operation, Outcome, Policy, Preset, Rules,
-    Verdict,
+    Class, Draw, Duration, Failure, FleetBudget, GiveUp, Operation, Outcome, Policy, Preset, Verdict,
+    ledger::Ledger, retry_after::Rules,
 };
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_qemu::Tally;

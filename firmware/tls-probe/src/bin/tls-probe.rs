@@ -25,7 +25,7 @@ use mps2_an386::{exit, exit_code};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use static_cell::ConstStaticCell;
-use wary::{Failure, Rules};
+use wary::{Failure, retry_after::Rules};
 use wary_qemu::Tally;
 use wary_tls_probe::args::CommandLine;
 use wary_tls_probe::exchange::{Post, SocketBuffers, Timing};

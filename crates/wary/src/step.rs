@@ -1,0 +1,236 @@
+//! One call's attempts, step by step, with no I/O: the bookkeeping every retry loop needs.
+//!
+//! Whoever sends the attempts (the async [`Runner`](crate::Runner) on a device, a tower policy
+//! or a reqwest middleware on a host) reads its own clock and draw and hands them in; an
+//! [`Attempts`] numbers the attempts, measures them, asks the decision (with the fleet budget
+//! when there is one) and builds the ledger record. The loop around it only sends, sleeps and
+//! writes the record where its ledger is.
+//!
+//! ```
+//! use wary::{Attempts, Decision, Draw, Duration, Instant, Key, Operation, Outcome, Policy, Preset};
+//! let p = Policy::builder(Preset::Default).deadline(Duration::from_secs(10)).build().unwrap();
+//! let key = Key::from_parts(1, 1, 1);
+//! let mut call = Attempts::new(Instant::from_millis(0));
+//! // Before the first attempt: its number, and how long it may take.
+//! let remaining = call.start(&p, Instant::from_millis(0));
+//! assert_eq!((call.number(), remaining), (1, Some(Duration::from_secs(10))));
+//! // After it: the decision and its record.
+//! let (d, rec) = call.end(&p, None, Operation::Idempotent, key, Outcome::status(503), Draw::ZERO, Instant::from_millis(40));
+//! assert_eq!(d, Decision::Retry { wait: Duration::from_millis(50) });
+//! assert_eq!((rec.attempt, rec.attempt_time, rec.wait), (1, Duration::from_millis(40), Duration::from_millis(50)));
+//! assert_eq!(call.number(), 2);
+//! ```
+
+use crate::backoff::Draw;
+use crate::classify::{Operation, Outcome};
+use crate::decide::{CallState, Decision, GiveUp, Verdict};
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::record::Record;
+use crate::throttle::FleetBudget;
+use crate::time::{Duration, Instant};
+
+/// One call's attempts: its [`CallState`], when it started and when its current attempt
+/// started (as the call's time then, 4 bytes). `Copy`, no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Attempts {
+    state: CallState,
+    started: Instant,
+    /// The call's time when the current attempt started.
+    attempt_started: Duration,
+}
+
+impl Attempts {
+    /// A call that started at `start` and has made no attempt.
+    pub const fn new(start: Instant) -> Self {
+        Attempts { state: CallState::new(), started: start, attempt_started: Duration::ZERO }
+    }
+
+    /// The decision's state: attempts decided, time waited.
+    pub const fn state(&self) -> &CallState {
+        &self.state
+    }
+
+    /// Attempts decided so far.
+    pub const fn attempts(&self) -> u32 {
+        self.state.attempts()
+    }
+
+    /// The number of the next attempt (or of the one under way), from 1.
+    pub const fn number(&self) -> u32 {
+        self.state.attempts().saturating_add(1)
+    }
+
+    /// When the call started.
+    pub const fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The call's time at `now`.
+    pub fn elapsed(&self, now: Instant) -> Duration {
+        now.duration_since(self.started)
+    }
+
+    /// Marks the start of attempt [`Attempts::number`] at `now`; returns the time left before
+    /// the call's deadline (`None` without one): an attempt caps its own timeout to it, so a
+    /// slow answer cannot hold the call past its deadline.
+    pub fn start(&mut self, policy: &Policy, now: Instant) -> Option<Duration> {
+        let elapsed = self.elapsed(now);
+        self.attempt_started = elapsed;
+        policy.deadline().map(|d| d.saturating_sub(elapsed))
+    }
+
+    /// Decides after the attempt that ended at `now` with `outcome`: the decision (through the
+    /// fleet budget when there is one, which this charges) and the attempt's ledger record.
+    /// `draw` decides the wait if the call retries.
+    #[allow(clippy::too_many_arguments)] // each is one input of the step, read by the caller
+    pub fn end(
+        &mut self,
+        policy: &Policy,
+        fleet: Option<&FleetBudget>,
+        op: Operation,
+        key: Key,
+        outcome: Outcome,
+        draw: Draw,
+        now: Instant,
+    ) -> (Decision, Record) {
+        let number = self.number();
+        let elapsed = self.elapsed(now);
+        let decision = match fleet {
+            Some(fleet) => {
+                policy.decide_with_fleet(&mut self.state, op, &outcome, draw, Some(elapsed), fleet)
+            }
+            None => policy.decide(&mut self.state, op, &outcome, draw, Some(elapsed)),
+        };
+        let attempt_time = elapsed.saturating_sub(self.attempt_started);
+        let record = Record::decided(policy, key, number, op, outcome, draw, decision, attempt_time, elapsed);
+        (decision, record)
+    }
+
+    /// [`Attempts::end`]'s answer for an attempt that cannot be sent again (a request whose
+    /// body cannot be copied): a retry the policy would make ends the call `gave_up
+    /// (attempts)` instead, as if the attempt cap were reached, and its record says so.
+    pub fn unrepeatable((decision, record): (Decision, Record)) -> (Decision, Record) {
+        match decision {
+            Decision::Retry { .. } => {
+                let gave_up = Verdict::GaveUp(GiveUp::Attempts);
+                (Decision::Done(gave_up), Record { wait: Duration::ZERO, verdict: Some(gave_up), ..record })
+            }
+            Decision::Done(_) => (decision, record),
+        }
+    }
+
+    /// True if a write a probe found not landed may be sent once more at `now`: the decision's
+    /// stop rules for a retry with no wait ([`Policy::may_resend`]).
+    pub fn may_resend(&self, policy: &Policy, fleet: Option<&FleetBudget>, now: Instant) -> bool {
+        policy.may_resend(&self.state, self.elapsed(now), fleet)
+    }
+
+    /// The last record of the call, cancelled at `now`.
+    pub fn cancelled(&self, policy: &Policy, op: Operation, key: Key, now: Instant) -> Record {
+        Record::cancelled(policy, key, self.state.attempts(), op, self.elapsed(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Class, Preset};
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn at(n: u64) -> Instant {
+        Instant::from_millis(n)
+    }
+
+    #[test]
+    fn a_step_numbers_times_decides_and_records_each_attempt() {
+        let p = Policy::builder(Preset::Default).deadline(ms(1_000)).build().unwrap();
+        let key = Key::from_parts(7, 1, 2);
+        let mut a = Attempts::new(at(100));
+        assert_eq!(a.start(&p, at(150)), Some(ms(950)));
+        let (d, r) = a.end(&p, None, Operation::Idempotent, key, Outcome::status(503), Draw::ZERO, at(190));
+        assert_eq!(d, Decision::Retry { wait: ms(50) });
+        assert_eq!((r.attempt, r.attempt_time, r.total_time), (1, ms(40), ms(90)));
+        assert_eq!(
+            (r.class, r.draw, r.verdict, r.policy),
+            (Class::Retry, Some(Draw::ZERO), None, p.fingerprint())
+        );
+        assert_eq!(a.start(&p, at(250)), Some(ms(850)));
+        let (d, r) = a.end(&p, None, Operation::Idempotent, key, Outcome::Ok, Draw::ZERO, at(260));
+        assert_eq!(d, Decision::Done(Verdict::Ok));
+        assert_eq!((r.attempt, r.attempt_time, r.total_time, r.draw), (2, ms(10), ms(160), None));
+        assert_eq!(a.attempts(), 2);
+        let c = a.cancelled(&p, Operation::Idempotent, key, at(300));
+        assert_eq!((c.attempt, c.total_time, c.verdict), (2, ms(200), Some(Verdict::Cancelled)));
+    }
+
+    #[test]
+    fn a_step_charges_the_fleet_and_a_refused_retry_is_throttled() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let fleet = FleetBudget::new(3, 100).unwrap();
+        let mut a = Attempts::new(at(0));
+        let key = Key::from_parts(1, 1, 1);
+        a.start(&p, at(0));
+        let (d, _) =
+            a.end(&p, Some(&fleet), Operation::Idempotent, key, Outcome::status(503), Draw::ZERO, at(1));
+        assert!(matches!(d, Decision::Retry { .. }));
+        assert_eq!(fleet.tokens_milli(), 2_000);
+        a.start(&p, at(2));
+        let (d, r) =
+            a.end(&p, Some(&fleet), Operation::Idempotent, key, Outcome::status(503), Draw::ZERO, at(3));
+        assert_eq!(d, Decision::Done(Verdict::GaveUp(GiveUp::Throttled)));
+        assert_eq!(r.verdict, Some(Verdict::GaveUp(GiveUp::Throttled)));
+    }
+
+    #[test]
+    fn an_unrepeatable_attempt_gives_up_where_it_would_retry() {
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let key = Key::from_parts(1, 1, 1);
+        let mut a = Attempts::new(at(0));
+        a.start(&p, at(0));
+        let step = a.end(&p, None, Operation::KeyedWrite, key, Outcome::status(503), Draw::ZERO, at(5));
+        assert!(matches!(step.0, Decision::Retry { .. }));
+        let (d, r) = Attempts::unrepeatable(step);
+        let gave_up = Verdict::GaveUp(GiveUp::Attempts);
+        assert_eq!(
+            (d, r.verdict, r.wait, r.draw),
+            (Decision::Done(gave_up), Some(gave_up), ms(0), Some(Draw::ZERO))
+        );
+        // A call that ended anyway keeps its verdict.
+        a.start(&p, at(10));
+        let step = a.end(&p, None, Operation::KeyedWrite, key, Outcome::status(400), Draw::ZERO, at(15));
+        assert_eq!(Attempts::unrepeatable(step), step);
+        assert_eq!(step.0, Decision::Done(Verdict::Failed));
+    }
+
+    #[test]
+    fn a_resend_obeys_the_attempt_cap_the_deadline_and_the_fleet() {
+        let p = Policy::builder(Preset::Default)
+            .max_attempts(2)
+            .deadline(ms(1_000))
+            .min_attempt(ms(100))
+            .build()
+            .unwrap();
+        let key = Key::from_parts(1, 1, 1);
+        let unknown = |a: &mut Attempts| {
+            a.start(&p, at(0));
+            a.end(&p, None, Operation::Write, key, Outcome::status(503), Draw::ZERO, at(10))
+        };
+        let mut a = Attempts::new(at(0));
+        assert_eq!(unknown(&mut a).0, Decision::Done(Verdict::Unknown));
+        assert!(a.may_resend(&p, None, at(900)));
+        // An attempt started now could not end by the deadline.
+        assert!(!a.may_resend(&p, None, at(901)));
+        let empty = FleetBudget::new(2, 100).unwrap();
+        empty.on_failure();
+        empty.on_failure();
+        assert!(!a.may_resend(&p, Some(&empty), at(10)));
+        // The second attempt reaches the cap.
+        assert_eq!(unknown(&mut a).0, Decision::Done(Verdict::Unknown));
+        assert!(!a.may_resend(&p, None, at(10)));
+    }
+}
