@@ -145,7 +145,7 @@ impl LineError {
         match version {
             0 | 1 => "times were ticks and seconds",
             2 => "keys held a 32-bit device id",
-            v if v == crate::ledger::LEDGER_VERSION => "the current format",
+            v if v == crate::version::LEDGER_VERSION => "the current format",
             _ => "a newer format",
         }
     }
