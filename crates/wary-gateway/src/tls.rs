@@ -1,0 +1,78 @@
+//! TLS on the device side (rustls): a certificate chain and a private key from PEM files,
+//! swapped for new ones on reload without touching open connections.
+//!
+//! Each new connection takes the configuration current when it is accepted; connections
+//! already open keep theirs. A reload that fails (a missing file, a key that does not match)
+//! keeps the old configuration and says why; a file's content never reaches the message.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::TlsAcceptor;
+
+/// Why a certificate or key could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The certificate file has no PEM certificate that could be read.
+    #[error("{0}: no readable PEM certificate")]
+    Certificate(PathBuf),
+    /// The key file has no PEM private key that could be read.
+    #[error("{0}: no readable PEM private key")]
+    Key(PathBuf),
+    /// rustls refused the pair (a key that does not match, an unsupported algorithm).
+    #[error("certificate and key refused: {0}")]
+    Refused(rustls::Error),
+}
+
+/// The server configuration for `cert` (PEM chain, leaf first) and `key` (PEM private key).
+pub fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, TlsError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|_| TlsError::Certificate(cert.to_owned()))?
+        .collect::<Result<_, _>>()
+        .map_err(|_| TlsError::Certificate(cert.to_owned()))?;
+    if chain.is_empty() {
+        return Err(TlsError::Certificate(cert.to_owned()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|_| TlsError::Key(key.to_owned()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Refused)?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(TlsError::Refused)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The current TLS configuration, and where it is reloaded from.
+#[derive(Debug)]
+pub struct Tls {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl Tls {
+    /// Loads `cert` and `key`.
+    pub fn load(cert: &Path, key: &Path) -> Result<Tls, TlsError> {
+        let config = server_config(cert, key)?;
+        Ok(Tls { cert: cert.to_owned(), key: key.to_owned(), current: RwLock::new(Arc::new(config)) })
+    }
+
+    /// Reads the files again; on an error the configuration in use stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let config = Arc::new(server_config(&self.cert, &self.key)?);
+        *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = config;
+        Ok(())
+    }
+
+    /// The acceptor for the next connection.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+    }
+}
