@@ -10,7 +10,7 @@
 //! | failed | 424 Failed Dependency | `Wary-Verdict: failed`, `Wary-Upstream-Status` if there was one |
 //! | unknown (legacy upstream) | 409 Conflict | `Wary-Verdict: unknown` |
 //! | queue full | 503 at once | `Retry-After: 1`, `Wary-Verdict: queue_full` |
-//! | malformed | 400 with a reason; 404, 405, 413 | |
+//! | malformed | 400 with a reason; 404, 405, 413, 431 (a head over [`MAX_HEAD`]) | |
 //! | no or a wrong credential | 401 | `WWW-Authenticate: Bearer` |
 //! | another device's key | 403 | |
 //! | the device is over its rate | 429 | `Retry-After` (seconds) |
@@ -57,6 +57,9 @@ pub const MAX_KEY_LEN: usize = 255;
 /// How long a device may take to send its request head, by default ([`crate::Config`]'s
 /// `header_timeout`).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head accepted on `POST /readings`, bytes of header names and values (431
+/// above): a reading's head is a few hundred bytes.
+pub const MAX_HEAD: usize = 8 * 1024;
 /// The verdict header on every answer to `POST /readings`.
 pub const VERDICT: HeaderName = HeaderName::from_static("wary-verdict");
 
@@ -217,6 +220,15 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
             return Ok(r);
         }
         _ => return Ok(refuse(&gw, "bad_request", StatusCode::NOT_FOUND, "no such route")),
+    }
+    let head: usize = req.headers().iter().map(|(n, v)| n.as_str().len().saturating_add(v.len())).sum();
+    if head > MAX_HEAD {
+        return Ok(refuse(
+            &gw,
+            "bad_request",
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request head too large",
+        ));
     }
     let (parts, body) = req.into_parts();
     let claimed = parts.headers.get(IDEMPOTENCY_KEY).and_then(|k| device_of_key(k.as_bytes()));
