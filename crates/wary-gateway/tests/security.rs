@@ -555,3 +555,43 @@ async fn one_flooding_device_does_not_crowd_out_fifty_honest_ones() {
     })
     .await;
 }
+
+// ---- TLS on the device side ----
+
+#[path = "common/tls.rs"]
+mod tls;
+
+#[tokio::test]
+async fn tls_with_the_pinned_ca_lands_and_plain_http_or_a_wrong_ca_reach_nothing() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let a = device(0xa1);
+        let dir = tls::temp_dir("tls");
+        let (ca, cert, key_file) = tls::issue(&dir, "gw");
+        let (rogue_ca, _, _) = tls::issue(&dir, "rogue");
+        let gw = Arc::new(Gateway::start(config(&cloud.url(""), &[&a]), Box::new(std::io::sink())).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let t = Arc::new(wary_gateway::tls::Tls::load(&cert, &key_file).unwrap());
+        tokio::spawn(wary_gateway::ingress::serve_tls(gw.clone(), listener, t));
+        let k = key(a.id, 1, 0);
+        // Plain HTTP to the TLS port: no HTTP answer, nothing upstream.
+        let plain = format!(
+            "POST /readings HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {}\r\nIdempotency-Key: {k}\r\nContent-Length: 2\r\n\r\n{{}}",
+            a.token
+        );
+        let out = raw(addr, plain.as_bytes(), Duration::from_secs(3)).await;
+        assert!(!out.contains("HTTP/1.1"), "{out:?}");
+        // A client that pins another CA refuses the gateway's certificate: its token never leaves.
+        let e = tls::connect(addr, &rogue_ca).await.expect_err("a wrong CA was trusted");
+        assert!(e.contains("certificate"), "{e}");
+        assert_eq!(cloud.stats().requests, 0, "a refusal reached the upstream");
+        // The pinned CA: the reading lands, once.
+        let mut s = tls::connect(addr, &ca).await.unwrap();
+        let (status, _) = tls::send(&mut s, request(addr, Some(&a.token), &k, "{}")).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(cloud.key_stats(&k).unwrap().effects, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await;
+}
