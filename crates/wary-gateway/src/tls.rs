@@ -76,3 +76,44 @@ impl Tls {
         TlsAcceptor::from(self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use rcgen::{CertificateParams, KeyPair};
+
+    use super::*;
+
+    fn pair(dir: &Path, tag: &str) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&key).unwrap();
+        let (c, k) = (dir.join(format!("{tag}.crt")), dir.join(format!("{tag}.key")));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+
+    #[test]
+    fn bad_files_are_refused_and_a_failed_reload_keeps_the_old_configuration() {
+        let dir = std::env::temp_dir().join(format!("wary-gw-tls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = pair(&dir, "a");
+        let (_, other_key) = pair(&dir, "b");
+        let missing = dir.join("missing.pem");
+        assert!(matches!(server_config(&missing, &key), Err(TlsError::Certificate(_))));
+        assert!(matches!(server_config(&cert, &cert), Err(TlsError::Key(_))));
+        // A key that is not the certificate's.
+        assert!(matches!(server_config(&cert, &other_key), Err(TlsError::Refused(_))));
+        let tls = Tls::load(&cert, &key).unwrap();
+        let before = Arc::as_ptr(&tls.current.read().unwrap());
+        std::fs::write(&cert, "garbage").unwrap();
+        assert!(tls.reload().is_err());
+        assert_eq!(Arc::as_ptr(&tls.current.read().unwrap()), before, "the old configuration stays");
+        let (c2, k2) = pair(&dir, "c");
+        std::fs::rename(c2, &cert).unwrap();
+        std::fs::rename(k2, &key).unwrap();
+        tls.reload().unwrap();
+        assert_ne!(Arc::as_ptr(&tls.current.read().unwrap()), before);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
