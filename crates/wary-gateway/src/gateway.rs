@@ -56,7 +56,8 @@ pub struct Config {
     pub body_timeout: StdDuration,
     /// Send the key upstream as `<device id, 16 hex>:<key>`, for upstreams whose devices do not
     /// use wary's key layout: keys of different devices stay apart whatever they look like, and
-    /// the key need not start with the device id. Off by default.
+    /// the key need not start with the device id. Off by default; needs [`Auth::Bearer`] (an
+    /// open gateway knows no device to prefix).
     pub device_prefix: bool,
 }
 
