@@ -283,6 +283,47 @@ async fn drive_tls(
     all
 }
 
+/// Opens `n` TLS connections to `port`, each posting one reading the upstream will not answer
+/// for a minute, then reads the resident set of `pids`: held readings, idle and held KiB,
+/// and bytes per reading.
+async fn hold_tls(
+    port: u16,
+    tls: &Arc<rustls::ClientConfig>,
+    devices: &[(u64, String)],
+    pids: &[u32],
+    n: u64,
+) -> Value {
+    let idle = kib(pids, "VmRSS");
+    let opened = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (tls, opened) = (tls.clone(), opened.clone());
+        let (device, token) = devices[i as usize % devices.len()].clone();
+        set.spawn(async move {
+            let Some(mut sender) = tls_connect(port, &tls).await else { return };
+            let req = device_request(device, &token, 7, i as u32);
+            let sent = sender.send_request(req);
+            opened.fetch_add(1, Ordering::Relaxed);
+            let _ = tokio::time::timeout(Duration::from_secs(90), sent).await;
+        });
+        if i % 250 == 249 {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    let t0 = Instant::now();
+    while opened.load(Ordering::Relaxed) < n && t0.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Settle: the last requests are read and waiting upstream.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held_kib = kib(pids, "VmRSS");
+    let held = opened.load(Ordering::Relaxed);
+    set.abort_all();
+    let per = (held_kib.saturating_sub(idle) * 1024).checked_div(held).unwrap_or(0);
+    eprintln!("  tls in flight on {port}: {held} held, RSS {held_kib} KiB (idle {idle} KiB), {per} B each");
+    json!({"held": held, "rss_idle_kib": idle, "rss_held_kib": held_kib, "bytes_per_reading": per})
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -392,6 +433,59 @@ async fn tls_section(a: &Args, cloud: &Cloud, dir: &Path, policy_file: &Path) ->
     let nginx_peak_kib = kib(&family(nginx.0.id()), "VmHWM");
     drop(gateway);
     drop(nginx);
+
+    // Memory with readings held over TLS: the upstream answers nothing for a minute. The
+    // gateway holds `in_flight`; nginx opens a connection to the cloud (in this process) for
+    // each one it holds, so it is measured at fewer, within this process's descriptors.
+    cloud.set_faults("slow=1.0:ms=60000".parse().map_err(anyhow::Error::msg)?)?;
+    let hold_policy = json!({"base": 5, "cap": 50, "budget": 120000, "deadline": 120000, "min_attempt": 50});
+    let hold_policy_file = dir.join("hold-tls-policy.json");
+    std::fs::write(&hold_policy_file, hold_policy.to_string())?;
+    let (hold_port, _) = (free_port(), free_port());
+    let holder = Killed(
+        Command::new(&a.gateway_bin)
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{hold_port}"),
+                "--upstream",
+                &format!("http://{}", cloud.addr()),
+            ])
+            .arg("--no-metrics")
+            .arg("--policy")
+            .arg(&hold_policy_file)
+            .args(["--queue", &(a.in_flight + 1024).to_string(), "--workers", "256", "--threads", "2"])
+            .arg("--credentials")
+            .arg(&creds)
+            .arg("--tls-cert")
+            .arg(&cert_file)
+            .arg("--tls-key")
+            .arg(&key_file)
+            .args(["--rate", "0", "--attempt-timeout-ms", "120000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", a.gateway_bin.display()))?,
+    );
+    wait_listening(hold_port).await?;
+    let gw_hold = hold_tls(hold_port, &tls, &devices, &[holder.0.id()], a.in_flight).await;
+    drop(holder);
+    let nginx_port = free_port();
+    std::fs::write(&conf, nginx_tls_conf(dir, nginx_port, cloud.addr().port(), &cert_file, &key_file))?;
+    let nginx = Killed(
+        Command::new(&a.nginx)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", a.nginx.display()))?,
+    );
+    wait_listening(nginx_port).await?;
+    let nginx_hold =
+        hold_tls(nginx_port, &tls, &devices, &family(nginx.0.id()), a.in_flight.min(4_000)).await;
+    drop(nginx);
     let m = |t: &std::collections::BTreeMap<&str, Vec<f64>>, n: &str| {
         median(t.get(n).cloned().unwrap_or_default())
     };
@@ -404,6 +498,7 @@ async fn tls_section(a: &Args, cloud: &Cloud, dir: &Path, policy_file: &Path) ->
         "cpu_ratio_to_nginx": ratio(m(&cpu, "gateway"), m(&cpu, "nginx")),
         "gateway_peak_rss_kib": gw_peak_kib,
         "nginx_peak_rss_kib": nginx_peak_kib,
+        "in_flight": {"gateway": gw_hold, "nginx": nginx_hold},
         "runs": runs,
     }))
 }
