@@ -168,3 +168,31 @@ async fn running_out_of_file_descriptors_does_not_stop_the_gateway() {
     .await
     .expect("test took too long");
 }
+
+#[test]
+fn credential_new_prints_a_token_once_and_the_line_that_admits_it() {
+    let out = Command::new(BIN).args(["credential", "new", "0123456789abcdef"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let token =
+        text.lines().find_map(|l| l.strip_prefix("token (give it to the device; it is not kept): ")).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("credentials line (append to the gateway's file): "))
+        .unwrap();
+    assert_eq!(token.len(), 64);
+    assert!(!line.contains(token), "the file line holds the digest, not the token");
+    let creds: Credentials = line.parse().unwrap();
+    let header = format!("Bearer {token}");
+    assert_eq!(
+        creds.identify(Some(header.as_bytes()), Some(0x0123_4567_89ab_cdef)),
+        wary_gateway::Identity::Device(0x0123_4567_89ab_cdef)
+    );
+    // A bad device id is refused.
+    let bad = Command::new(BIN).args(["credential", "new", "12345"]).output().unwrap();
+    assert!(!bad.status.success());
+    // The gateway will not start without credentials and TLS, or the flags that waive them.
+    let bare = Command::new(BIN).args(["--upstream", "http://127.0.0.1:9"]).output().unwrap();
+    let err = String::from_utf8_lossy(&bare.stderr);
+    assert!(!bare.status.success() && err.contains("--credentials") && err.contains("--tls-cert"), "{err}");
+}
