@@ -151,6 +151,11 @@ impl Credentials {
         self.by_digest.insert(sha, device);
     }
 
+    /// True if `device` has a credential.
+    pub fn contains(&self, device: u64) -> bool {
+        self.by_device.contains_key(&device)
+    }
+
     /// Devices admitted.
     pub fn len(&self) -> usize {
         self.by_device.len()

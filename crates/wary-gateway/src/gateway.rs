@@ -299,6 +299,12 @@ impl Gateway {
         }
     }
 
+    /// True if the credentials in force list `device` (false if open).
+    pub fn admits(&self, device: u64) -> bool {
+        let slot = self.shared.credentials.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        slot.as_ref().is_some_and(|c| c.contains(device))
+    }
+
     /// Devices admitted by the credentials in force (0 if open).
     pub fn credential_count(&self) -> usize {
         let slot = self.shared.credentials.read().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -47,7 +47,7 @@ use wary::Key;
 use crate::admission::Refused;
 use crate::credentials::{Identity, device_hex, device_of_key};
 use crate::gateway::{Answer, Gateway, GatewayError, accept_loop};
-use crate::tls::Tls;
+use crate::tls::{Tls, device_of_certificate};
 use crate::upstream::Forward;
 
 /// The path devices post readings to (the cloud's own).
@@ -207,6 +207,17 @@ fn refuse(gw: &Gateway, what: &'static str, status: StatusCode, reason: &str) ->
 /// Handles one request: route, credential (401), key (400) and whose it is (403), the
 /// device's rate (429), body (408, 413, 400), then the queue (503) and the verdict.
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    handle_as(gw, None, req).await
+}
+
+/// [`handle`] on a connection whose client certificate named `certified` (mutual TLS): that
+/// device is authenticated if the credentials file still lists it (deleting its line revokes
+/// the certificate too); a bearer token is then not needed.
+pub async fn handle_as(
+    gw: Arc<Gateway>,
+    certified: Option<u64>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     match (req.method(), req.uri().path()) {
         (&Method::POST, READINGS) => {}
         (&Method::GET | &Method::HEAD, "/healthz") => {
@@ -232,7 +243,12 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
     }
     let (parts, body) = req.into_parts();
     let claimed = parts.headers.get(IDEMPOTENCY_KEY).and_then(|k| device_of_key(k.as_bytes()));
-    let device = match gw.identify(parts.headers.get(AUTHORIZATION).map(HeaderValue::as_bytes), claimed) {
+    let identity = match certified.filter(|d| gw.admits(*d)) {
+        // Listed in the file, so the gateway is not open.
+        Some(d) => Some(Identity::Device(d)),
+        None => gw.identify(parts.headers.get(AUTHORIZATION).map(HeaderValue::as_bytes), claimed),
+    };
+    let device = match identity {
         None => None,
         Some(Identity::Device(d)) => Some(d),
         Some(Identity::Nobody) => {
@@ -318,8 +334,16 @@ pub async fn serve_connection<S>(gw: Arc<Gateway>, io: S)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    serve_connection_as(gw, None, io).await;
+}
+
+/// [`serve_connection`] for a connection whose client certificate named `certified`.
+pub async fn serve_connection_as<S>(gw: Arc<Gateway>, certified: Option<u64>, io: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let header_timeout = gw.config().header_timeout;
-    let svc = service_fn(move |req| handle(gw.clone(), req));
+    let svc = service_fn(move |req| handle_as(gw.clone(), certified, req));
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
@@ -353,7 +377,13 @@ pub async fn serve_tls(gw: Arc<Gateway>, listener: TcpListener, tls: Arc<Tls>) {
         tokio::spawn(async move {
             let limit = gw.config().header_timeout;
             if let Ok(Ok(stream)) = tokio::time::timeout(limit, acceptor.accept(sock)).await {
-                serve_connection(gw, stream).await;
+                let certified = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(device_of_certificate);
+                serve_connection_as(gw, certified, stream).await;
             }
         });
     };

@@ -97,6 +97,11 @@ struct Args {
     /// The TLS private key (PEM); reloaded on SIGHUP.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Mutual TLS: ask devices for a certificate this CA (PEM) issued, naming the device as
+    /// `urn:wary:device:<16 hex>`; such a device needs no bearer token (it must still have a
+    /// line in the credentials file). Reloaded on SIGHUP.
+    #[arg(long, requires = "tls_cert", requires = "credentials")]
+    tls_client_ca: Option<PathBuf>,
     /// Serve devices over plain HTTP instead of TLS (tests, or behind a TLS terminator).
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     insecure_plain_http: bool,
@@ -230,7 +235,7 @@ async fn run(args: Args) -> Result<()> {
         None => Auth::Open,
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => Some(Arc::new(Tls::load(c, k)?)),
+        (Some(c), Some(k)) => Some(Arc::new(Tls::load_with(c, k, args.tls_client_ca.as_deref())?)),
         _ => None,
     };
     if let Some(p) = &args.policy {

@@ -595,3 +595,48 @@ async fn tls_with_the_pinned_ca_lands_and_plain_http_or_a_wrong_ca_reach_nothing
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_client_certificate_naming_the_device_stands_for_its_token() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let (a, b) = (device(0xa1), device(0xb2));
+        let dir = tls::temp_dir("mtls");
+        let (ca, cert, key_file) = tls::issue(&dir, "gw");
+        let (client_ca, a_cert) = tls::device_certificate(&dir, "devices", a.id);
+        // The same device named by a CA the gateway does not trust.
+        let (_, stranger_cert) = tls::device_certificate(&dir, "stranger", a.id);
+        let gw =
+            Arc::new(Gateway::start(config(&cloud.url(""), &[&a, &b]), Box::new(std::io::sink())).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let t = Arc::new(wary_gateway::tls::Tls::load_with(&cert, &key_file, Some(&client_ca)).unwrap());
+        tokio::spawn(wary_gateway::ingress::serve_tls(gw.clone(), listener, t));
+
+        // A's certificate, no token: A's own key lands, B's key is 403.
+        let mut s = tls::connect_as(addr, &ca, Some(a_cert)).await.unwrap();
+        let (status, _) = tls::send(&mut s, request(addr, None, &key(a.id, 1, 0), "{}")).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, _) = tls::send(&mut s, request(addr, None, &key(b.id, 1, 0), "{}")).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        // The untrusted CA's certificate: the connection fails, nothing is answered.
+        let refused_conn = match tls::connect_as(addr, &ca, Some(stranger_cert)).await {
+            Err(_) => true,
+            Ok(mut s) => s.send_request(request(addr, None, &key(a.id, 1, 1), "{}")).await.is_err(),
+        };
+        assert!(refused_conn, "a certificate from an untrusted CA was served");
+        // Without a certificate the token still works.
+        let mut plain = tls::connect(addr, &ca).await.unwrap();
+        let (status, _) = tls::send(&mut plain, request(addr, Some(&b.token), &key(b.id, 1, 0), "{}")).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, _) = tls::send(&mut plain, request(addr, None, &key(a.id, 1, 2), "{}")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        // Deleting A's line revokes its certificate too.
+        gw.set_credentials(credentials(&[&b]));
+        let (status, _) = tls::send(&mut s, request(addr, None, &key(a.id, 1, 3), "{}")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(cloud.stats().requests, 2, "a refusal reached the upstream");
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await;
+}
