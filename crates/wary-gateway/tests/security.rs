@@ -569,7 +569,9 @@ async fn tls_with_the_pinned_ca_lands_and_plain_http_or_a_wrong_ca_reach_nothing
         let dir = tls::temp_dir("tls");
         let (ca, cert, key_file) = tls::issue(&dir, "gw");
         let (rogue_ca, _, _) = tls::issue(&dir, "rogue");
-        let gw = Arc::new(Gateway::start(config(&cloud.url(""), &[&a]), Box::new(std::io::sink())).unwrap());
+        let mut c = config(&cloud.url(""), &[&a]);
+        c.header_timeout = Duration::from_millis(300);
+        let gw = Arc::new(Gateway::start(c, Box::new(std::io::sink())).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let t = Arc::new(wary_gateway::tls::Tls::load(&cert, &key_file).unwrap());
@@ -582,6 +584,11 @@ async fn tls_with_the_pinned_ca_lands_and_plain_http_or_a_wrong_ca_reach_nothing
         );
         let out = raw(addr, plain.as_bytes(), Duration::from_secs(3)).await;
         assert!(!out.contains("HTTP/1.1"), "{out:?}");
+        // A client that opens the connection and never starts its handshake is hung up on.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        let hung_up = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await;
+        assert!(matches!(hung_up, Ok(Ok(0)) | Ok(Err(_))), "{hung_up:?}");
         // A client that pins another CA refuses the gateway's certificate: its token never leaves.
         let e = tls::connect(addr, &rogue_ca).await.expect_err("a wrong CA was trusted");
         assert!(e.contains("certificate"), "{e}");
