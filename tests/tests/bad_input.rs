@@ -397,6 +397,7 @@ fn exchange(raw: &[u8], max_body: usize, hang_up: bool) -> (String, u64) {
     rt.block_on(async {
         let mut c = wary_gateway::Config::new("http://127.0.0.1:9");
         c.max_body = max_body;
+        c.auth = wary_gateway::Auth::Open;
         let gw = std::sync::Arc::new(Gateway::start(c, Box::new(std::io::sink())).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

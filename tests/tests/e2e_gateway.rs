@@ -16,6 +16,7 @@ use wary_host::spec::PolicySpec;
 
 fn config(cloud: &Cloud) -> Config {
     let mut c = Config::new(&cloud.url(""));
+    c.auth = wary_gateway::Auth::Open;
     c.policy = PolicySpec {
         base: Some(10),
         cap: Some(100),

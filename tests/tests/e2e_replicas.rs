@@ -39,6 +39,7 @@ const ENV_LISTEN: &str = "WARY_REPLICA_LISTEN";
 
 fn replica_config(upstream: &str) -> Config {
     let mut c = Config::new(upstream);
+    c.auth = wary_gateway::Auth::Open;
     c.policy = PolicySpec {
         base: Some(20),
         cap: Some(200),

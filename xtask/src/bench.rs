@@ -142,7 +142,9 @@ fn m4_decision(root: &Path, out: &Path) -> Result<PathBuf> {
 fn gateway(root: &Path) -> Result<()> {
     ensure_nginx()?;
     let nginx = if Path::new(NGINX).exists() { NGINX.to_owned() } else { "nginx".to_owned() };
-    step("gateway under load: throughput at 0% and 30% upstream 503s, added latency, RSS; nginx beside it");
+    step(
+        "gateway under load: throughput at 0% and 30% upstream 503s, added latency, RSS; nginx beside it; then both over TLS, 5 runs each",
+    );
     run(
         root,
         "cargo",

@@ -82,6 +82,7 @@ struct Tally {
 
 fn config(cloud: &Cloud, legacy: bool) -> Config {
     let mut c = Config::new(&cloud.url(""));
+    c.auth = wary_gateway::Auth::Open;
     c.upstream.legacy = legacy;
     if legacy {
         c.upstream.path = "/legacy/readings".to_owned();

@@ -5,7 +5,9 @@
 //!
 //! Phases: the cloud directly (the latency baseline), nginx, then the gateway, each at 0% and at
 //! 30% upstream 503s; then 10,000 readings held in flight in the gateway (a slow upstream) to
-//! read its memory. Writes one JSON object to `--out`.
+//! read its memory. Then, with TLS: the gateway (TLS and a credential per device) beside nginx
+//! terminating TLS, five runs each, alternating, their medians under `tls`. Writes one JSON
+//! object to `--out`.
 //!
 //! Usage: `gateway_load --gateway-bin PATH --nginx PATH --out FILE [--count N] [--concurrency C]
 //! [--seconds S] [--in-flight N]`
@@ -168,6 +170,339 @@ fn nginx_conf(dir: &Path, listen: u16, upstream_port: u16) -> String {
     )
 }
 
+/// nginx terminating TLS with the gateway's certificate and proxying to the cloud: the same
+/// load, the same crypto (TLS 1.3), no authentication (nginx has no SHA-256 token table).
+fn nginx_tls_conf(dir: &Path, listen: u16, upstream_port: u16, cert: &Path, key: &Path) -> String {
+    let (d, c, k) = (dir.display(), cert.display(), key.display());
+    format!(
+        "daemon off;\nworker_processes 2;\npid {d}/nginx-tls.pid;\nerror_log {d}/error-tls.log error;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         \x20 fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+         \x20 upstream cloud {{ server 127.0.0.1:{upstream_port}; keepalive 256; }}\n\
+         \x20 server {{\n    listen 127.0.0.1:{listen} ssl backlog=4096;\n    keepalive_requests 1000000;\n\
+         \x20   ssl_certificate {c};\n    ssl_certificate_key {k};\n    ssl_protocols TLSv1.3;\n\
+         \x20   location / {{\n      proxy_pass http://cloud;\n      proxy_http_version 1.1;\n\
+         \x20     proxy_set_header Connection \"\";\n      proxy_next_upstream off;\n    }}\n  }}\n}}\n"
+    )
+}
+
+/// One HTTP/1.1 connection over TLS to 127.0.0.1:`port`, trusting only `ca`.
+async fn tls_connect(
+    port: u16,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+    let stream = tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp).await.ok()?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(conn);
+    Some(sender)
+}
+
+/// A device's request: its token and a key by the device layout (device, boot, sequence).
+fn device_request(device: u64, token: &str, boot: u32, seq: u32) -> Request<Full<Bytes>> {
+    Request::post("/readings")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {token}"))
+        .header("idempotency-key", format!("{device:016x}{boot:08x}{seq:08x}"))
+        .body(Full::new(Bytes::from(format!("{{\"seq\":{seq},\"mC\":21500}}"))))
+        .unwrap()
+}
+
+/// `count` posts over TLS to `port`, one connection per device (`devices[i]` drives task i),
+/// until `limit` passes; `boot` keeps each run's keys apart.
+async fn drive_tls(
+    port: u16,
+    tls: &Arc<rustls::ClientConfig>,
+    devices: &[(u64, String)],
+    boot: u32,
+    count: u64,
+    limit: Duration,
+) -> Phase {
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (device, token) in devices.iter().cloned() {
+        let (next, tls) = (next.clone(), tls.clone());
+        tasks.spawn(async move {
+            let mut p = Phase::default();
+            let mut conn = None;
+            let mut seq = 0u32;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count || t0.elapsed() > limit {
+                    break;
+                }
+                if conn.is_none() {
+                    conn = tls_connect(port, &tls).await;
+                }
+                let Some(sender) = conn.as_mut() else {
+                    p.broken += 1;
+                    continue;
+                };
+                let sent = Instant::now();
+                let req = device_request(device, &token, boot, seq);
+                seq += 1;
+                let exchange = async {
+                    let resp = sender.send_request(req).await.ok()?;
+                    let status = resp.status();
+                    resp.into_body().collect().await.ok()?;
+                    Some(status)
+                };
+                match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+                    Ok(Some(status)) => {
+                        p.answered += 1;
+                        p.landed += u64::from(status.is_success());
+                        *p.by_status.entry(status.as_u16()).or_default() += 1;
+                        p.micros.push(u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX));
+                    }
+                    _ => {
+                        p.broken += 1;
+                        conn = None;
+                    }
+                }
+            }
+            p
+        });
+    }
+    let mut all = Phase::default();
+    for p in tasks.join_all().await {
+        all.answered += p.answered;
+        all.landed += p.landed;
+        all.broken += p.broken;
+        for (k, v) in p.by_status {
+            *all.by_status.entry(k).or_default() += v;
+        }
+        all.micros.extend(p.micros);
+    }
+    all.secs = t0.elapsed().as_secs_f64().max(1e-3);
+    all
+}
+
+/// Opens `n` TLS connections to `port`, each posting one reading the upstream will not answer
+/// for a minute, then reads the resident set of `pids`: held readings, idle and held KiB,
+/// and bytes per reading.
+async fn hold_tls(
+    port: u16,
+    tls: &Arc<rustls::ClientConfig>,
+    devices: &[(u64, String)],
+    pids: &[u32],
+    n: u64,
+) -> Value {
+    let idle = kib(pids, "VmRSS");
+    let opened = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (tls, opened) = (tls.clone(), opened.clone());
+        let (device, token) = devices[i as usize % devices.len()].clone();
+        set.spawn(async move {
+            let Some(mut sender) = tls_connect(port, &tls).await else { return };
+            let req = device_request(device, &token, 7, i as u32);
+            let sent = sender.send_request(req);
+            opened.fetch_add(1, Ordering::Relaxed);
+            let _ = tokio::time::timeout(Duration::from_secs(90), sent).await;
+        });
+        if i % 250 == 249 {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    let t0 = Instant::now();
+    while opened.load(Ordering::Relaxed) < n && t0.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Settle: the last requests are read and waiting upstream.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held_kib = kib(pids, "VmRSS");
+    let held = opened.load(Ordering::Relaxed);
+    set.abort_all();
+    let per = (held_kib.saturating_sub(idle) * 1024).checked_div(held).unwrap_or(0);
+    eprintln!("  tls in flight on {port}: {held} held, RSS {held_kib} KiB (idle {idle} KiB), {per} B each");
+    json!({"held": held, "rss_idle_kib": idle, "rss_held_kib": held_kib, "bytes_per_reading": per})
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The TLS section: the gateway with TLS and device credentials beside nginx terminating TLS,
+/// five runs each, alternating; the medians of answers per second and CPU per answer.
+async fn tls_section(a: &Args, cloud: &Cloud, dir: &Path, policy_file: &Path) -> Result<Value> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])?.signed_by(&key, &ca)?;
+    let (cert_file, key_file) = (dir.join("gw.crt"), dir.join("gw.key"));
+    std::fs::write(&cert_file, leaf.pem())?;
+    std::fs::write(&key_file, key.serialize_pem())?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone())?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    );
+    // One device per connection, each with its own credential.
+    let devices: Vec<(u64, String, String)> = (0..a.concurrency as u64)
+        .map(|n| {
+            let id = 0x00be_0000_0000_0000 | n;
+            let (token, line) = wary_gateway::Credentials::issue(id);
+            (id, token, line)
+        })
+        .collect();
+    let creds = dir.join("credentials");
+    std::fs::write(&creds, devices.iter().map(|d| d.2.as_str()).collect::<Vec<_>>().join("\n"))?;
+    let devices: Vec<(u64, String)> = devices.into_iter().map(|(i, t, _)| (i, t)).collect();
+
+    let (gw_port, metrics_port, nginx_port) = (free_port(), free_port(), free_port());
+    let gateway = Killed(
+        Command::new(&a.gateway_bin)
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{gw_port}"),
+                "--upstream",
+                &format!("http://{}", cloud.addr()),
+            ])
+            .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
+            .arg("--policy")
+            .arg(policy_file)
+            .args(["--queue", &(a.in_flight + 1024).to_string(), "--workers", "256", "--threads", "2"])
+            .arg("--credentials")
+            .arg(&creds)
+            .arg("--tls-cert")
+            .arg(&cert_file)
+            .arg("--tls-key")
+            .arg(&key_file)
+            // The bench's devices send as fast as they are answered: no per-device rate here.
+            .args(["--rate", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", a.gateway_bin.display()))?,
+    );
+    let conf = dir.join("nginx-tls.conf");
+    std::fs::write(&conf, nginx_tls_conf(dir, nginx_port, cloud.addr().port(), &cert_file, &key_file))?;
+    let nginx = Killed(
+        Command::new(&a.nginx)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", a.nginx.display()))?,
+    );
+    wait_listening(gw_port).await?;
+    wait_listening(nginx_port).await?;
+    cloud.set_faults(Faults::none())?;
+    let limit = Duration::from_secs(a.seconds);
+    let mut runs = serde_json::Map::new();
+    let (mut rate, mut cpu) = (
+        std::collections::BTreeMap::<&str, Vec<f64>>::new(),
+        std::collections::BTreeMap::<&str, Vec<f64>>::new(),
+    );
+    let nginx_pids = family(nginx.0.id());
+    let gw_pids = [gateway.0.id()];
+    for run in 0..5u32 {
+        for (name, port, pids) in [("nginx", nginx_port, &nginx_pids[..]), ("gateway", gw_port, &gw_pids[..])]
+        {
+            // Boot numbers keep every run's keys new: 2 per run (warm-up, measured).
+            let _ = drive_tls(port, &tls, &devices, 1000 + run * 2, 300, limit).await;
+            let cpu_before = cpu_ticks(pids);
+            let p = drive_tls(port, &tls, &devices, 1001 + run * 2, a.count, limit).await;
+            let ticks = cpu_ticks(pids).saturating_sub(cpu_before);
+            let mut j = p.json();
+            let per = ticks as f64 * 10_000.0 / (p.answered.max(1) as f64);
+            j["proxy_cpu_us_per_answer"] = json!(per.round());
+            eprintln!("  tls run {run} {name:<8} {j}");
+            rate.entry(name).or_default().push(j["answers_per_s"].as_f64().unwrap_or(0.0));
+            cpu.entry(name).or_default().push(per);
+            runs.insert(format!("{run}-{name}"), j);
+        }
+    }
+    let gw_peak_kib = kib(&gw_pids, "VmHWM");
+    let nginx_peak_kib = kib(&family(nginx.0.id()), "VmHWM");
+    drop(gateway);
+    drop(nginx);
+
+    // Memory with readings held over TLS: the upstream answers nothing for a minute. The
+    // gateway holds `in_flight`; nginx opens a connection to the cloud (in this process) for
+    // each one it holds, so it is measured at fewer, within this process's descriptors.
+    cloud.set_faults("slow=1.0:ms=60000".parse().map_err(anyhow::Error::msg)?)?;
+    let hold_policy = json!({"base": 5, "cap": 50, "budget": 120000, "deadline": 120000, "min_attempt": 50});
+    let hold_policy_file = dir.join("hold-tls-policy.json");
+    std::fs::write(&hold_policy_file, hold_policy.to_string())?;
+    let (hold_port, _) = (free_port(), free_port());
+    let holder = Killed(
+        Command::new(&a.gateway_bin)
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{hold_port}"),
+                "--upstream",
+                &format!("http://{}", cloud.addr()),
+            ])
+            .arg("--no-metrics")
+            .arg("--policy")
+            .arg(&hold_policy_file)
+            .args(["--queue", &(a.in_flight + 1024).to_string(), "--workers", "256", "--threads", "2"])
+            .arg("--credentials")
+            .arg(&creds)
+            .arg("--tls-cert")
+            .arg(&cert_file)
+            .arg("--tls-key")
+            .arg(&key_file)
+            .args(["--rate", "0", "--attempt-timeout-ms", "120000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", a.gateway_bin.display()))?,
+    );
+    wait_listening(hold_port).await?;
+    let gw_hold = hold_tls(hold_port, &tls, &devices, &[holder.0.id()], a.in_flight).await;
+    drop(holder);
+    let nginx_port = free_port();
+    std::fs::write(&conf, nginx_tls_conf(dir, nginx_port, cloud.addr().port(), &cert_file, &key_file))?;
+    let nginx = Killed(
+        Command::new(&a.nginx)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", a.nginx.display()))?,
+    );
+    wait_listening(nginx_port).await?;
+    let nginx_hold =
+        hold_tls(nginx_port, &tls, &devices, &family(nginx.0.id()), a.in_flight.min(4_000)).await;
+    drop(nginx);
+    let m = |t: &std::collections::BTreeMap<&str, Vec<f64>>, n: &str| {
+        median(t.get(n).cloned().unwrap_or_default())
+    };
+    let ratio = |x: f64, y: f64| if y > 0.0 { (x / y * 1000.0).round() / 1000.0 } else { 0.0 };
+    Ok(json!({
+        "setup": "TLS 1.3 both; the gateway with a credential per device (one device per connection), --rate 0; nginx without authentication; 5 runs each, alternating, medians",
+        "answers_per_s_median": {"gateway": m(&rate, "gateway").round(), "nginx": m(&rate, "nginx").round()},
+        "cpu_us_per_answer_median": {"gateway": m(&cpu, "gateway").round(), "nginx": m(&cpu, "nginx").round()},
+        "throughput_ratio_to_nginx": ratio(m(&rate, "gateway"), m(&rate, "nginx")),
+        "cpu_ratio_to_nginx": ratio(m(&cpu, "gateway"), m(&cpu, "nginx")),
+        "gateway_peak_rss_kib": gw_peak_kib,
+        "nginx_peak_rss_kib": nginx_peak_kib,
+        "in_flight": {"gateway": gw_hold, "nginx": nginx_hold},
+        "runs": runs,
+    }))
+}
+
 #[derive(Default)]
 struct Phase {
     answered: u64,
@@ -304,6 +639,7 @@ async fn main() -> Result<()> {
             .arg("--policy")
             .arg(&policy_file)
             .args(["--queue", &gw_queue.to_string(), "--workers", "256", "--threads", "2"])
+            .args(["--insecure-no-auth", "--insecure-plain-http", "--rate", "0"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -370,6 +706,8 @@ async fn main() -> Result<()> {
     drop(gateway);
     drop(nginx);
 
+    let tls = tls_section(&a, &cloud, &dir, &policy_file).await?;
+
     // Memory with `in_flight` readings held: a fresh gateway whose upstream answers nothing for
     // a minute (and whose policy waits that long), so 256 readings wait on the upstream and the
     // rest in the queue, none answered while the memory is read.
@@ -385,6 +723,7 @@ async fn main() -> Result<()> {
             .arg("--policy")
             .arg(&hold_policy_file)
             .args(["--queue", &gw_queue.to_string(), "--workers", "256", "--threads", "2"])
+            .args(["--insecure-no-auth", "--insecure-plain-http", "--rate", "0"])
             .args(["--attempt-timeout-ms", "120000"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -463,6 +802,7 @@ async fn main() -> Result<()> {
         },
         "phases": results,
         "summary": summary,
+        "tls": tls,
     });
     if let Some(d) = a.out.parent() {
         std::fs::create_dir_all(d)?;

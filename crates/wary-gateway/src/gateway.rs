@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration as StdDuration;
 
 use http::StatusCode;
@@ -17,6 +17,8 @@ use wary_host::ledger::JsonLedger;
 use wary_host::spec::PolicySpec;
 use wary_host::time::{MonotonicClock, TokioDelay};
 
+use crate::admission::{Admission, Limits, Refused};
+use crate::credentials::{Credentials, Identity};
 use crate::metrics::Metrics;
 use crate::upstream::{Delivered, Forward, HttpClient, LegacyProbe, Upstream, client};
 
@@ -42,11 +44,40 @@ pub struct Config {
     pub seed: Option<u64>,
     /// Keep every attempt for a timeline.
     pub timeline: bool,
+    /// Who may post: device credentials (the default, with no device admitted until some are
+    /// given) or, explicitly, anyone.
+    pub auth: Auth,
+    /// Per-device admission (fairness): a token bucket per authenticated device.
+    pub admission: Limits,
+    /// How long a device may take to send its request head (and, over TLS, its handshake)
+    /// before the connection is closed.
+    pub header_timeout: StdDuration,
+    /// How long a device may take to send its body once its head is in (408 after).
+    pub body_timeout: StdDuration,
+    /// Send the key upstream as `<device id, 16 hex>:<key>`, for upstreams whose devices do not
+    /// use wary's key layout: keys of different devices stay apart whatever they look like, and
+    /// the key need not start with the device id. Off by default; needs [`Auth::Bearer`] (an
+    /// open gateway knows no device to prefix).
+    pub device_prefix: bool,
+}
+
+/// Who may post readings.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Auth {
+    /// Every request names its device with `Authorization: Bearer <token>`; its key must be
+    /// that device's (403 otherwise).
+    Bearer(Arc<Credentials>),
+    /// Anyone who can reach the gateway may post any key: for tests and for a gateway whose
+    /// network admits only its own devices. Chosen explicitly, never by default.
+    Open,
 }
 
 impl Config {
     /// Defaults for `upstream`: the default policy with a 10 s wait budget and 20 s deadline,
-    /// fleet budget 100 tokens / 0.1, queue 1024, 64 workers, 16 KiB bodies, 5 s per attempt.
+    /// fleet budget 100 tokens / 0.1, queue 1024, 64 workers, 16 KiB bodies, 5 s per attempt;
+    /// bearer credentials with no device admitted yet, 5 requests a second per device in bursts
+    /// of 20, 10 s for a body, keys forwarded as they are.
     pub fn new(base: &str) -> Self {
         Config {
             upstream: Upstream::new(base),
@@ -63,6 +94,11 @@ impl Config {
             max_body: 16 * 1024,
             seed: None,
             timeline: false,
+            auth: Auth::Bearer(Arc::new(Credentials::new())),
+            admission: Limits::default(),
+            header_timeout: crate::ingress::HEADER_TIMEOUT,
+            body_timeout: StdDuration::from_secs(10),
+            device_prefix: false,
         }
     }
 }
@@ -153,6 +189,9 @@ struct Shared {
     unreadable: AtomicU64,
     clock: MonotonicClock,
     client: HttpClient,
+    /// The credentials in force (`None`: open), swapped whole on reload.
+    credentials: RwLock<Option<Arc<Credentials>>>,
+    admission: Mutex<Admission>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -206,6 +245,11 @@ impl Gateway {
             unreadable: AtomicU64::new(0),
             clock: MonotonicClock::new(),
             client,
+            credentials: RwLock::new(match &config.auth {
+                Auth::Bearer(c) => Some(c.clone()),
+                Auth::Open => None,
+            }),
+            admission: Mutex::new(Admission::new(config.admission)),
             config,
         });
         let workers = (0..shared.config.workers.max(1))
@@ -239,7 +283,45 @@ impl Gateway {
         Ok(rx)
     }
 
-    /// Counts a request refused before it reached the queue (`full` or `bad_request`).
+    /// Who a request's `Authorization` names ([`Credentials::identify`]); `None` if the
+    /// gateway is open to anyone.
+    pub fn identify(&self, authorization: Option<&[u8]>, claimed: Option<u64>) -> Option<Identity> {
+        let creds = self.shared.credentials.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        creds.map(|c| c.identify(authorization, claimed))
+    }
+
+    /// Puts new credentials in force for the requests that follow; open connections stay open.
+    /// An open gateway stays open.
+    pub fn set_credentials(&self, credentials: Credentials) {
+        let mut slot = self.shared.credentials.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_some() {
+            *slot = Some(Arc::new(credentials));
+        }
+    }
+
+    /// True if the credentials in force list `device` (false if open).
+    pub fn admits(&self, device: u64) -> bool {
+        let slot = self.shared.credentials.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        slot.as_ref().is_some_and(|c| c.contains(device))
+    }
+
+    /// Devices admitted by the credentials in force (0 if open).
+    pub fn credential_count(&self) -> usize {
+        let slot = self.shared.credentials.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        slot.as_ref().map_or(0, |c| c.len())
+    }
+
+    /// Takes one of `device`'s admission tokens now.
+    pub(crate) fn admit(&self, device: u64) -> Result<(), Refused> {
+        lock(&self.shared.admission).admit(device, std::time::Instant::now())
+    }
+
+    /// Devices holding an admission bucket.
+    pub fn admission_buckets(&self) -> usize {
+        lock(&self.shared.admission).len()
+    }
+
+    /// Counts a request refused before it reached the queue (see [`Metrics::refused`]).
     pub(crate) fn count_refusal(&self, what: &'static str) {
         *lock(&self.shared.metrics).refused.entry(what).or_default() += 1;
     }

@@ -10,14 +10,20 @@
 //! | failed | 424 Failed Dependency | `Wary-Verdict: failed`, `Wary-Upstream-Status` if there was one |
 //! | unknown (legacy upstream) | 409 Conflict | `Wary-Verdict: unknown` |
 //! | queue full | 503 at once | `Retry-After: 1`, `Wary-Verdict: queue_full` |
-//! | malformed | 400 with a reason; 404, 405, 413 | |
+//! | malformed | 400 with a reason; 404, 405, 413, 431 (a head over [`MAX_HEAD`]) | |
+//! | no or a wrong credential | 401 | `WWW-Authenticate: Bearer` |
+//! | another device's key | 403 | |
+//! | the device is over its rate | 429 | `Retry-After` (seconds) |
+//! | every admission bucket busy | 503 | `Retry-After: 1` |
+//! | body not in within the body timeout | 408 | `Connection: close` |
 //!
 //! 424 and 409 are in the "never resend" class of every device table (other 4xx): a failed
 //! reading cannot be fixed by sending it again, and an unknown one may already have landed.
 //! A key the gateway answered `unknown` is answered `unknown` again on a resend, never sent on.
 //!
-//! `GET /healthz` answers 200 for a load balancer's health checks. Header reads are bounded in
-//! time, bodies in size; a device that hangs up does not cancel its reading's call (it lands
+//! Every refusal above the queue is answered before anything is queued or sent upstream, and
+//! counted by reason in the metrics. `GET /healthz` answers 200 for a load balancer's health
+//! checks. Header reads and TLS handshakes are bounded in time, bodies in time and size; a device that hangs up does not cancel its reading's call (it lands
 //! or not; the device's keyed resend is deduplicated upstream).
 
 use std::convert::Infallible;
@@ -25,7 +31,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{
+    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER,
+    WWW_AUTHENTICATE,
+};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -35,15 +44,22 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use wary::Key;
 
+use crate::admission::Refused;
+use crate::credentials::{Identity, device_hex, device_of_key};
 use crate::gateway::{Answer, Gateway, GatewayError, accept_loop};
+use crate::tls::{Tls, device_of_certificate};
 use crate::upstream::Forward;
 
 /// The path devices post readings to (the cloud's own).
 pub const READINGS: &str = "/readings";
 /// Longest idempotency key accepted, bytes (the cloud's limit).
 pub const MAX_KEY_LEN: usize = 255;
-/// How long a device may take to send its request head.
+/// How long a device may take to send its request head, by default ([`crate::Config`]'s
+/// `header_timeout`).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head accepted on `POST /readings`, bytes of header names and values (431
+/// above): a reading's head is a few hundred bytes.
+pub const MAX_HEAD: usize = 8 * 1024;
 /// The verdict header on every answer to `POST /readings`.
 pub const VERDICT: HeaderName = HeaderName::from_static("wary-verdict");
 
@@ -92,23 +108,35 @@ impl BadRequest {
     }
 }
 
-/// The key and body of a well-formed `POST /readings`, read within `max_body` bytes.
-pub async fn parse(req: Request<Incoming>, max_body: usize) -> Result<Forward, BadRequest> {
-    let mut keys = req.headers().get_all(IDEMPOTENCY_KEY).iter();
-    let key = keys.next().ok_or(BadRequest::MissingKey)?.clone();
+/// The request's idempotency key, if it is one value of 1..=[`MAX_KEY_LEN`] visible ASCII
+/// characters (so nothing a device sends can split a header upstream).
+pub fn key_of(headers: &http::HeaderMap) -> Result<HeaderValue, BadRequest> {
+    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let key = keys.next().ok_or(BadRequest::MissingKey)?;
     let ok = keys.next().is_none()
         && (1..=MAX_KEY_LEN).contains(&key.len())
         && key.as_bytes().iter().all(u8::is_ascii_graphic);
-    let text = key.to_str().ok().filter(|_| ok).ok_or(BadRequest::BadKey)?;
-    // A device's key is normally the core's 32 hex digits; any other key is digested so the
-    // ledger still has a fixed-size key for it.
-    let wary_key = Key::from_hex(text).unwrap_or_else(|| Key::from_payload(text.as_bytes()));
-    let announced = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if ok { Ok(key.clone()) } else { Err(BadRequest::BadKey) }
+}
+
+/// The core's key for a forwarded key: its own 32 hex digits, or a digest of any other key so
+/// the ledger still has a fixed-size key for it.
+fn wary_key(key: &HeaderValue) -> Key {
+    let text = key.to_str().unwrap_or_default();
+    Key::from_hex(text).unwrap_or_else(|| Key::from_payload(text.as_bytes()))
+}
+
+/// The body of a request whose head has been checked, read within `max_body` bytes.
+pub async fn read_body(
+    parts: &http::request::Parts,
+    body: Incoming,
+    max_body: usize,
+) -> Result<Bytes, BadRequest> {
+    let announced = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if announced.is_some_and(|n| n > max_body as u64) {
         return Err(BadRequest::TooLarge);
     }
-    let content_type = req.headers().get(CONTENT_TYPE).cloned();
-    let body = match Limited::new(req.into_body(), max_body).collect().await {
+    let body = match Limited::new(body, max_body).collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(BadRequest::TooLarge),
         Err(_) => return Err(BadRequest::Broken),
@@ -116,7 +144,17 @@ pub async fn parse(req: Request<Incoming>, max_body: usize) -> Result<Forward, B
     if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
         return Err(BadRequest::NotJson);
     }
-    Ok(Forward { key, wary_key, body, content_type })
+    Ok(body)
+}
+
+/// The key and body of a well-formed `POST /readings`, read within `max_body` bytes (no
+/// credential check: [`handle`] does that first).
+pub async fn parse(req: Request<Incoming>, max_body: usize) -> Result<Forward, BadRequest> {
+    let key = key_of(req.headers())?;
+    let (parts, body) = req.into_parts();
+    let content_type = parts.headers.get(CONTENT_TYPE).cloned();
+    let body = read_body(&parts, body, max_body).await?;
+    Ok(Forward { wary_key: wary_key(&key), key, body, content_type })
 }
 
 /// The device's answer for the gateway's verdict.
@@ -161,8 +199,25 @@ pub fn respond(answer: Answer) -> Response<Body> {
     r
 }
 
-/// Handles one request.
+fn refuse(gw: &Gateway, what: &'static str, status: StatusCode, reason: &str) -> Response<Body> {
+    gw.count_refusal(what);
+    reply(status, None, reason)
+}
+
+/// Handles one request: route, credential (401), key (400) and whose it is (403), the
+/// device's rate (429), body (408, 413, 400), then the queue (503) and the verdict.
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    handle_as(gw, None, req).await
+}
+
+/// [`handle`] on a connection whose client certificate named `certified` (mutual TLS): that
+/// device is authenticated if the credentials file still lists it (deleting its line revokes
+/// the certificate too); a bearer token is then not needed.
+pub async fn handle_as(
+    gw: Arc<Gateway>,
+    certified: Option<u64>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     match (req.method(), req.uri().path()) {
         (&Method::POST, READINGS) => {}
         (&Method::GET | &Method::HEAD, "/healthz") => {
@@ -171,23 +226,92 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
             return Ok(r);
         }
         (_, READINGS) => {
-            gw.count_refusal("bad_request");
-            let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, None, "method not allowed");
+            let mut r = refuse(&gw, "bad_request", StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
             r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
             return Ok(r);
         }
-        _ => {
-            gw.count_refusal("bad_request");
-            return Ok(reply(StatusCode::NOT_FOUND, None, "no such route"));
-        }
+        _ => return Ok(refuse(&gw, "bad_request", StatusCode::NOT_FOUND, "no such route")),
     }
-    let reading = match parse(req, gw.config().max_body).await {
-        Ok(r) => r,
-        Err(e) => {
-            gw.count_refusal("bad_request");
-            return Ok(reply(e.status(), None, &e.to_string()));
+    let head: usize = req.headers().iter().map(|(n, v)| n.as_str().len().saturating_add(v.len())).sum();
+    if head > MAX_HEAD {
+        return Ok(refuse(
+            &gw,
+            "bad_request",
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request head too large",
+        ));
+    }
+    let (parts, body) = req.into_parts();
+    let claimed = parts.headers.get(IDEMPOTENCY_KEY).and_then(|k| device_of_key(k.as_bytes()));
+    let identity = match certified.filter(|d| gw.admits(*d)) {
+        // Listed in the file, so the gateway is not open.
+        Some(d) => Some(Identity::Device(d)),
+        None => gw.identify(parts.headers.get(AUTHORIZATION).map(HeaderValue::as_bytes), claimed),
+    };
+    let device = match identity {
+        None => None,
+        Some(Identity::Device(d)) => Some(d),
+        Some(Identity::Nobody) => {
+            let mut r =
+                refuse(&gw, "unauthenticated", StatusCode::UNAUTHORIZED, "a device credential is required");
+            r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return Ok(r);
         }
     };
+    let mut key = match key_of(&parts.headers) {
+        Ok(k) => k,
+        Err(e) => return Ok(refuse(&gw, "bad_request", e.status(), &e.to_string())),
+    };
+    if let Some(d) = device {
+        if gw.config().device_prefix {
+            // The device's own namespace upstream, whatever its keys look like.
+            let scoped = [device_hex(d).as_bytes(), b":", key.as_bytes()].concat();
+            match HeaderValue::from_bytes(&scoped).ok().filter(|v| v.len() <= MAX_KEY_LEN) {
+                Some(v) => key = v,
+                None => {
+                    let e = BadRequest::BadKey;
+                    return Ok(refuse(&gw, "bad_request", e.status(), &e.to_string()));
+                }
+            }
+        } else if device_of_key(key.as_bytes()) != Some(d) {
+            return Ok(refuse(&gw, "forbidden", StatusCode::FORBIDDEN, "this key is not this device's"));
+        }
+        match gw.admit(d) {
+            Ok(()) => {}
+            Err(Refused::Rate { retry_after_secs }) => {
+                let mut r = refuse(
+                    &gw,
+                    "rate_limited",
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "over this device's rate; same key later",
+                );
+                r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+                return Ok(r);
+            }
+            Err(Refused::Full) => {
+                let mut r =
+                    refuse(&gw, "admission_full", StatusCode::SERVICE_UNAVAILABLE, "busy; same key later");
+                r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
+                return Ok(r);
+            }
+        }
+    }
+    let content_type = parts.headers.get(CONTENT_TYPE).cloned();
+    let body =
+        match tokio::time::timeout(gw.config().body_timeout, read_body(&parts, body, gw.config().max_body))
+            .await
+        {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Ok(refuse(&gw, "bad_request", e.status(), &e.to_string())),
+            Err(_) => {
+                // A body that trickles holds a connection and a buffer: cut at the deadline.
+                let mut r =
+                    refuse(&gw, "body_timeout", StatusCode::REQUEST_TIMEOUT, "body not received in time");
+                r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+                return Ok(r);
+            }
+        };
+    let reading = Forward { wary_key: wary_key(&key), key, body, content_type };
     if gw.was_surfaced(reading.wary_key) {
         return Ok(respond(Answer::Unknown));
     }
@@ -205,27 +329,65 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
     Ok(respond(rx.await.unwrap_or(Answer::Cancelled)))
 }
 
-/// Serves the device side on `listener` until the task is dropped. An accept error (out of
-/// file descriptors, say) is waited out ([`crate::gateway::AcceptBackoff`]); its kind is
-/// logged, never its text.
+/// Serves one device connection (plain or TLS) until it closes.
+pub async fn serve_connection<S>(gw: Arc<Gateway>, io: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    serve_connection_as(gw, None, io).await;
+}
+
+/// [`serve_connection`] for a connection whose client certificate named `certified`.
+pub async fn serve_connection_as<S>(gw: Arc<Gateway>, certified: Option<u64>, io: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let header_timeout = gw.config().header_timeout;
+    let svc = service_fn(move |req| handle_as(gw.clone(), certified, req));
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(64 * 1024)
+        .serve_connection(TokioIo::new(io), svc);
+    let _ = conn.await;
+}
+
+fn accept_failed(e: &std::io::Error, d: wary::Duration) {
+    eprintln!("wary-gateway: accept failed ({:?}); next try in {d}", e.kind());
+}
+
+/// Serves the device side over plain HTTP on `listener` until the task is dropped. An accept
+/// error (out of file descriptors, say) is waited out ([`crate::gateway::AcceptBackoff`]); its
+/// kind is logged, never its text.
 pub async fn serve(gw: Arc<Gateway>, listener: TcpListener) {
     let on_conn = |(sock, _): (tokio::net::TcpStream, std::net::SocketAddr)| {
-        let gw = gw.clone();
         let _ = sock.set_nodelay(true);
+        tokio::spawn(serve_connection(gw.clone(), sock));
+    };
+    accept_loop(|| listener.accept(), on_conn, accept_failed).await;
+}
+
+/// Serves the device side over TLS on `listener`: each connection is handed the configuration
+/// in force when it is accepted ([`Tls::acceptor`]), and must finish its handshake within the
+/// header timeout. A client that does not speak TLS is dropped at the handshake.
+pub async fn serve_tls(gw: Arc<Gateway>, listener: TcpListener, tls: Arc<Tls>) {
+    let on_conn = |(sock, _): (tokio::net::TcpStream, std::net::SocketAddr)| {
+        let _ = sock.set_nodelay(true);
+        let (gw, acceptor) = (gw.clone(), tls.acceptor());
         tokio::spawn(async move {
-            let svc = service_fn(move |req| handle(gw.clone(), req));
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(64 * 1024)
-                .serve_connection(TokioIo::new(sock), svc);
-            let _ = conn.await;
+            let limit = gw.config().header_timeout;
+            if let Ok(Ok(stream)) = tokio::time::timeout(limit, acceptor.accept(sock)).await {
+                let certified = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(device_of_certificate);
+                serve_connection_as(gw, certified, stream).await;
+            }
         });
     };
-    let on_error = |e: &std::io::Error, d: wary::Duration| {
-        eprintln!("wary-gateway: accept failed ({:?}); next try in {d}", e.kind());
-    };
-    accept_loop(|| listener.accept(), on_conn, on_error).await;
+    accept_loop(|| listener.accept(), on_conn, accept_failed).await;
 }
 
 /// Serves `GET /metrics` (Prometheus text) on `listener`; bind it to loopback.

@@ -8,18 +8,26 @@
 //!   probe, never a resend; one the probe cannot resolve is answered 409 and surfaced);
 //! - one shared fleet retry budget per process; a JSON-lines ledger; attempt statistics;
 //! - a bounded queue: a full queue answers 503 + Retry-After at once;
-//! - Prometheus text on `GET /metrics` (loopback).
+//! - Prometheus text on `GET /metrics` (loopback);
+//! - every device proves who it is on every request (a bearer token kept as its SHA-256 in a
+//!   credentials file, reloaded on SIGHUP) and may touch only its own keys; TLS on the device
+//!   side (rustls); a token bucket per device so that one device cannot crowd out the rest.
+//!   `docs/security.md` is the threat model.
 //!
 //! Retry happens at exactly one layer per hop: the HTTP client does not retry on its own, and
 //! the device's resend after a 503 is paced by the gateway's Retry-After and deduplicated by
 //! its key upstream. See `docs/deployment.md` for running several replicas.
 
+pub mod admission;
+pub mod credentials;
 pub mod gateway;
 pub mod ingress;
 pub mod metrics;
+pub mod tls;
 pub mod upstream;
 
-pub use gateway::{Answer, Config, Gateway, GatewayError};
+pub use credentials::{Credentials, Identity};
+pub use gateway::{Answer, Auth, Config, Gateway, GatewayError};
 pub use ingress::BadRequest;
 pub use metrics::{Event, Metrics};
 pub use upstream::{BodyCheck, Delivered, Forward, StaticHeader, Upstream};

@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use http::header::{HeaderName, HeaderValue};
-use wary_gateway::{BodyCheck, Config, Gateway, StaticHeader};
+use wary_gateway::admission::Limits;
+use wary_gateway::tls::Tls;
+use wary_gateway::{Auth, BodyCheck, Config, Credentials, Gateway, StaticHeader};
 use wary_host::spec::PolicySpec;
 
 #[derive(Parser)]
@@ -82,6 +84,42 @@ struct Args {
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// The device credentials file: `<device id, 16 hex> <SHA-256 of its token, 64 hex>` a
+    /// line; reloaded on SIGHUP. Make lines with `wary-gateway credential new <device>`.
+    #[arg(long, required_unless_present = "insecure_no_auth")]
+    credentials: Option<PathBuf>,
+    /// Accept readings from anyone who can reach the gateway, with any key (tests only).
+    #[arg(long, conflicts_with = "credentials")]
+    insecure_no_auth: bool,
+    /// The TLS certificate chain (PEM, leaf first); reloaded on SIGHUP.
+    #[arg(long, requires = "tls_key", required_unless_present = "insecure_plain_http")]
+    tls_cert: Option<PathBuf>,
+    /// The TLS private key (PEM); reloaded on SIGHUP.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: ask devices for a certificate this CA (PEM) issued, naming the device as
+    /// `urn:wary:device:<16 hex>`; such a device needs no bearer token (it must still have a
+    /// line in the credentials file). Reloaded on SIGHUP.
+    #[arg(long, requires = "tls_cert", requires = "credentials")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve devices over plain HTTP instead of TLS (tests, or behind a TLS terminator).
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    insecure_plain_http: bool,
+    /// Requests a second one device may keep up (0: no per-device limit).
+    #[arg(long, default_value_t = 5)]
+    rate: u32,
+    /// Requests one device may make at once after a quiet time.
+    #[arg(long, default_value_t = 20)]
+    burst: u32,
+    /// Devices holding a rate bucket at once.
+    #[arg(long, default_value_t = 100_000)]
+    max_devices: usize,
+    /// Time for a request body once its head is in, milliseconds (408 after).
+    #[arg(long, default_value_t = 10_000)]
+    body_timeout_ms: u64,
+    /// Send keys upstream as `<device id>:<key>` (for devices that do not use wary's key layout).
+    #[arg(long)]
+    device_prefix: bool,
 }
 
 fn split<'a>(spec: &'a str, sep: char, what: &str) -> Result<(HeaderName, &'a str)> {
@@ -127,7 +165,30 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(4096)
 }
 
+/// `wary-gateway credential new <device id, 16 hex>`: a new token (shown once, for the device)
+/// and the credentials file line that admits it.
+fn credential(rest: &[String]) -> Result<()> {
+    let [verb, device] = rest else { bail!("usage: wary-gateway credential new <device id, 16 hex digits>") };
+    if verb != "new" {
+        bail!("usage: wary-gateway credential new <device id, 16 hex digits>");
+    }
+    let id = (device.len() == 16)
+        .then(|| u64::from_str_radix(device, 16).ok())
+        .flatten()
+        .context("the device id must be 16 hex digits")?;
+    let (token, line) = Credentials::issue(id);
+    println!("token (give it to the device; it is not kept): {token}");
+    println!("credentials line (append to the gateway's file): {line}");
+    Ok(())
+}
+
 fn main() -> Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some((_, rest)) =
+        argv.split_first().and_then(|(_, a)| a.split_first()).filter(|(c, _)| *c == "credential")
+    {
+        return credential(rest);
+    }
     let args = Args::parse();
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.threads {
@@ -162,6 +223,21 @@ async fn run(args: Args) -> Result<()> {
     config.queue = args.queue;
     config.workers = args.workers;
     config.max_body = args.max_body;
+    config.admission = Limits { rate_per_sec: args.rate, burst: args.burst, max_devices: args.max_devices };
+    config.body_timeout = Duration::from_millis(args.body_timeout_ms);
+    config.device_prefix = args.device_prefix;
+    config.auth = match &args.credentials {
+        Some(p) => {
+            let c = Credentials::load(p).with_context(|| format!("credentials {}", p.display()))?;
+            eprintln!("wary-gateway: {} device credentials", c.len());
+            Auth::Bearer(Arc::new(c))
+        }
+        None => Auth::Open,
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some(Arc::new(Tls::load_with(c, k, args.tls_client_ca.as_deref())?)),
+        _ => None,
+    };
     if let Some(p) = &args.policy {
         let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
         config.policy = serde_json::from_str::<PolicySpec>(&text).context("policy spec")?;
@@ -176,11 +252,43 @@ async fn run(args: Args) -> Result<()> {
         eprintln!("wary-gateway: metrics on http://{}/metrics", listener.local_addr()?);
         tokio::spawn(wary_gateway::ingress::serve_metrics(gw.clone(), listener));
     }
+    tokio::spawn(reload_on_hangup(gw.clone(), args.credentials.clone(), tls.clone()));
     let listener = listen(args.listen).with_context(|| format!("binding {}", args.listen))?;
-    eprintln!("wary-gateway: listening on http://{}", listener.local_addr()?);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    eprintln!("wary-gateway: listening on {scheme}://{}", listener.local_addr()?);
+    let serve = async {
+        match tls {
+            Some(tls) => wary_gateway::ingress::serve_tls(gw.clone(), listener, tls).await,
+            None => wary_gateway::ingress::serve(gw.clone(), listener).await,
+        }
+    };
     tokio::select! {
-        () = wary_gateway::ingress::serve(gw.clone(), listener) => {}
+        () = serve => {}
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
+}
+
+/// On SIGHUP: the credentials file and the TLS files again. Open connections are untouched;
+/// whatever fails to load leaves the old one in force, and says why (never a file's content).
+async fn reload_on_hangup(gw: Arc<Gateway>, credentials: Option<PathBuf>, tls: Option<Arc<Tls>>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else { return };
+    while hangup.recv().await.is_some() {
+        if let Some(p) = &credentials {
+            match Credentials::load(p) {
+                Ok(c) => {
+                    eprintln!("wary-gateway: reloaded {} device credentials", c.len());
+                    gw.set_credentials(c);
+                }
+                Err(e) => eprintln!("wary-gateway: credentials not reloaded, the old ones stay: {e}"),
+            }
+        }
+        if let Some(t) = &tls {
+            match t.reload() {
+                Ok(()) => eprintln!("wary-gateway: reloaded the TLS certificate and key"),
+                Err(e) => eprintln!("wary-gateway: TLS not reloaded, the old certificate stays: {e}"),
+            }
+        }
+    }
 }

@@ -15,6 +15,13 @@ pub const BUCKETS: usize = 32;
 /// Surfaced readings kept in [`Metrics::surfaced`] (the most recent; the count is exact).
 pub const SURFACED_KEPT: usize = 1024;
 
+/// Why a request was answered before the queue: `unauthenticated` (401), `forbidden` (403:
+/// another device's key), `rate_limited` (429: the device is over its rate), `admission_full`
+/// (503: every admission bucket is busy), `body_timeout` (408), `bad_request` (400, 404, 405,
+/// 413), `full` (503: the queue is full).
+pub const REFUSALS: [&str; 7] =
+    ["full", "bad_request", "unauthenticated", "forbidden", "rate_limited", "admission_full", "body_timeout"];
+
 /// One attempt on the timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
@@ -58,8 +65,7 @@ pub struct Metrics {
     pub surfaced: Vec<Key>,
     /// Readings that landed with a body that failed the configured body check (never resent).
     pub landed_bad_body: u64,
-    /// Requests answered before the queue: `full` (503 at once) or `bad_request` (400, 404,
-    /// 405, 413).
+    /// Requests answered before the queue, by reason (see [`REFUSALS`]).
     pub refused: BTreeMap<&'static str, u64>,
     /// Attempts by outcome name or status.
     pub outcomes: BTreeMap<String, u64>,
@@ -205,7 +211,7 @@ impl Metrics {
             "Retry-After values from the upstream that could not be read (neither seconds nor a date), ignored.",
             &one(self.retry_after_unreadable.to_string()),
         );
-        let refused: Vec<_> = ["full", "bad_request"]
+        let refused: Vec<_> = REFUSALS
             .iter()
             .map(|r| (format!("{{reason=\"{r}\"}}"), self.refused.get(r).copied().unwrap_or(0).to_string()))
             .collect();

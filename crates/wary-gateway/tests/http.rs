@@ -47,6 +47,8 @@ fn config(base: &str) -> Config {
     c.workers = 4;
     c.queue = 16;
     c.seed = Some(7);
+    // These tests are about verdicts; credentials have their own (tests/security.rs).
+    c.auth = wary_gateway::Auth::Open;
     c
 }
 
@@ -343,6 +345,7 @@ async fn the_binary_serves_http_and_never_prints_its_token() {
             .args(["--no-metrics", "--path", "/in", "--header", "X-Tenant: t1"])
             .arg(format!("--header-file=Authorization={}", token_file.display()))
             .args(["--header-env", "X-Api-Key=WARY_TEST_TOKEN", "--workers", "2"])
+            .args(["--insecure-no-auth", "--insecure-plain-http"])
             .env("WARY_TEST_TOKEN", "s3cret-from-env")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
