@@ -19,6 +19,7 @@
 )]
 
 mod backoff;
+mod breaker;
 mod classify;
 mod decide;
 mod error;
@@ -26,6 +27,7 @@ mod fingerprint;
 mod forms;
 mod key;
 mod ledger;
+mod pace;
 mod plan;
 mod policy;
 mod retry_after;
@@ -35,15 +37,18 @@ mod throttle;
 mod time;
 
 pub use backoff::{Backoff, Draw, Jitter};
+pub use breaker::{Breaker, BreakerSettings, BreakerState, Permit};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
 pub use error::{
-    DrawError, FleetBudgetError, LineError, PlanError, PolicyError, RetryAfterError, TableError,
+    BreakerError, DrawError, FleetBudgetError, LineError, PaceError, PlanError, PolicyError, RetryAfterError,
+    TableError,
 };
 pub use key::Key;
 pub use ledger::{
     AttemptStats, DEVICE_FIELDS, DEVICE_TAG, LEDGER_VERSION, Ledger, Record, Sink, parse_device_line,
 };
+pub use pace::{Pace, PaceSettings, Signal};
 pub use plan::{Plan, plan, plan_into, plan_static};
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
 pub use retry_after::{

@@ -1,0 +1,368 @@
+//! The adaptive send rate: a token bucket whose fill rate follows a CUBIC curve, cut when the
+//! server throttles and grown back with time, in integer arithmetic on an injected clock.
+//!
+//! A fleet that comes back after an outage holds a backlog on every device. Backoff spaces the
+//! *retries* of one call; it does nothing for the *first attempts* of the next readings, so ten
+//! thousand devices that each drain twenty readings as fast as the answers come meet a cloud
+//! that just came back with the whole backlog at once. A [`Pace`] is asked before every attempt,
+//! first or not, and answers "send" or "wait this long".
+//!
+//! The rate starts open (no pacing). The first throttling answer sets it to the `start` rate
+//! times `keep`; each later one cuts the rate in force to `keep` of it. Between throttles the
+//! rate climbs back along a CUBIC curve scaled to the rate it was cut from, `w_max`:
+//!
+//! `rate(t) = w_max · (1 − (1 − keep) · (1 − t/K)³)`, with `t` the time since the last cut and
+//! `K` the `regrow` time: it is back at `w_max` after `K`, flat around it, then accelerates
+//! past it (`w_max · (1 + (1 − keep) · ((t − K)/K)³)`), and the pace opens again once it
+//! reaches the `ceiling`. Rates never go below the `floor`.
+//!
+//! ```
+//! use wary::{Duration, Instant, Pace, PaceSettings};
+//! let at = Instant::from_millis;
+//! // 1 request/s after the first throttle, halved on each, back in 60 s; no burst.
+//! let mut pace = Pace::new(PaceSettings { burst: 1, ..PaceSettings::DEVICE }).unwrap();
+//! assert_eq!(pace.acquire(at(0)), Ok(())); // open: nothing is paced before a throttle
+//! pace.on_throttled(at(0)); // 503: the rate drops to 0.5 requests/s
+//! assert_eq!(pace.acquire(at(0)), Err(Duration::from_millis(2_000)));
+//! assert_eq!(pace.acquire(at(2_000)), Ok(()));
+//! // The next waits a little less than 2 s: the rate has been climbing back since the cut.
+//! assert_eq!(pace.acquire(at(2_000)), Err(Duration::from_millis(1_825)));
+//! ```
+//!
+//! A pace is per endpoint and owned by the task that sends to it: it is a few words of plain
+//! state changed through `&mut self`. Tasks that share one endpoint share its pace through their
+//! own mutex; see docs/pacing.md for why this is not an atomic like the fleet budget.
+
+use crate::classify::{Failure, Outcome};
+use crate::error::PaceError;
+use crate::time::{Duration, Instant};
+
+/// What an answer says about the send rate: the input a transport maps its answers into.
+///
+/// HTTP: [`Signal::of`]. MQTT 5: reason codes 0x97 (quota exceeded) and 0x89 (server busy) are
+/// `Throttled`, any accepted publish is `Served`. CoAP: 4.29 (too many requests) and 5.03
+/// (service unavailable) are `Throttled`, any 2.xx is `Served`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Signal {
+    /// The server answered and did not ask the client to slow down.
+    Served,
+    /// The server refused the request for load: slow down.
+    Throttled,
+    /// The answer says nothing about the rate (a timeout, a refused connection, a 500): the
+    /// circuit breaker's business, not the pace's.
+    Neither,
+}
+
+impl Signal {
+    /// An HTTP outcome's signal: 429 and 503 throttle, with or without a Retry-After (a 503 is
+    /// the server saying it is overloaded, and a load shedder that answers at once rarely adds
+    /// one); any other status the server answered, and a success, count as served; connection
+    /// failures and other 5xx say nothing about the rate.
+    pub const fn of(outcome: &Outcome) -> Signal {
+        match outcome {
+            Outcome::Ok => Signal::Served,
+            Outcome::Failure(Failure::Status { code: 429 | 503, .. }) => Signal::Throttled,
+            Outcome::Failure(Failure::Status { code: 400..=499, .. }) => Signal::Served,
+            Outcome::Failure(_) => Signal::Neither,
+        }
+    }
+}
+
+/// A pace's settings. Rates are in thousandths of a request per second (`1000` is one a second,
+/// `50` one every 20 s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PaceSettings {
+    /// The rate the first throttle cuts from, when the pace was open.
+    pub start_milli: u32,
+    /// The lowest rate a cut reaches.
+    pub floor_milli: u32,
+    /// The rate at which the pace opens again.
+    pub ceiling_milli: u32,
+    /// The share of the rate a throttle keeps, in percent (CUBIC's β): 1..=99.
+    pub keep_percent: u8,
+    /// The time the curve takes to climb back to the rate it was cut from (CUBIC's K).
+    pub regrow: Duration,
+    /// Requests that may go at once when the bucket is full: 1..=100.
+    pub burst: u8,
+}
+
+impl PaceSettings {
+    /// A device's uplink: one request a second after the first throttle, each throttle halves
+    /// the rate down to one request every 100 s, 60 s to climb back, open again at 10 requests/s,
+    /// a burst of 2.
+    pub const DEVICE: PaceSettings = PaceSettings {
+        start_milli: 1_000,
+        floor_milli: 10,
+        ceiling_milli: 10_000,
+        keep_percent: 50,
+        regrow: Duration::from_millis(60_000),
+        burst: 2,
+    };
+}
+
+/// The highest rate a pace counts: 16 777 requests a second, in thousandths.
+const MAX_RATE: u32 = (1 << 24) - 1;
+/// One in Q16 fixed point.
+const ONE: i64 = 1 << 16;
+
+/// An adaptive send rate for one endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Pace {
+    settings: PaceSettings,
+    /// The rate the last cut was made from (`w_max`), in thousandths a second; 0 while open.
+    w_max: u32,
+    /// When the last cut was made.
+    cut_at: Instant,
+    /// The bucket as GCRA's theoretical arrival time, in microseconds: a request may go when it
+    /// is at most `(burst − 1)` intervals ahead of now.
+    tat_us: u64,
+}
+
+impl Pace {
+    /// An open pace; refuses settings that could not pace.
+    pub const fn new(settings: PaceSettings) -> Result<Pace, PaceError> {
+        let s = settings;
+        if s.floor_milli == 0 || s.floor_milli > s.start_milli || s.start_milli > s.ceiling_milli {
+            return Err(PaceError::Rates);
+        }
+        if s.ceiling_milli > MAX_RATE {
+            return Err(PaceError::TooFast);
+        }
+        if s.keep_percent == 0 || s.keep_percent > 99 {
+            return Err(PaceError::Keep);
+        }
+        if s.regrow.as_millis() == 0 || s.regrow.is_max() {
+            return Err(PaceError::Regrow);
+        }
+        if s.burst == 0 || s.burst > 100 {
+            return Err(PaceError::Burst);
+        }
+        Ok(Pace { settings, w_max: 0, cut_at: Instant::ZERO, tat_us: 0 })
+    }
+
+    /// The settings.
+    pub const fn settings(&self) -> &PaceSettings {
+        &self.settings
+    }
+
+    /// True while no throttle is in force: every request may go.
+    pub const fn is_open(&self) -> bool {
+        self.w_max == 0
+    }
+
+    /// The rate in force at `now`, in thousandths of a request a second; `None` while open.
+    pub fn rate_milli(&self, now: Instant) -> Option<u32> {
+        if self.is_open() {
+            return None;
+        }
+        let s = &self.settings;
+        let k = i64::from(s.regrow.as_millis());
+        let t = i64::try_from(now.as_millis().saturating_sub(self.cut_at.as_millis())).unwrap_or(i64::MAX);
+        // x = (t − K)/K in Q16, from −1 (just cut) up; past 8 the curve is far above any ceiling.
+        let x = t.saturating_sub(k).saturating_mul(ONE).checked_div(k).unwrap_or(0).clamp(-ONE, 8 * ONE);
+        // x³ in Q16: |x| ≤ 2¹⁹, so x² < 2³⁸ and x³ < 2⁵⁷ never overflow.
+        let cube = x.saturating_mul(x).saturating_mul(x) >> 32;
+        let lost = i64::from(100u8.saturating_sub(s.keep_percent));
+        let factor = ONE.saturating_add(cube.saturating_mul(lost) / 100);
+        let rate = i64::from(self.w_max).saturating_mul(factor) >> 16;
+        let rate = rate.clamp(i64::from(s.floor_milli), i64::from(s.ceiling_milli));
+        Some(u32::try_from(rate).unwrap_or(s.ceiling_milli))
+    }
+
+    /// Asks to send one request at `now`: `Ok` takes a token, `Err` is the wait until one is
+    /// there (ask again then). Ask before every attempt, first ones included.
+    pub fn acquire(&mut self, now: Instant) -> Result<(), Duration> {
+        let Some(rate) = self.rate_milli(now) else { return Ok(()) };
+        let interval = interval_us(rate);
+        let now_us = now.as_millis().saturating_mul(1000);
+        let tolerance = interval.saturating_mul(u64::from(self.settings.burst.saturating_sub(1)));
+        let limit = now_us.saturating_add(tolerance);
+        if self.tat_us <= limit {
+            self.tat_us = self.tat_us.max(now_us).saturating_add(interval);
+            Ok(())
+        } else {
+            let wait_us = self.tat_us.saturating_sub(limit);
+            Err(Duration::from_micros_ceil(wait_us))
+        }
+    }
+
+    /// A throttling answer at `now`: the rate is cut to `keep` of the rate in force (of
+    /// `start` if the pace was open), and the bucket is emptied, so the next request waits a
+    /// whole interval of the new rate.
+    pub fn on_throttled(&mut self, now: Instant) {
+        let s = self.settings;
+        let from = self.rate_milli(now).unwrap_or(s.start_milli).max(s.floor_milli);
+        self.w_max = from;
+        self.cut_at = now;
+        // `rate_milli` now reads `keep` of `from`: the curve at t = 0.
+        let rate = self.rate_milli(now).unwrap_or(s.floor_milli);
+        let interval = interval_us(rate);
+        let tolerance = interval.saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        let empty = now.as_millis().saturating_mul(1000).saturating_add(tolerance).saturating_add(interval);
+        self.tat_us = self.tat_us.max(empty);
+    }
+
+    /// A served answer at `now`: once the curve has climbed to the ceiling the pace opens again.
+    pub fn on_success(&mut self, now: Instant) {
+        if self.rate_milli(now).is_some_and(|r| r >= self.settings.ceiling_milli) {
+            self.w_max = 0;
+        }
+    }
+
+    /// Feeds an answer's [`Signal`] at `now`.
+    pub fn report(&mut self, now: Instant, signal: Signal) {
+        match signal {
+            Signal::Served => self.on_success(now),
+            Signal::Throttled => self.on_throttled(now),
+            Signal::Neither => {}
+        }
+    }
+}
+
+/// Microseconds between tokens at `rate` thousandths a second (the rate is at least 1).
+fn interval_us(rate_milli: u32) -> u64 {
+    1_000_000_000u64.checked_div(u64::from(rate_milli)).unwrap_or(1_000_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_millis(ms)
+    }
+
+    fn settings() -> PaceSettings {
+        PaceSettings { burst: 1, ..PaceSettings::DEVICE }
+    }
+
+    #[test]
+    fn refuses_settings_that_cannot_pace() {
+        let d = PaceSettings::DEVICE;
+        assert_eq!(Pace::new(PaceSettings { floor_milli: 0, ..d }).err(), Some(PaceError::Rates));
+        assert_eq!(Pace::new(PaceSettings { floor_milli: 2_000, ..d }).err(), Some(PaceError::Rates));
+        assert_eq!(Pace::new(PaceSettings { start_milli: 20_000, ..d }).err(), Some(PaceError::Rates));
+        let fast = PaceSettings { ceiling_milli: MAX_RATE + 1, ..d };
+        assert_eq!(Pace::new(fast).err(), Some(PaceError::TooFast));
+        assert_eq!(Pace::new(PaceSettings { keep_percent: 0, ..d }).err(), Some(PaceError::Keep));
+        assert_eq!(Pace::new(PaceSettings { keep_percent: 100, ..d }).err(), Some(PaceError::Keep));
+        assert_eq!(Pace::new(PaceSettings { regrow: Duration::ZERO, ..d }).err(), Some(PaceError::Regrow));
+        assert_eq!(Pace::new(PaceSettings { burst: 0, ..d }).err(), Some(PaceError::Burst));
+        assert_eq!(Pace::new(PaceSettings { burst: 101, ..d }).err(), Some(PaceError::Burst));
+        assert!(Pace::new(PaceSettings { burst: 100, keep_percent: 99, ..d }).is_ok());
+    }
+
+    #[test]
+    fn open_until_the_first_throttle() {
+        let mut p = Pace::new(settings()).unwrap();
+        for _ in 0..1_000 {
+            assert_eq!(p.acquire(at(5)), Ok(()));
+        }
+        assert!(p.is_open() && p.rate_milli(at(5)).is_none());
+        p.on_success(at(5));
+        assert!(p.is_open());
+    }
+
+    #[test]
+    fn each_throttle_cuts_the_rate_in_force_down_to_the_floor() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0));
+        assert_eq!(p.rate_milli(at(0)), Some(500));
+        p.on_throttled(at(0));
+        assert_eq!(p.rate_milli(at(0)), Some(250));
+        for _ in 0..20 {
+            p.on_throttled(at(0));
+        }
+        assert_eq!(p.rate_milli(at(0)), Some(10));
+        // The cut empties the bucket: the next request waits one interval at the floor, 100 s.
+        assert_eq!(p.acquire(at(0)), Err(Duration::from_millis(100_000)));
+        assert_eq!(p.acquire(at(100_000)), Ok(()));
+    }
+
+    #[test]
+    fn the_curve_climbs_back_in_regrow_time_then_accelerates_and_opens() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0)); // w_max 1000, rate 500
+        let r = |p: &Pace, t| p.rate_milli(at(t)).unwrap();
+        // Concave up to w_max: half the lost rate is back after a fifth of K (1 − 0.8³ ≈ 0.49).
+        assert_eq!(r(&p, 12_000), 744);
+        assert!(r(&p, 30_000) > 900 && r(&p, 30_000) < 1_000);
+        assert_eq!(r(&p, 60_000), 1_000);
+        // Convex past it: +50 % of w_max at 2K, then fast.
+        assert_eq!(r(&p, 120_000), 1_500);
+        let (a, b, c) = (r(&p, 70_000), r(&p, 90_000), r(&p, 110_000));
+        assert!(1_000 < a && a < b && b < c && c < 1_500, "{a} {b} {c}");
+        assert_eq!(r(&p, 250_000), 10_000);
+        // A success past the ceiling opens the pace; a success before it does not.
+        p.on_success(at(120_000));
+        assert!(!p.is_open());
+        p.on_success(at(250_000));
+        assert!(p.is_open());
+        assert_eq!(p.acquire(at(250_000)), Ok(()));
+    }
+
+    #[test]
+    fn a_cut_starts_from_the_rate_in_force_not_the_last_peak() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0));
+        p.on_throttled(at(120_000)); // in force 1500 → w_max 1500, rate 750
+        assert_eq!(p.rate_milli(at(120_000)), Some(750));
+        assert_eq!(p.rate_milli(at(180_000)), Some(1_500));
+    }
+
+    #[test]
+    fn the_bucket_paces_at_the_rate_and_holds_a_burst() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0)); // 0.5/s: a 2 s interval, emptied
+        assert_eq!(p.acquire(at(0)), Err(Duration::from_millis(2_000)));
+        assert_eq!(p.acquire(at(1_999)), Err(Duration::from_millis(1)));
+        assert_eq!(p.acquire(at(2_000)), Ok(()));
+        assert!(p.acquire(at(2_000)).is_err());
+        // Idle for a long time, a bucket of three holds three requests, not more.
+        let mut p = Pace::new(PaceSettings { burst: 3, ..settings() }).unwrap();
+        p.on_throttled(at(0));
+        assert!(p.acquire(at(0)).is_err());
+        let t = 40_000;
+        let sent = (0..10).filter(|_| p.acquire(at(t)).is_ok()).count();
+        assert_eq!(sent, 3);
+        // Count what goes through over 100 s of asking every 10 ms: the rate climbs meanwhile,
+        // so more than 0.5/s but far below the ceiling.
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0));
+        let sent = (0..10_000u64).filter(|i| p.acquire(at(i * 10)).is_ok()).count();
+        assert!((50..=100).contains(&sent), "{sent}");
+    }
+
+    #[test]
+    fn signals_from_http_outcomes() {
+        assert_eq!(Signal::of(&Outcome::Ok), Signal::Served);
+        assert_eq!(Signal::of(&Outcome::status(429)), Signal::Throttled);
+        assert_eq!(Signal::of(&Outcome::status(503)), Signal::Throttled);
+        assert_eq!(Signal::of(&Outcome::status_after(503, Duration::from_secs(3))), Signal::Throttled);
+        assert_eq!(Signal::of(&Outcome::status(404)), Signal::Served);
+        assert_eq!(Signal::of(&Outcome::status(500)), Signal::Neither);
+        assert_eq!(Signal::of(&Outcome::status(502)), Signal::Neither);
+        assert_eq!(Signal::of(&Outcome::Failure(Failure::Refused)), Signal::Neither);
+        let mut p = Pace::new(settings()).unwrap();
+        p.report(at(0), Signal::Neither);
+        p.report(at(0), Signal::Served);
+        assert!(p.is_open());
+        p.report(at(0), Signal::Throttled);
+        assert_eq!(p.rate_milli(at(0)), Some(500));
+    }
+
+    #[test]
+    fn extreme_clocks_saturate_instead_of_panicking() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(u64::MAX));
+        assert_eq!(p.rate_milli(at(u64::MAX)), Some(500));
+        let _ = p.acquire(at(u64::MAX));
+        assert_eq!(p.rate_milli(at(0)), Some(500)); // a clock that went back reads "just cut"
+        let mut q = Pace::new(settings()).unwrap();
+        q.on_throttled(at(0));
+        assert_eq!(q.rate_milli(at(u64::MAX)), Some(10_000));
+    }
+}
