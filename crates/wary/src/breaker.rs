@@ -13,16 +13,16 @@
 //! ```
 //! use wary::{Breaker, BreakerSettings, Draw, Duration, Instant, Permit};
 //! let at = Instant::from_millis;
-//! let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap(); // 3 failures, 30 s .. 10 min
-//! for t in 0..3 {
+//! let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap(); // 2 failures, 30 s .. 10 min
+//! for t in 0..2 {
 //!     assert_eq!(b.admit(at(t)), Ok(Permit::Closed));
 //!     b.on_failure(at(t), Draw::ZERO);
 //! }
 //! // Open for 15 s (half of 30 s fixed, the draw adds nothing): refused at once meanwhile.
-//! assert_eq!(b.admit(at(2)), Err(Duration::from_millis(15_000)));
-//! assert_eq!(b.admit(at(15_002)), Ok(Permit::Probe));
-//! assert!(b.admit(at(15_003)).is_err()); // one probe at a time
-//! b.on_success(at(15_100));
+//! assert_eq!(b.admit(at(1)), Err(Duration::from_millis(15_000)));
+//! assert_eq!(b.admit(at(15_001)), Ok(Permit::Probe));
+//! assert!(b.admit(at(15_002)).is_err()); // one probe at a time
+//! assert!(b.on_success(at(15_100))); // true: it was not closed, the endpoint is back
 //! assert_eq!(b.admit(at(15_101)), Ok(Permit::Closed));
 //! ```
 //!
@@ -47,10 +47,10 @@ pub struct BreakerSettings {
 }
 
 impl BreakerSettings {
-    /// A device's uplink: open after 3 failures in a row, for 15–30 s the first time, doubling
-    /// to 5–10 min.
+    /// A device's uplink: open after 2 failures in a row (a call's first attempt and its first
+    /// retry), for 15–30 s the first time, doubling to 5–10 min.
     pub const DEVICE: BreakerSettings = BreakerSettings {
-        threshold: 3,
+        threshold: 2,
         open: Duration::from_millis(30_000),
         max_open: Duration::from_millis(600_000),
     };
@@ -149,9 +149,13 @@ impl Breaker {
         }
     }
 
-    /// A success at `now`: the endpoint is up, the breaker closes.
-    pub fn on_success(&mut self, _now: Instant) {
+    /// A success at `now`: the endpoint is up, the breaker closes. True if it was not closed
+    /// (a probe answered): the endpoint has just come back, a moment to start sending slowly
+    /// ([`crate::Pace::slow_start`]).
+    pub fn on_success(&mut self, _now: Instant) -> bool {
+        let reopened = !matches!(self.state, BreakerState::Closed { .. });
         self.state = BreakerState::Closed { failures: 0 };
+        reopened
     }
 
     /// A failure at `now` (a refused connection, a timeout, a 5xx or 429): counts toward
@@ -213,11 +217,12 @@ mod tests {
 
     #[test]
     fn opens_after_the_threshold_in_a_row_and_a_success_resets_the_count() {
-        let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        let three = BreakerSettings { threshold: 3, ..BreakerSettings::DEVICE };
+        let mut b = Breaker::new(three).unwrap();
         b.on_failure(at(0), Draw::ZERO);
         b.on_failure(at(0), Draw::ZERO);
         assert_eq!(b.state(), BreakerState::Closed { failures: 2 });
-        b.on_success(at(1));
+        assert!(!b.on_success(at(1)), "it was closed");
         b.on_failure(at(2), Draw::ZERO);
         b.on_failure(at(2), Draw::ZERO);
         assert_eq!(b.state().name(), "closed");
@@ -249,7 +254,7 @@ mod tests {
             [(30_000, 2), (60_000, 3), (120_000, 4), (240_000, 5), (300_000, 6), (300_000, 7), (300_000, 8)];
         assert_eq!(opens, want);
         assert_eq!(lo.admit(at(t)), Ok(Permit::Probe));
-        lo.on_success(at(t));
+        assert!(lo.on_success(at(t)), "a probe's success closes it");
         assert_eq!(lo.state(), BreakerState::Closed { failures: 0 });
         // Closed again, a new trip starts from the first open time.
         trip(&mut lo, t, Draw::ZERO);

@@ -17,22 +17,27 @@
 //! reaches the `ceiling`. Rates never go below the `floor`.
 //!
 //! ```
-//! use wary::{Duration, Instant, Pace, PaceSettings};
+//! use wary::{Draw, Duration, Instant, Pace, PaceSettings};
 //! let at = Instant::from_millis;
-//! // 1 request/s after the first throttle, halved on each, back in 60 s; no burst.
-//! let mut pace = Pace::new(PaceSettings { burst: 1, ..PaceSettings::DEVICE }).unwrap();
+//! // 1 request/s assumed at the first throttle, halved on each, back in 60 s; no burst.
+//! let settings = PaceSettings { start_milli: 1_000, burst: 1, ..PaceSettings::DEVICE };
+//! let mut pace = Pace::new(settings).unwrap();
 //! assert_eq!(pace.acquire(at(0)), Ok(())); // open: nothing is paced before a throttle
-//! pace.on_throttled(at(0)); // 503: the rate drops to 0.5 requests/s
-//! assert_eq!(pace.acquire(at(0)), Err(Duration::from_millis(2_000)));
-//! assert_eq!(pace.acquire(at(2_000)), Ok(()));
-//! // The next waits a little less than 2 s: the rate has been climbing back since the cut.
-//! assert_eq!(pace.acquire(at(2_000)), Err(Duration::from_millis(1_825)));
+//! // A 503: the rate drops to 0.5 requests/s, and the next request waits between half an
+//! // interval and one and a half, placed by the draw (the lowest here).
+//! pace.on_throttled(at(0), Draw::ZERO);
+//! assert_eq!(pace.rate_milli(at(0)), Some(500));
+//! assert_eq!(pace.acquire(at(0)), Err(Duration::from_millis(1_000)));
+//! assert_eq!(pace.acquire(at(1_000)), Ok(()));
+//! // Then one interval: a little under 2 s, as the rate climbs back from the cut.
+//! assert_eq!(pace.acquire(at(1_000)), Err(Duration::from_millis(1_909)));
 //! ```
 //!
 //! A pace is per endpoint and owned by the task that sends to it: it is a few words of plain
 //! state changed through `&mut self`. Tasks that share one endpoint share its pace through their
 //! own mutex; see docs/pacing.md for why this is not an atomic like the fleet budget.
 
+use crate::backoff::Draw;
 use crate::classify::{Failure, Outcome};
 use crate::error::PaceError;
 use crate::time::{Duration, Instant};
@@ -49,6 +54,11 @@ pub enum Signal {
     Served,
     /// The server refused the request for load: slow down.
     Throttled,
+    /// The server refused the request for load and said when to come back (a Retry-After).
+    Asked {
+        /// The wait it asked for.
+        wait: Duration,
+    },
     /// The answer says nothing about the rate (a timeout, a refused connection, a 500): the
     /// circuit breaker's business, not the pace's.
     Neither,
@@ -62,6 +72,9 @@ impl Signal {
     pub const fn of(outcome: &Outcome) -> Signal {
         match outcome {
             Outcome::Ok => Signal::Served,
+            Outcome::Failure(Failure::Status { code: 429 | 503, retry_after: Some(wait), .. }) => {
+                Signal::Asked { wait: *wait }
+            }
             Outcome::Failure(Failure::Status { code: 429 | 503, .. }) => Signal::Throttled,
             Outcome::Failure(Failure::Status { code: 400..=499, .. }) => Signal::Served,
             Outcome::Failure(_) => Signal::Neither,
@@ -89,11 +102,13 @@ pub struct PaceSettings {
 }
 
 impl PaceSettings {
-    /// A device's uplink: one request a second after the first throttle, each throttle halves
-    /// the rate down to one request every 100 s, 60 s to climb back, open again at 10 requests/s,
-    /// a burst of 2.
+    /// A device's uplink: one request every 10 s assumed when the first throttle comes (so one
+    /// every 20 s after it), each throttle halves the rate down to one request every 100 s, 60 s
+    /// to climb back, open again at 10 requests/s, a burst of 2. The start is low on purpose: a
+    /// device cannot know how many others share the cloud, and the fleet simulation shows ten
+    /// thousand devices starting at one a second bring back the herd the pace is for.
     pub const DEVICE: PaceSettings = PaceSettings {
-        start_milli: 1_000,
+        start_milli: 100,
         floor_milli: 10,
         ceiling_milli: 10_000,
         keep_percent: 50,
@@ -116,6 +131,8 @@ pub struct Pace {
     w_max: u32,
     /// When the last cut was made.
     cut_at: Instant,
+    /// The last served answer while paced.
+    served_at: Instant,
     /// The bucket as GCRA's theoretical arrival time, in microseconds: a request may go when it
     /// is at most `(burst − 1)` intervals ahead of now.
     tat_us: u64,
@@ -140,7 +157,7 @@ impl Pace {
         if s.burst == 0 || s.burst > 100 {
             return Err(PaceError::Burst);
         }
-        Ok(Pace { settings, w_max: 0, cut_at: Instant::ZERO, tat_us: 0 })
+        Ok(Pace { settings, w_max: 0, cut_at: Instant::ZERO, served_at: Instant::ZERO, tat_us: 0 })
     }
 
     /// The settings.
@@ -160,7 +177,14 @@ impl Pace {
         }
         let s = &self.settings;
         let k = i64::from(s.regrow.as_millis());
-        let t = i64::try_from(now.as_millis().saturating_sub(self.cut_at.as_millis())).unwrap_or(i64::MAX);
+        // The curve's clock runs up to `regrow` past the last served answer: without answers the
+        // rate climbs back to where it was cut from and waits there; past it, only answers
+        // move it on (a device held back for minutes does not come back at a rate it never
+        // tried).
+        let confirmed =
+            self.served_at.max(self.cut_at).as_millis().saturating_add(s.regrow.as_millis().into());
+        let until = now.as_millis().min(confirmed);
+        let t = i64::try_from(until.saturating_sub(self.cut_at.as_millis())).unwrap_or(i64::MAX);
         // x = (t − K)/K in Q16, from −1 (just cut) up; past 8 the curve is far above any ceiling.
         let x = t.saturating_sub(k).saturating_mul(ONE).checked_div(k).unwrap_or(0).clamp(-ONE, 8 * ONE);
         // x³ in Q16: |x| ≤ 2¹⁹, so x² < 2³⁸ and x³ < 2⁵⁷ never overflow.
@@ -190,9 +214,10 @@ impl Pace {
     }
 
     /// A throttling answer at `now`: the rate is cut to `keep` of the rate in force (of
-    /// `start` if the pace was open), and the bucket is emptied, so the next request waits a
-    /// whole interval of the new rate.
-    pub fn on_throttled(&mut self, now: Instant) {
+    /// `start` if the pace was open), and the bucket is emptied: the next request waits between
+    /// half an interval and one and a half of the new rate, placed by `draw`. Devices throttled
+    /// together would otherwise come back together, interval after interval.
+    pub fn on_throttled(&mut self, now: Instant, draw: Draw) {
         let s = self.settings;
         let from = self.rate_milli(now).unwrap_or(s.start_milli).max(s.floor_milli);
         self.w_max = from;
@@ -201,22 +226,55 @@ impl Pace {
         let rate = self.rate_milli(now).unwrap_or(s.floor_milli);
         let interval = interval_us(rate);
         let tolerance = interval.saturating_mul(u64::from(s.burst.saturating_sub(1)));
-        let empty = now.as_millis().saturating_mul(1000).saturating_add(tolerance).saturating_add(interval);
+        let spread = draw.scale(Duration::from_micros_ceil(interval.saturating_mul(1000)));
+        let wait = (interval / 2).saturating_add(spread.as_micros() / 1000);
+        let empty = now.as_millis().saturating_mul(1000).saturating_add(tolerance).saturating_add(wait);
         self.tat_us = self.tat_us.max(empty);
     }
 
-    /// A served answer at `now`: once the curve has climbed to the ceiling the pace opens again.
+    /// A served answer at `now`: lets the curve climb on past the rate it was cut from; once it
+    /// has climbed to the ceiling the pace opens again.
     pub fn on_success(&mut self, now: Instant) {
+        if self.is_open() {
+            return;
+        }
+        self.served_at = self.served_at.max(now);
         if self.rate_milli(now).is_some_and(|r| r >= self.settings.ceiling_milli) {
             self.w_max = 0;
         }
     }
 
-    /// Feeds an answer's [`Signal`] at `now`.
-    pub fn report(&mut self, now: Instant, signal: Signal) {
+    /// A throttling answer at `now` that said when to come back: the rate stays, and nothing
+    /// goes before `wait` is over. The server that spreads its asks knows its capacity better
+    /// than a device can guess it, and cutting as well would count the same refusal twice.
+    pub fn on_asked(&mut self, now: Instant, wait: Duration) {
+        let s = self.settings;
+        if self.is_open() {
+            // Paced from here at the start rate, as after a first throttle, for when the wait
+            // is over.
+            self.slow_start(now);
+        }
+        let interval = self.rate_milli(now).map_or(0, interval_us);
+        let tolerance = interval.saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        let until = now.as_millis().saturating_add(u64::from(wait.as_millis())).saturating_mul(1000);
+        self.tat_us = self.tat_us.max(until.saturating_add(tolerance));
+    }
+
+    /// Paces from `now` as if a first throttle had come: `keep` of the `start` rate, climbing
+    /// back to it in the regrow time. For an endpoint that has just come back (its breaker
+    /// closed after a probe), where sending the whole backlog unpaced would meet every other
+    /// device doing the same. The bucket is left as it is.
+    pub fn slow_start(&mut self, now: Instant) {
+        self.w_max = self.settings.start_milli;
+        self.cut_at = now;
+    }
+
+    /// Feeds an answer's [`Signal`] at `now` (`draw` as for [`Pace::on_throttled`]).
+    pub fn report(&mut self, now: Instant, signal: Signal, draw: Draw) {
         match signal {
             Signal::Served => self.on_success(now),
-            Signal::Throttled => self.on_throttled(now),
+            Signal::Throttled => self.on_throttled(now, draw),
+            Signal::Asked { wait } => self.on_asked(now, wait),
             Signal::Neither => {}
         }
     }
@@ -235,24 +293,32 @@ mod tests {
         Instant::from_millis(ms)
     }
 
+    /// One request/s assumed at the first throttle, no burst.
     fn settings() -> PaceSettings {
-        PaceSettings { burst: 1, ..PaceSettings::DEVICE }
+        PaceSettings { start_milli: 1_000, burst: 1, ..PaceSettings::DEVICE }
     }
+
+    /// A cut whose next request waits exactly one interval (the middle draw).
+    const MID: Draw = Draw::Unit(1 << 31);
 
     #[test]
     fn refuses_settings_that_cannot_pace() {
         let d = PaceSettings::DEVICE;
         assert_eq!(Pace::new(PaceSettings { floor_milli: 0, ..d }).err(), Some(PaceError::Rates));
-        assert_eq!(Pace::new(PaceSettings { floor_milli: 2_000, ..d }).err(), Some(PaceError::Rates));
+        assert_eq!(Pace::new(PaceSettings { floor_milli: 200, ..d }).err(), Some(PaceError::Rates));
         assert_eq!(Pace::new(PaceSettings { start_milli: 20_000, ..d }).err(), Some(PaceError::Rates));
         let fast = PaceSettings { ceiling_milli: MAX_RATE + 1, ..d };
         assert_eq!(Pace::new(fast).err(), Some(PaceError::TooFast));
+        assert!(Pace::new(PaceSettings { ceiling_milli: MAX_RATE, ..d }).is_ok());
         assert_eq!(Pace::new(PaceSettings { keep_percent: 0, ..d }).err(), Some(PaceError::Keep));
         assert_eq!(Pace::new(PaceSettings { keep_percent: 100, ..d }).err(), Some(PaceError::Keep));
         assert_eq!(Pace::new(PaceSettings { regrow: Duration::ZERO, ..d }).err(), Some(PaceError::Regrow));
+        assert_eq!(Pace::new(PaceSettings { regrow: Duration::MAX, ..d }).err(), Some(PaceError::Regrow));
         assert_eq!(Pace::new(PaceSettings { burst: 0, ..d }).err(), Some(PaceError::Burst));
         assert_eq!(Pace::new(PaceSettings { burst: 101, ..d }).err(), Some(PaceError::Burst));
-        assert!(Pace::new(PaceSettings { burst: 100, keep_percent: 99, ..d }).is_ok());
+        let edge = PaceSettings { burst: 100, keep_percent: 99, floor_milli: 100, start_milli: 100, ..d };
+        assert!(Pace::new(edge).is_ok());
+        assert_eq!(Pace::new(d).unwrap().settings(), &d);
     }
 
     #[test]
@@ -269,36 +335,55 @@ mod tests {
     #[test]
     fn each_throttle_cuts_the_rate_in_force_down_to_the_floor() {
         let mut p = Pace::new(settings()).unwrap();
-        p.on_throttled(at(0));
+        p.on_throttled(at(0), MID);
         assert_eq!(p.rate_milli(at(0)), Some(500));
-        p.on_throttled(at(0));
+        p.on_throttled(at(0), MID);
         assert_eq!(p.rate_milli(at(0)), Some(250));
         for _ in 0..20 {
-            p.on_throttled(at(0));
+            p.on_throttled(at(0), MID);
         }
         assert_eq!(p.rate_milli(at(0)), Some(10));
-        // The cut empties the bucket: the next request waits one interval at the floor, 100 s.
+        // The cut empties the bucket: with the middle draw, the next request waits one interval
+        // at the floor, 100 s.
         assert_eq!(p.acquire(at(0)), Err(Duration::from_millis(100_000)));
         assert_eq!(p.acquire(at(100_000)), Ok(()));
     }
 
     #[test]
-    fn the_curve_climbs_back_in_regrow_time_then_accelerates_and_opens() {
+    fn the_draw_places_the_first_request_after_a_cut_within_an_interval() {
+        let first = |draw| {
+            let mut p = Pace::new(settings()).unwrap();
+            p.on_throttled(at(0), draw); // 0.5/s: a 2 s interval
+            p.acquire(at(0)).unwrap_err()
+        };
+        assert_eq!(first(Draw::ZERO), Duration::from_millis(1_000));
+        assert_eq!(first(MID), Duration::from_millis(2_000));
+        assert_eq!(first(Draw::TOP), Duration::from_millis(3_000));
+    }
+
+    #[test]
+    fn the_curve_climbs_back_in_regrow_time_then_on_past_it_with_answers() {
         let mut p = Pace::new(settings()).unwrap();
-        p.on_throttled(at(0)); // w_max 1000, rate 500
+        p.on_throttled(at(0), MID); // w_max 1000, rate 500
         let r = |p: &Pace, t| p.rate_milli(at(t)).unwrap();
         // Concave up to w_max: half the lost rate is back after a fifth of K (1 − 0.8³ ≈ 0.49).
         assert_eq!(r(&p, 12_000), 744);
         assert!(r(&p, 30_000) > 900 && r(&p, 30_000) < 1_000);
         assert_eq!(r(&p, 60_000), 1_000);
-        // Convex past it: +50 % of w_max at 2K, then fast.
-        assert_eq!(r(&p, 120_000), 1_500);
+        // Without a served answer it waits at w_max however long.
+        assert_eq!(r(&p, 120_000), 1_000);
+        assert_eq!(r(&p, 10_000_000), 1_000);
+        // Answers move it on, convex: +50 % of w_max at 2K, then fast.
+        p.on_success(at(60_000));
         let (a, b, c) = (r(&p, 70_000), r(&p, 90_000), r(&p, 110_000));
         assert!(1_000 < a && a < b && b < c && c < 1_500, "{a} {b} {c}");
-        assert_eq!(r(&p, 250_000), 10_000);
-        // A success past the ceiling opens the pace; a success before it does not.
+        assert_eq!(r(&p, 120_000), 1_500);
+        assert_eq!(r(&p, 200_000), r(&p, 120_000)); // again waiting for answers
+        // A success before the ceiling does not open it; one past the ceiling does.
         p.on_success(at(120_000));
         assert!(!p.is_open());
+        p.on_success(at(180_000));
+        assert_eq!(r(&p, 250_000), 10_000);
         p.on_success(at(250_000));
         assert!(p.is_open());
         assert_eq!(p.acquire(at(250_000)), Ok(()));
@@ -307,8 +392,9 @@ mod tests {
     #[test]
     fn a_cut_starts_from_the_rate_in_force_not_the_last_peak() {
         let mut p = Pace::new(settings()).unwrap();
-        p.on_throttled(at(0));
-        p.on_throttled(at(120_000)); // in force 1500 → w_max 1500, rate 750
+        p.on_throttled(at(0), MID);
+        p.on_success(at(100_000));
+        p.on_throttled(at(120_000), MID); // in force 1500 → w_max 1500, rate 750
         assert_eq!(p.rate_milli(at(120_000)), Some(750));
         assert_eq!(p.rate_milli(at(180_000)), Some(1_500));
     }
@@ -316,24 +402,52 @@ mod tests {
     #[test]
     fn the_bucket_paces_at_the_rate_and_holds_a_burst() {
         let mut p = Pace::new(settings()).unwrap();
-        p.on_throttled(at(0)); // 0.5/s: a 2 s interval, emptied
+        p.on_throttled(at(0), MID); // 0.5/s: a 2 s interval, emptied
         assert_eq!(p.acquire(at(0)), Err(Duration::from_millis(2_000)));
         assert_eq!(p.acquire(at(1_999)), Err(Duration::from_millis(1)));
         assert_eq!(p.acquire(at(2_000)), Ok(()));
         assert!(p.acquire(at(2_000)).is_err());
         // Idle for a long time, a bucket of three holds three requests, not more.
         let mut p = Pace::new(PaceSettings { burst: 3, ..settings() }).unwrap();
-        p.on_throttled(at(0));
+        p.on_throttled(at(0), MID);
         assert!(p.acquire(at(0)).is_err());
-        let t = 40_000;
-        let sent = (0..10).filter(|_| p.acquire(at(t)).is_ok()).count();
+        let sent = (0..10).filter(|_| p.acquire(at(40_000)).is_ok()).count();
         assert_eq!(sent, 3);
-        // Count what goes through over 100 s of asking every 10 ms: the rate climbs meanwhile,
-        // so more than 0.5/s but far below the ceiling.
+        // Count what goes through over 100 s of asking every 10 ms: the rate climbs back from
+        // 0.5/s to 1/s, so more than 50 and fewer than 100.
         let mut p = Pace::new(settings()).unwrap();
-        p.on_throttled(at(0));
+        p.on_throttled(at(0), MID);
         let sent = (0..10_000u64).filter(|i| p.acquire(at(i * 10)).is_ok()).count();
-        assert!((50..=100).contains(&sent), "{sent}");
+        assert!((60..=95).contains(&sent), "{sent}");
+    }
+
+    #[test]
+    fn a_retry_after_holds_the_bucket_without_a_cut() {
+        let mut p = Pace::new(settings()).unwrap();
+        // Open: it starts pacing as after a first throttle, and waits out the ask.
+        p.on_asked(at(0), Duration::from_secs(30));
+        assert_eq!(p.rate_milli(at(0)), Some(500));
+        assert_eq!(p.acquire(at(29_999)), Err(Duration::from_millis(1)));
+        assert_eq!(p.acquire(at(30_000)), Ok(()));
+        // Paced: the rate stays where it is.
+        p.on_success(at(30_000));
+        let before = p.rate_milli(at(40_000));
+        p.report(at(40_000), Signal::of(&Outcome::status_after(429, Duration::from_secs(5))), MID);
+        assert_eq!(p.rate_milli(at(40_000)), before);
+        assert_eq!(p.acquire(at(44_999)), Err(Duration::from_millis(1)));
+        assert_eq!(p.acquire(at(45_000)), Ok(()));
+    }
+
+    #[test]
+    fn slow_start_paces_an_endpoint_that_came_back() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.slow_start(at(1_000));
+        assert!(!p.is_open());
+        assert_eq!(p.rate_milli(at(1_000)), Some(500));
+        assert_eq!(p.rate_milli(at(61_000)), Some(1_000));
+        // The bucket was full: the first request goes at once, the next waits.
+        assert_eq!(p.acquire(at(1_000)), Ok(()));
+        assert!(p.acquire(at(1_000)).is_err());
     }
 
     #[test]
@@ -341,28 +455,33 @@ mod tests {
         assert_eq!(Signal::of(&Outcome::Ok), Signal::Served);
         assert_eq!(Signal::of(&Outcome::status(429)), Signal::Throttled);
         assert_eq!(Signal::of(&Outcome::status(503)), Signal::Throttled);
-        assert_eq!(Signal::of(&Outcome::status_after(503, Duration::from_secs(3))), Signal::Throttled);
+        let asked = Signal::of(&Outcome::status_after(503, Duration::from_secs(3)));
+        assert_eq!(asked, Signal::Asked { wait: Duration::from_secs(3) });
+        assert_eq!(Signal::of(&Outcome::status_after(500, Duration::from_secs(3))), Signal::Neither);
         assert_eq!(Signal::of(&Outcome::status(404)), Signal::Served);
         assert_eq!(Signal::of(&Outcome::status(500)), Signal::Neither);
         assert_eq!(Signal::of(&Outcome::status(502)), Signal::Neither);
         assert_eq!(Signal::of(&Outcome::Failure(Failure::Refused)), Signal::Neither);
         let mut p = Pace::new(settings()).unwrap();
-        p.report(at(0), Signal::Neither);
-        p.report(at(0), Signal::Served);
+        p.report(at(0), Signal::Neither, MID);
+        p.report(at(0), Signal::Served, MID);
         assert!(p.is_open());
-        p.report(at(0), Signal::Throttled);
+        p.report(at(0), Signal::Throttled, MID);
         assert_eq!(p.rate_milli(at(0)), Some(500));
     }
 
     #[test]
     fn extreme_clocks_saturate_instead_of_panicking() {
         let mut p = Pace::new(settings()).unwrap();
-        p.on_throttled(at(u64::MAX));
+        p.on_throttled(at(u64::MAX), MID);
         assert_eq!(p.rate_milli(at(u64::MAX)), Some(500));
         let _ = p.acquire(at(u64::MAX));
+        p.on_asked(at(u64::MAX), Duration::MAX);
         assert_eq!(p.rate_milli(at(0)), Some(500)); // a clock that went back reads "just cut"
         let mut q = Pace::new(settings()).unwrap();
-        q.on_throttled(at(0));
-        assert_eq!(q.rate_milli(at(u64::MAX)), Some(10_000));
+        q.on_throttled(at(0), MID);
+        assert_eq!(q.rate_milli(at(u64::MAX)), Some(1_000));
+        q.on_success(at(u64::MAX)); // the curve runs to the ceiling: open again
+        assert!(q.is_open());
     }
 }
