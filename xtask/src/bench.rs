@@ -14,8 +14,8 @@ use crate::util::{NGINX, ensure_apt, ensure_nginx, ensure_targets, output, run, 
 /// Must match the `iai-callgrind` version in crates/wary-bench: the runner refuses any other.
 const IAI_RUNNER_VERSION: &str = "0.16.1";
 /// The size binaries in bench-size/, `baseline` first: the others are deltas against it.
-const SIZE_BINARIES: [&str; 7] =
-    ["baseline", "wary", "wary_classify", "wary_plan", "wary_plan_into", "wary_fleet", "backon"];
+const SIZE_BINARIES: [&str; 8] =
+    ["baseline", "wary", "wary_classify", "wary_plan", "wary_plan_into", "wary_fleet", "wary_pace", "backon"];
 const THUMB: &str = "thumbv7em-none-eabihf";
 
 /// A part of the bench that runs on its own.
@@ -210,7 +210,7 @@ fn fleet(root: &Path) -> Result<()> {
 }
 
 /// The binaries that hold only the core's decision path (and the fleet budget).
-const CORE_ONLY: [&str; 3] = ["wary", "wary_plan", "wary_fleet"];
+const CORE_ONLY: [&str; 4] = ["wary", "wary_plan", "wary_fleet", "wary_pace"];
 
 /// Builds bench-size (opt-level z, fat LTO) and fails if the core's decision path pulls in any
 /// panic or formatting code: the link-time proof that the lints' "no panic paths" holds.

@@ -119,8 +119,8 @@ impl PaceSettings {
 
 /// The highest rate a pace counts: 16 777 requests a second, in thousandths.
 const MAX_RATE: u32 = (1 << 24) - 1;
-/// One in Q16 fixed point.
-const ONE: i64 = 1 << 16;
+/// One in Q12 fixed point.
+const Q12: i32 = 1 << 12;
 
 /// An adaptive send rate for one endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -133,9 +133,9 @@ pub struct Pace {
     cut_at: Instant,
     /// The last served answer while paced.
     served_at: Instant,
-    /// The bucket as GCRA's theoretical arrival time, in microseconds: a request may go when it
-    /// is at most `(burst − 1)` intervals ahead of now.
-    tat_us: u64,
+    /// The bucket as GCRA's theoretical arrival time, in ticks of 1/1024 ms: a request may go
+    /// when it is at most `(burst − 1)` intervals ahead of now.
+    tat: u64,
 }
 
 impl Pace {
@@ -157,7 +157,7 @@ impl Pace {
         if s.burst == 0 || s.burst > 100 {
             return Err(PaceError::Burst);
         }
-        Ok(Pace { settings, w_max: 0, cut_at: Instant::ZERO, served_at: Instant::ZERO, tat_us: 0 })
+        Ok(Pace { settings, w_max: 0, cut_at: Instant::ZERO, served_at: Instant::ZERO, tat: 0 })
     }
 
     /// The settings.
@@ -176,23 +176,31 @@ impl Pace {
             return None;
         }
         let s = &self.settings;
-        let k = i64::from(s.regrow.as_millis());
+        let k = s.regrow.as_millis();
         // The curve's clock runs up to `regrow` past the last served answer: without answers the
         // rate climbs back to where it was cut from and waits there; past it, only answers
         // move it on (a device held back for minutes does not come back at a rate it never
         // tried).
-        let confirmed =
-            self.served_at.max(self.cut_at).as_millis().saturating_add(s.regrow.as_millis().into());
+        let confirmed = self.served_at.max(self.cut_at).as_millis().saturating_add(u64::from(k));
         let until = now.as_millis().min(confirmed);
-        let t = i64::try_from(until.saturating_sub(self.cut_at.as_millis())).unwrap_or(i64::MAX);
-        // x = (t − K)/K in Q16, from −1 (just cut) up; past 8 the curve is far above any ceiling.
-        let x = t.saturating_sub(k).saturating_mul(ONE).checked_div(k).unwrap_or(0).clamp(-ONE, 8 * ONE);
-        // x³ in Q16: |x| ≤ 2¹⁹, so x² < 2³⁸ and x³ < 2⁵⁷ never overflow.
-        let cube = x.saturating_mul(x).saturating_mul(x) >> 32;
-        let lost = i64::from(100u8.saturating_sub(s.keep_percent));
-        let factor = ONE.saturating_add(cube.saturating_mul(lost) / 100);
-        let rate = i64::from(self.w_max).saturating_mul(factor) >> 16;
-        let rate = rate.clamp(i64::from(s.floor_milli), i64::from(s.ceiling_milli));
+        // Past 8K the curve stops climbing, at 1 + (1 − keep)·343 times w_max.
+        let t = until.saturating_sub(self.cut_at.as_millis()).min(u64::from(k).saturating_mul(8));
+        // 32-bit division only (no 64-bit division routine in a device's flash): K and t are
+        // shifted together until K fits 16 bits, which keeps t below 2¹⁹.
+        let shift = 16u32.saturating_sub(k.leading_zeros());
+        let k = i32::try_from(k >> shift).unwrap_or(i32::MAX).max(1);
+        let t = i32::try_from(t >> shift).unwrap_or(i32::MAX);
+        // x = (t − K)/K in Q12, −1 (just cut) to 7: |t − K|·2¹² stays below 2³¹.
+        let x = t.saturating_sub(k).saturating_mul(Q12).checked_div(k).unwrap_or(0).clamp(-Q12, 7 * Q12);
+        // x³ in Q36 (|x| < 2¹⁵, so below 2⁴⁵), back to Q12.
+        let x = i64::from(x);
+        let cube = x.saturating_mul(x).saturating_mul(x) >> 24;
+        // (1 − keep) in Q16, from a 32-bit division.
+        let lost = (u32::from(100u8.saturating_sub(s.keep_percent)) << 16) / 100;
+        let factor = i64::from(Q12).saturating_add(cube.saturating_mul(i64::from(lost)) >> 16);
+        let rate = i64::from(self.w_max).saturating_mul(factor) >> 12;
+        // Not `clamp`, which has a panic path for bounds the compiler cannot order.
+        let rate = rate.max(i64::from(s.floor_milli)).min(i64::from(s.ceiling_milli));
         Some(u32::try_from(rate).unwrap_or(s.ceiling_milli))
     }
 
@@ -200,16 +208,17 @@ impl Pace {
     /// there (ask again then). Ask before every attempt, first ones included.
     pub fn acquire(&mut self, now: Instant) -> Result<(), Duration> {
         let Some(rate) = self.rate_milli(now) else { return Ok(()) };
-        let interval = interval_us(rate);
-        let now_us = now.as_millis().saturating_mul(1000);
+        let interval = u64::from(interval_ticks(rate));
+        let now = ticks(now);
         let tolerance = interval.saturating_mul(u64::from(self.settings.burst.saturating_sub(1)));
-        let limit = now_us.saturating_add(tolerance);
-        if self.tat_us <= limit {
-            self.tat_us = self.tat_us.max(now_us).saturating_add(interval);
+        let limit = now.saturating_add(tolerance);
+        if self.tat <= limit {
+            self.tat = self.tat.max(now).saturating_add(interval);
             Ok(())
         } else {
-            let wait_us = self.tat_us.saturating_sub(limit);
-            Err(Duration::from_micros_ceil(wait_us))
+            // Rounded up to whole milliseconds: a wait is never shortened.
+            let wait = self.tat.saturating_sub(limit).saturating_add(TICKS_PER_MS - 1) >> 10;
+            Err(Duration::from_millis(wait))
         }
     }
 
@@ -223,13 +232,12 @@ impl Pace {
         self.w_max = from;
         self.cut_at = now;
         // `rate_milli` now reads `keep` of `from`: the curve at t = 0.
-        let rate = self.rate_milli(now).unwrap_or(s.floor_milli);
-        let interval = interval_us(rate);
-        let tolerance = interval.saturating_mul(u64::from(s.burst.saturating_sub(1)));
-        let spread = draw.scale(Duration::from_micros_ceil(interval.saturating_mul(1000)));
-        let wait = (interval / 2).saturating_add(spread.as_micros() / 1000);
-        let empty = now.as_millis().saturating_mul(1000).saturating_add(tolerance).saturating_add(wait);
-        self.tat_us = self.tat_us.max(empty);
+        let interval = interval_ticks(self.rate_milli(now).unwrap_or(s.floor_milli));
+        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        // The draw scales a count of ticks as it scales milliseconds.
+        let spread = draw.scale(Duration::from_millis(u64::from(interval))).as_millis();
+        let wait = u64::from(interval / 2).saturating_add(u64::from(spread));
+        self.tat = self.tat.max(ticks(now).saturating_add(tolerance).saturating_add(wait));
     }
 
     /// A served answer at `now`: lets the curve climb on past the rate it was cut from; once it
@@ -254,10 +262,10 @@ impl Pace {
             // is over.
             self.slow_start(now);
         }
-        let interval = self.rate_milli(now).map_or(0, interval_us);
-        let tolerance = interval.saturating_mul(u64::from(s.burst.saturating_sub(1)));
-        let until = now.as_millis().saturating_add(u64::from(wait.as_millis())).saturating_mul(1000);
-        self.tat_us = self.tat_us.max(until.saturating_add(tolerance));
+        let interval = self.rate_milli(now).map_or(0, interval_ticks);
+        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        let until = ticks(Instant::from_millis(now.as_millis().saturating_add(u64::from(wait.as_millis()))));
+        self.tat = self.tat.max(until.saturating_add(tolerance));
     }
 
     /// Paces from `now` as if a first throttle had come: `keep` of the `start` rate, climbing
@@ -280,9 +288,18 @@ impl Pace {
     }
 }
 
-/// Microseconds between tokens at `rate` thousandths a second (the rate is at least 1).
-fn interval_us(rate_milli: u32) -> u64 {
-    1_000_000_000u64.checked_div(u64::from(rate_milli)).unwrap_or(1_000_000_000)
+/// The bucket's clock ticks 1024 times a millisecond: fine enough for 16 777 requests a
+/// second, and milliseconds come back with a shift, not a division.
+const TICKS_PER_MS: u64 = 1024;
+
+/// `now` in ticks.
+fn ticks(now: Instant) -> u64 {
+    now.as_millis().saturating_mul(TICKS_PER_MS)
+}
+
+/// Ticks between tokens at `rate` thousandths a second, from a 32-bit division (1024·10⁶ fits).
+fn interval_ticks(rate_milli: u32) -> u32 {
+    1_024_000_000u32.checked_div(rate_milli).unwrap_or(1_024_000_000)
 }
 
 #[cfg(test)]
