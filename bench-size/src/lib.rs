@@ -18,7 +18,7 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 }
 
 /// Feeds opaque inputs to `work` forever and keeps its output, so nothing folds away.
-pub fn run(work: impl Fn([u32; 4]) -> u64) -> ! {
+pub fn run(mut work: impl FnMut([u32; 4]) -> u64) -> ! {
     loop {
         let input = black_box([0u32; 4]);
         black_box(work(input));

@@ -14,8 +14,8 @@ use crate::util::{NGINX, ensure_apt, ensure_nginx, ensure_targets, output, run, 
 /// Must match the `iai-callgrind` version in crates/wary-bench: the runner refuses any other.
 const IAI_RUNNER_VERSION: &str = "0.16.1";
 /// The size binaries in bench-size/, `baseline` first: the others are deltas against it.
-const SIZE_BINARIES: [&str; 7] =
-    ["baseline", "wary", "wary_classify", "wary_plan", "wary_plan_into", "wary_fleet", "backon"];
+const SIZE_BINARIES: [&str; 8] =
+    ["baseline", "wary", "wary_classify", "wary_plan", "wary_plan_into", "wary_fleet", "wary_pace", "backon"];
 const THUMB: &str = "thumbv7em-none-eabihf";
 
 /// A part of the bench that runs on its own.
@@ -25,6 +25,8 @@ pub enum Part {
     Gateway,
     /// The optimistic-concurrency model of the AWS backoff study (a few seconds in release).
     Study,
+    /// The fleet's recovery after an outage: 10 000 devices, six rows, four worlds.
+    Fleet,
 }
 
 /// Runs every benchmark and the simulation, or only `only`.
@@ -34,6 +36,7 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
         match part {
             Part::Gateway => gateway(root)?,
             Part::Study => study(root)?,
+            Part::Fleet => fleet(root)?,
         }
         eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
         return Ok(());
@@ -196,8 +199,20 @@ fn study(root: &Path) -> Result<()> {
     )
 }
 
+/// The fleet recovery alone: its section replaces (or joins) the one in target/bench/results.md,
+/// and `fleet_recovery` is set in results.json, every other key kept.
+fn fleet(root: &Path) -> Result<()> {
+    step("fleet recovery: 10 000 devices × 20 readings after a 60 s outage, six rows, four worlds");
+    let out = root.join("target/bench");
+    run(
+        root,
+        "cargo",
+        &["run", "--release", "-q", "-p", "wary-bench", "--", "--only", "fleet", "--out", s(&out)?],
+    )
+}
+
 /// The binaries that hold only the core's decision path (and the fleet budget).
-const CORE_ONLY: [&str; 3] = ["wary", "wary_plan", "wary_fleet"];
+const CORE_ONLY: [&str; 4] = ["wary", "wary_plan", "wary_fleet", "wary_pace"];
 
 /// Builds bench-size (opt-level z, fat LTO) and fails if the core's decision path pulls in any
 /// panic or formatting code: the link-time proof that the lints' "no panic paths" holds.

@@ -8,6 +8,7 @@
 
 pub mod decision;
 pub mod iai;
+pub mod recovery;
 pub mod report;
 pub mod sim;
 pub mod sizes;

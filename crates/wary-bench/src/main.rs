@@ -11,7 +11,7 @@ use serde_json::json;
 use wary_bench::decision::{CALLS, RETRIES};
 use wary_bench::report::{Cell, sim_table, svg, table, thousands};
 use wary_bench::sim::{self, FleetSpec, World};
-use wary_bench::{iai, sizes, study};
+use wary_bench::{iai, recovery, sizes, study};
 
 #[derive(Parser)]
 #[command(about = "wary benchmarks: decision cost, sizes, flash, fleet simulation")]
@@ -56,6 +56,8 @@ struct Args {
 enum Only {
     /// The optimistic-concurrency model (the AWS backoff study's setting): a few seconds.
     Study,
+    /// The fleet's recovery after an outage: 10 000 devices draining a backlog.
+    Fleet,
 }
 
 /// The optimistic-concurrency model's section and its results.json value.
@@ -93,10 +95,46 @@ fn study_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The fleet recovery's section and its results.json value.
+fn fleet_part(args: &Args) -> (String, serde_json::Value) {
+    let started = Instant::now();
+    let cells = recovery::sweep(args.seed);
+    let secs = started.elapsed().as_secs_f64();
+    (recovery::section(&cells, args.seed, secs), recovery::json(&cells, args.seed))
+}
+
+/// Runs the fleet recovery alone: replaces its section in results.md (or adds it) and sets
+/// `fleet_recovery` in results.json, keeping every other section and key.
+fn fleet_only(args: &Args) -> Result<()> {
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let (section, value) = fleet_part(args);
+    print!("{section}");
+    let md_path = args.out.join("results.md");
+    let md = match std::fs::read_to_string(&md_path) {
+        Ok(old) => recovery::splice(&old, &section),
+        Err(_) => format!("# wary benchmarks\n{section}"),
+    };
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    let js_path = args.out.join("results.json");
+    let mut all = std::fs::read_to_string(&js_path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    all["fleet_recovery"] = value;
+    std::fs::write(&js_path, serde_json::to_string_pretty(&all)?)
+        .with_context(|| format!("writing {}", js_path.display()))?;
+    println!("\nwritten: {}, {}", md_path.display(), js_path.display());
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.only == Some(Only::Study) {
         return study_only(&args);
+    }
+    if args.only == Some(Only::Fleet) {
+        return fleet_only(&args);
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let mut md =
@@ -397,6 +435,9 @@ fn main() -> Result<()> {
     let (section, value) = study_part(&args);
     md.push_str(&section);
     js.insert("study_model".into(), value);
+    let (section, value) = fleet_part(&args);
+    md.push_str(&section);
+    js.insert("fleet_recovery".into(), value);
     js.insert(
         "simulation".into(),
         cells

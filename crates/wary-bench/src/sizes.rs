@@ -67,6 +67,16 @@ pub fn all() -> Vec<Size> {
         },
         Size { what: "wary::Policy", bytes: Some(size_of::<wary::Policy>()), note: "shared, const-able" },
         Size {
+            what: "wary::Pace",
+            bytes: Some(size_of::<wary::Pace>()),
+            note: "per endpoint, settings included",
+        },
+        Size {
+            what: "wary::Breaker",
+            bytes: Some(size_of::<wary::Breaker>()),
+            note: "per endpoint, settings included",
+        },
+        Size {
             what: "wary::Decision",
             bytes: Some(size_of::<wary::Decision>()),
             note: "returned per attempt",

@@ -105,12 +105,22 @@ pub enum GiveUp {
     Throttled,
     /// The recorded outcomes ran out while the call was still failing (plans only).
     OutcomesExhausted,
+    /// The endpoint's circuit breaker ([`crate::Breaker`]) was open: the call ended at once,
+    /// without an attempt. Nothing was sent, so an outbox keeps the reading pending.
+    CircuitOpen,
 }
 
 impl GiveUp {
     /// Every reason's name, in a fixed order.
-    pub const NAMES: [&'static str; 6] =
-        ["budget", "deadline", "attempts", "retry_after_too_long", "throttled", "outcomes_exhausted"];
+    pub const NAMES: [&'static str; 7] = [
+        "budget",
+        "deadline",
+        "attempts",
+        "retry_after_too_long",
+        "throttled",
+        "outcomes_exhausted",
+        "circuit_open",
+    ];
 
     /// A short stable name for logs and ledgers.
     pub const fn name(&self) -> &'static str {
@@ -121,6 +131,7 @@ impl GiveUp {
             GiveUp::RetryAfterTooLong { .. } => "retry_after_too_long",
             GiveUp::Throttled => "throttled",
             GiveUp::OutcomesExhausted => "outcomes_exhausted",
+            GiveUp::CircuitOpen => "circuit_open",
         }
     }
 
@@ -133,6 +144,7 @@ impl GiveUp {
             "retry_after_too_long" => GiveUp::RetryAfterTooLong { asked },
             "throttled" => GiveUp::Throttled,
             "outcomes_exhausted" => GiveUp::OutcomesExhausted,
+            "circuit_open" => GiveUp::CircuitOpen,
             _ => return None,
         })
     }
@@ -749,6 +761,7 @@ mod tests {
             GiveUp::RetryAfterTooLong { asked: ms(5) },
             GiveUp::Throttled,
             GiveUp::OutcomesExhausted,
+            GiveUp::CircuitOpen,
         ] {
             assert_eq!(GiveUp::from_name(g.name(), ms(5)), Some(g));
             assert!(GiveUp::NAMES.contains(&g.name()));

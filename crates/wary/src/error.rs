@@ -140,7 +140,7 @@ pub enum LineError {
 
 impl LineError {
     /// What a ledger line of `version` meant, for a refusal's message: why its fields cannot
-    /// be read as this build's ([`crate::LEDGER_VERSION`] lists the versions).
+    /// be read as this build's ([`crate::ledger::LEDGER_VERSION`] lists the versions).
     pub fn version_note(version: u32) -> &'static str {
         match version {
             0 | 1 => "times were ticks and seconds",
@@ -149,4 +149,41 @@ impl LineError {
             _ => "a newer format",
         }
     }
+}
+
+/// Why [`crate::Pace::new`] refused its settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum PaceError {
+    /// The rates are not `0 < floor <= start <= ceiling`.
+    #[error("a pace needs 0 < floor <= start <= ceiling")]
+    Rates,
+    /// The ceiling is above 16 777 requests a second (16 777 215 thousandths).
+    #[error("a pace's ceiling is at most 16777215 thousandths of a request a second")]
+    TooFast,
+    /// The share a throttle keeps is outside 1..=99 percent.
+    #[error("a pace keeps 1..=99 percent of its rate on a throttle")]
+    Keep,
+    /// The regrow time is 0 or saturated.
+    #[error("a pace's regrow time must be at least 1 ms and below the longest duration")]
+    Regrow,
+    /// The burst is outside 1..=100 requests.
+    #[error("a pace's burst is 1..=100 requests")]
+    Burst,
+}
+
+/// Why [`crate::Breaker::new`] refused its settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum BreakerError {
+    /// The failures that open the breaker are 0.
+    #[error("a breaker opens after at least one failure")]
+    Threshold,
+    /// The open time is 0, saturated, or its longest is below its first.
+    #[error(
+        "a breaker's open time must be at least 1 ms, below the longest duration, and its cap not below it"
+    )]
+    OpenTime,
 }

@@ -19,6 +19,7 @@
 )]
 
 mod backoff;
+mod breaker;
 mod classify;
 mod decide;
 mod deprecated;
@@ -28,6 +29,7 @@ mod forms;
 mod key;
 pub mod ledger;
 mod names;
+mod pace;
 pub mod plan;
 mod policy;
 mod record;
@@ -40,16 +42,18 @@ mod time;
 mod version;
 
 pub use backoff::{Backoff, Draw, Jitter};
+pub use breaker::{Breaker, BreakerSettings, BreakerState, Permit};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
 // The old root names, for one release; out of the docs, where the new paths are.
 #[allow(deprecated)]
 #[doc(hidden)]
 pub use deprecated::*;
-pub use error::{DrawError, FleetBudgetError, PolicyError, TableError};
+pub use error::{BreakerError, DrawError, FleetBudgetError, PaceError, PolicyError, TableError};
 pub use key::Key;
 /// Where the runner writes its records ([`ledger::Sink`]).
 pub use ledger::Sink;
+pub use pace::{Pace, PaceSettings, Signal};
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
 #[cfg(all(feature = "runner", feature = "embassy-time"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "runner", feature = "embassy-time"))))]

@@ -1,0 +1,504 @@
+//! The adaptive send rate: a token bucket whose fill rate follows a CUBIC curve, cut when the
+//! server throttles and grown back with time, in integer arithmetic on an injected clock.
+//!
+//! A fleet that comes back after an outage holds a backlog on every device. Backoff spaces the
+//! *retries* of one call; it does nothing for the *first attempts* of the next readings, so ten
+//! thousand devices that each drain twenty readings as fast as the answers come meet a cloud
+//! that just came back with the whole backlog at once. A [`Pace`] is asked before every attempt,
+//! first or not, and answers "send" or "wait this long".
+//!
+//! The rate starts open (no pacing). The first throttling answer sets it to the `start` rate
+//! times `keep`; each later one cuts the rate in force to `keep` of it. Between throttles the
+//! rate climbs back along a CUBIC curve scaled to the rate it was cut from, `w_max`:
+//!
+//! `rate(t) = w_max · (1 − (1 − keep) · (1 − t/K)³)`, with `t` the time since the last cut and
+//! `K` the `regrow` time: it is back at `w_max` after `K`, flat around it, then accelerates
+//! past it (`w_max · (1 + (1 − keep) · ((t − K)/K)³)`), and the pace opens again once it
+//! reaches the `ceiling`. Rates never go below the `floor`.
+//!
+//! ```
+//! use wary::{Draw, Duration, Instant, Pace, PaceSettings};
+//! let at = Instant::from_millis;
+//! // 1 request/s assumed at the first throttle, halved on each, back in 60 s; no burst.
+//! let settings = PaceSettings { start_milli: 1_000, burst: 1, ..PaceSettings::DEVICE };
+//! let mut pace = Pace::new(settings).unwrap();
+//! assert_eq!(pace.acquire(at(0)), Ok(())); // open: nothing is paced before a throttle
+//! // A 503: the rate drops to 0.5 requests/s, and the next request waits between half an
+//! // interval and one and a half, placed by the draw (the lowest here).
+//! pace.on_throttled(at(0), Draw::ZERO);
+//! assert_eq!(pace.rate_milli(at(0)), Some(500));
+//! assert_eq!(pace.acquire(at(0)), Err(Duration::from_millis(1_000)));
+//! assert_eq!(pace.acquire(at(1_000)), Ok(()));
+//! // Then one interval: a little under 2 s, as the rate climbs back from the cut.
+//! assert_eq!(pace.acquire(at(1_000)), Err(Duration::from_millis(1_909)));
+//! ```
+//!
+//! A pace is per endpoint and owned by the task that sends to it: it is a few words of plain
+//! state changed through `&mut self`. Tasks that share one endpoint share its pace through their
+//! own mutex; see docs/pacing.md for why this is not an atomic like the fleet budget.
+
+use crate::backoff::Draw;
+use crate::classify::{Failure, Outcome};
+use crate::error::PaceError;
+use crate::time::{Duration, Instant};
+
+/// What an answer says about the send rate: the input a transport maps its answers into.
+///
+/// HTTP: [`Signal::of`]. MQTT 5: reason codes 0x97 (quota exceeded) and 0x89 (server busy) are
+/// `Throttled`, any accepted publish is `Served`. CoAP: 4.29 (too many requests) and 5.03
+/// (service unavailable) are `Throttled`, any 2.xx is `Served`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Signal {
+    /// The server answered and did not ask the client to slow down.
+    Served,
+    /// The server refused the request for load: slow down.
+    Throttled,
+    /// The server refused the request for load and said when to come back (a Retry-After).
+    Asked {
+        /// The wait it asked for.
+        wait: Duration,
+    },
+    /// The answer says nothing about the rate (a timeout, a refused connection, a 500): the
+    /// circuit breaker's business, not the pace's.
+    Neither,
+}
+
+impl Signal {
+    /// An HTTP outcome's signal: 429 and 503 throttle, with or without a Retry-After (a 503 is
+    /// the server saying it is overloaded, and a load shedder that answers at once rarely adds
+    /// one); any other status the server answered, and a success, count as served; connection
+    /// failures and other 5xx say nothing about the rate.
+    pub const fn of(outcome: &Outcome) -> Signal {
+        match outcome {
+            Outcome::Ok => Signal::Served,
+            Outcome::Failure(Failure::Status { code: 429 | 503, retry_after: Some(wait), .. }) => {
+                Signal::Asked { wait: *wait }
+            }
+            Outcome::Failure(Failure::Status { code: 429 | 503, .. }) => Signal::Throttled,
+            Outcome::Failure(Failure::Status { code: 400..=499, .. }) => Signal::Served,
+            Outcome::Failure(_) => Signal::Neither,
+        }
+    }
+}
+
+/// A pace's settings. Rates are in thousandths of a request per second (`1000` is one a second,
+/// `50` one every 20 s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PaceSettings {
+    /// The rate the first throttle cuts from, when the pace was open.
+    pub start_milli: u32,
+    /// The lowest rate a cut reaches.
+    pub floor_milli: u32,
+    /// The rate at which the pace opens again.
+    pub ceiling_milli: u32,
+    /// The share of the rate a throttle keeps, in percent (CUBIC's β): 1..=99.
+    pub keep_percent: u8,
+    /// The time the curve takes to climb back to the rate it was cut from (CUBIC's K).
+    pub regrow: Duration,
+    /// Requests that may go at once when the bucket is full: 1..=100.
+    pub burst: u8,
+}
+
+impl PaceSettings {
+    /// A device's uplink: one request every 10 s assumed when the first throttle comes (so one
+    /// every 20 s after it), each throttle halves the rate down to one request every 100 s, 60 s
+    /// to climb back, open again at 10 requests/s, a burst of 2. The start is low on purpose: a
+    /// device cannot know how many others share the cloud, and the fleet simulation shows ten
+    /// thousand devices starting at one a second bring back the herd the pace is for.
+    pub const DEVICE: PaceSettings = PaceSettings {
+        start_milli: 100,
+        floor_milli: 10,
+        ceiling_milli: 10_000,
+        keep_percent: 50,
+        regrow: Duration::from_millis(60_000),
+        burst: 2,
+    };
+}
+
+/// The highest rate a pace counts: 16 777 requests a second, in thousandths.
+const MAX_RATE: u32 = (1 << 24) - 1;
+/// One in Q12 fixed point.
+const Q12: i32 = 1 << 12;
+
+/// An adaptive send rate for one endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Pace {
+    settings: PaceSettings,
+    /// The rate the last cut was made from (`w_max`), in thousandths a second; 0 while open.
+    w_max: u32,
+    /// When the last cut was made.
+    cut_at: Instant,
+    /// The last served answer while paced.
+    served_at: Instant,
+    /// The bucket as GCRA's theoretical arrival time, in ticks of 1/1024 ms: a request may go
+    /// when it is at most `(burst − 1)` intervals ahead of now.
+    tat: u64,
+}
+
+impl Pace {
+    /// An open pace; refuses settings that could not pace.
+    pub const fn new(settings: PaceSettings) -> Result<Pace, PaceError> {
+        let s = settings;
+        if s.floor_milli == 0 || s.floor_milli > s.start_milli || s.start_milli > s.ceiling_milli {
+            return Err(PaceError::Rates);
+        }
+        if s.ceiling_milli > MAX_RATE {
+            return Err(PaceError::TooFast);
+        }
+        if s.keep_percent == 0 || s.keep_percent > 99 {
+            return Err(PaceError::Keep);
+        }
+        if s.regrow.as_millis() == 0 || s.regrow.is_max() {
+            return Err(PaceError::Regrow);
+        }
+        if s.burst == 0 || s.burst > 100 {
+            return Err(PaceError::Burst);
+        }
+        Ok(Pace { settings, w_max: 0, cut_at: Instant::ZERO, served_at: Instant::ZERO, tat: 0 })
+    }
+
+    /// The settings.
+    pub const fn settings(&self) -> &PaceSettings {
+        &self.settings
+    }
+
+    /// True while no throttle is in force: every request may go.
+    pub const fn is_open(&self) -> bool {
+        self.w_max == 0
+    }
+
+    /// The rate in force at `now`, in thousandths of a request a second; `None` while open.
+    pub fn rate_milli(&self, now: Instant) -> Option<u32> {
+        if self.is_open() {
+            return None;
+        }
+        let s = &self.settings;
+        let k = s.regrow.as_millis();
+        // The curve's clock runs up to `regrow` past the last served answer: without answers the
+        // rate climbs back to where it was cut from and waits there; past it, only answers
+        // move it on (a device held back for minutes does not come back at a rate it never
+        // tried).
+        let confirmed = self.served_at.max(self.cut_at).as_millis().saturating_add(u64::from(k));
+        let until = now.as_millis().min(confirmed);
+        // Past 8K the curve stops climbing, at 1 + (1 − keep)·343 times w_max.
+        let t = until.saturating_sub(self.cut_at.as_millis()).min(u64::from(k).saturating_mul(8));
+        // 32-bit division only (no 64-bit division routine in a device's flash): K and t are
+        // shifted together until K fits 16 bits, which keeps t below 2¹⁹.
+        let shift = 16u32.saturating_sub(k.leading_zeros());
+        let k = i32::try_from(k >> shift).unwrap_or(i32::MAX).max(1);
+        let t = i32::try_from(t >> shift).unwrap_or(i32::MAX);
+        // x = (t − K)/K in Q12, −1 (just cut) to 7: |t − K|·2¹² stays below 2³¹.
+        let x = t.saturating_sub(k).saturating_mul(Q12).checked_div(k).unwrap_or(0).clamp(-Q12, 7 * Q12);
+        // x³ in Q36 (|x| < 2¹⁵, so below 2⁴⁵), back to Q12.
+        let x = i64::from(x);
+        let cube = x.saturating_mul(x).saturating_mul(x) >> 24;
+        // (1 − keep) in Q16, from a 32-bit division.
+        let lost = (u32::from(100u8.saturating_sub(s.keep_percent)) << 16) / 100;
+        let factor = i64::from(Q12).saturating_add(cube.saturating_mul(i64::from(lost)) >> 16);
+        let rate = i64::from(self.w_max).saturating_mul(factor) >> 12;
+        // Not `clamp`, which has a panic path for bounds the compiler cannot order.
+        let rate = rate.max(i64::from(s.floor_milli)).min(i64::from(s.ceiling_milli));
+        Some(u32::try_from(rate).unwrap_or(s.ceiling_milli))
+    }
+
+    /// Asks to send one request at `now`: `Ok` takes a token, `Err` is the wait until one is
+    /// there (ask again then). Ask before every attempt, first ones included.
+    pub fn acquire(&mut self, now: Instant) -> Result<(), Duration> {
+        let Some(rate) = self.rate_milli(now) else { return Ok(()) };
+        let interval = u64::from(interval_ticks(rate));
+        let now = ticks(now);
+        let tolerance = interval.saturating_mul(u64::from(self.settings.burst.saturating_sub(1)));
+        let limit = now.saturating_add(tolerance);
+        if self.tat <= limit {
+            self.tat = self.tat.max(now).saturating_add(interval);
+            Ok(())
+        } else {
+            // Rounded up to whole milliseconds: a wait is never shortened.
+            let wait = self.tat.saturating_sub(limit).saturating_add(TICKS_PER_MS - 1) >> 10;
+            Err(Duration::from_millis(wait))
+        }
+    }
+
+    /// A throttling answer at `now`: the rate is cut to `keep` of the rate in force (of
+    /// `start` if the pace was open), and the bucket is emptied: the next request waits between
+    /// half an interval and one and a half of the new rate, placed by `draw`. Devices throttled
+    /// together would otherwise come back together, interval after interval.
+    pub fn on_throttled(&mut self, now: Instant, draw: Draw) {
+        let s = self.settings;
+        let from = self.rate_milli(now).unwrap_or(s.start_milli).max(s.floor_milli);
+        self.w_max = from;
+        self.cut_at = now;
+        // `rate_milli` now reads `keep` of `from`: the curve at t = 0.
+        let interval = interval_ticks(self.rate_milli(now).unwrap_or(s.floor_milli));
+        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        // The draw scales a count of ticks as it scales milliseconds.
+        let spread = draw.scale(Duration::from_millis(u64::from(interval))).as_millis();
+        let wait = u64::from(interval / 2).saturating_add(u64::from(spread));
+        self.tat = self.tat.max(ticks(now).saturating_add(tolerance).saturating_add(wait));
+    }
+
+    /// A served answer at `now`: lets the curve climb on past the rate it was cut from; once it
+    /// has climbed to the ceiling the pace opens again.
+    pub fn on_success(&mut self, now: Instant) {
+        if self.is_open() {
+            return;
+        }
+        self.served_at = self.served_at.max(now);
+        if self.rate_milli(now).is_some_and(|r| r >= self.settings.ceiling_milli) {
+            self.w_max = 0;
+        }
+    }
+
+    /// A throttling answer at `now` that said when to come back: the rate stays, and nothing
+    /// goes before `wait` is over. The server that spreads its asks knows its capacity better
+    /// than a device can guess it, and cutting as well would count the same refusal twice.
+    pub fn on_asked(&mut self, now: Instant, wait: Duration) {
+        let s = self.settings;
+        if self.is_open() {
+            // Paced from here at the start rate, as after a first throttle, for when the wait
+            // is over.
+            self.slow_start(now);
+        }
+        let interval = self.rate_milli(now).map_or(0, interval_ticks);
+        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        let until = ticks(Instant::from_millis(now.as_millis().saturating_add(u64::from(wait.as_millis()))));
+        self.tat = self.tat.max(until.saturating_add(tolerance));
+    }
+
+    /// Paces from `now` as if a first throttle had come: `keep` of the `start` rate, climbing
+    /// back to it in the regrow time. For an endpoint that has just come back (its breaker
+    /// closed after a probe), where sending the whole backlog unpaced would meet every other
+    /// device doing the same. The bucket is left as it is.
+    pub fn slow_start(&mut self, now: Instant) {
+        self.w_max = self.settings.start_milli;
+        self.cut_at = now;
+    }
+
+    /// Feeds an answer's [`Signal`] at `now` (`draw` as for [`Pace::on_throttled`]).
+    pub fn report(&mut self, now: Instant, signal: Signal, draw: Draw) {
+        match signal {
+            Signal::Served => self.on_success(now),
+            Signal::Throttled => self.on_throttled(now, draw),
+            Signal::Asked { wait } => self.on_asked(now, wait),
+            Signal::Neither => {}
+        }
+    }
+}
+
+/// The bucket's clock ticks 1024 times a millisecond: fine enough for 16 777 requests a
+/// second, and milliseconds come back with a shift, not a division.
+const TICKS_PER_MS: u64 = 1024;
+
+/// `now` in ticks.
+fn ticks(now: Instant) -> u64 {
+    now.as_millis().saturating_mul(TICKS_PER_MS)
+}
+
+/// Ticks between tokens at `rate` thousandths a second, from a 32-bit division (1024·10⁶ fits).
+fn interval_ticks(rate_milli: u32) -> u32 {
+    1_024_000_000u32.checked_div(rate_milli).unwrap_or(1_024_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_millis(ms)
+    }
+
+    /// One request/s assumed at the first throttle, no burst.
+    fn settings() -> PaceSettings {
+        PaceSettings { start_milli: 1_000, burst: 1, ..PaceSettings::DEVICE }
+    }
+
+    /// A cut whose next request waits exactly one interval (the middle draw).
+    const MID: Draw = Draw::Unit(1 << 31);
+
+    #[test]
+    fn refuses_settings_that_cannot_pace() {
+        let d = PaceSettings::DEVICE;
+        assert_eq!(Pace::new(PaceSettings { floor_milli: 0, ..d }).err(), Some(PaceError::Rates));
+        assert_eq!(Pace::new(PaceSettings { floor_milli: 200, ..d }).err(), Some(PaceError::Rates));
+        assert_eq!(Pace::new(PaceSettings { start_milli: 20_000, ..d }).err(), Some(PaceError::Rates));
+        let fast = PaceSettings { ceiling_milli: MAX_RATE + 1, ..d };
+        assert_eq!(Pace::new(fast).err(), Some(PaceError::TooFast));
+        assert!(Pace::new(PaceSettings { ceiling_milli: MAX_RATE, ..d }).is_ok());
+        assert_eq!(Pace::new(PaceSettings { keep_percent: 0, ..d }).err(), Some(PaceError::Keep));
+        assert_eq!(Pace::new(PaceSettings { keep_percent: 100, ..d }).err(), Some(PaceError::Keep));
+        assert_eq!(Pace::new(PaceSettings { regrow: Duration::ZERO, ..d }).err(), Some(PaceError::Regrow));
+        assert_eq!(Pace::new(PaceSettings { regrow: Duration::MAX, ..d }).err(), Some(PaceError::Regrow));
+        assert_eq!(Pace::new(PaceSettings { burst: 0, ..d }).err(), Some(PaceError::Burst));
+        assert_eq!(Pace::new(PaceSettings { burst: 101, ..d }).err(), Some(PaceError::Burst));
+        let edge = PaceSettings { burst: 100, keep_percent: 99, floor_milli: 100, start_milli: 100, ..d };
+        assert!(Pace::new(edge).is_ok());
+        assert_eq!(Pace::new(d).unwrap().settings(), &d);
+    }
+
+    #[test]
+    fn open_until_the_first_throttle() {
+        let mut p = Pace::new(settings()).unwrap();
+        for _ in 0..1_000 {
+            assert_eq!(p.acquire(at(5)), Ok(()));
+        }
+        assert!(p.is_open() && p.rate_milli(at(5)).is_none());
+        p.on_success(at(5));
+        assert!(p.is_open());
+    }
+
+    #[test]
+    fn each_throttle_cuts_the_rate_in_force_down_to_the_floor() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0), MID);
+        assert_eq!(p.rate_milli(at(0)), Some(500));
+        p.on_throttled(at(0), MID);
+        assert_eq!(p.rate_milli(at(0)), Some(250));
+        for _ in 0..20 {
+            p.on_throttled(at(0), MID);
+        }
+        assert_eq!(p.rate_milli(at(0)), Some(10));
+        // The cut empties the bucket: with the middle draw, the next request waits one interval
+        // at the floor, 100 s.
+        assert_eq!(p.acquire(at(0)), Err(Duration::from_millis(100_000)));
+        assert_eq!(p.acquire(at(100_000)), Ok(()));
+    }
+
+    #[test]
+    fn the_draw_places_the_first_request_after_a_cut_within_an_interval() {
+        let first = |draw| {
+            let mut p = Pace::new(settings()).unwrap();
+            p.on_throttled(at(0), draw); // 0.5/s: a 2 s interval
+            p.acquire(at(0)).unwrap_err()
+        };
+        assert_eq!(first(Draw::ZERO), Duration::from_millis(1_000));
+        assert_eq!(first(MID), Duration::from_millis(2_000));
+        assert_eq!(first(Draw::TOP), Duration::from_millis(3_000));
+    }
+
+    #[test]
+    fn the_curve_climbs_back_in_regrow_time_then_on_past_it_with_answers() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0), MID); // w_max 1000, rate 500
+        let r = |p: &Pace, t| p.rate_milli(at(t)).unwrap();
+        // Concave up to w_max: half the lost rate is back after a fifth of K (1 − 0.8³ ≈ 0.49).
+        assert_eq!(r(&p, 12_000), 744);
+        assert!(r(&p, 30_000) > 900 && r(&p, 30_000) < 1_000);
+        assert_eq!(r(&p, 60_000), 1_000);
+        // Without a served answer it waits at w_max however long.
+        assert_eq!(r(&p, 120_000), 1_000);
+        assert_eq!(r(&p, 10_000_000), 1_000);
+        // Answers move it on, convex: +50 % of w_max at 2K, then fast.
+        p.on_success(at(60_000));
+        let (a, b, c) = (r(&p, 70_000), r(&p, 90_000), r(&p, 110_000));
+        assert!(1_000 < a && a < b && b < c && c < 1_500, "{a} {b} {c}");
+        assert_eq!(r(&p, 120_000), 1_500);
+        assert_eq!(r(&p, 200_000), r(&p, 120_000)); // again waiting for answers
+        // A success before the ceiling does not open it; one past the ceiling does.
+        p.on_success(at(120_000));
+        assert!(!p.is_open());
+        p.on_success(at(180_000));
+        assert_eq!(r(&p, 250_000), 10_000);
+        p.on_success(at(250_000));
+        assert!(p.is_open());
+        assert_eq!(p.acquire(at(250_000)), Ok(()));
+    }
+
+    #[test]
+    fn a_cut_starts_from_the_rate_in_force_not_the_last_peak() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0), MID);
+        p.on_success(at(100_000));
+        p.on_throttled(at(120_000), MID); // in force 1500 → w_max 1500, rate 750
+        assert_eq!(p.rate_milli(at(120_000)), Some(750));
+        assert_eq!(p.rate_milli(at(180_000)), Some(1_500));
+    }
+
+    #[test]
+    fn the_bucket_paces_at_the_rate_and_holds_a_burst() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0), MID); // 0.5/s: a 2 s interval, emptied
+        assert_eq!(p.acquire(at(0)), Err(Duration::from_millis(2_000)));
+        assert_eq!(p.acquire(at(1_999)), Err(Duration::from_millis(1)));
+        assert_eq!(p.acquire(at(2_000)), Ok(()));
+        assert!(p.acquire(at(2_000)).is_err());
+        // Idle for a long time, a bucket of three holds three requests, not more.
+        let mut p = Pace::new(PaceSettings { burst: 3, ..settings() }).unwrap();
+        p.on_throttled(at(0), MID);
+        assert!(p.acquire(at(0)).is_err());
+        let sent = (0..10).filter(|_| p.acquire(at(40_000)).is_ok()).count();
+        assert_eq!(sent, 3);
+        // Count what goes through over 100 s of asking every 10 ms: the rate climbs back from
+        // 0.5/s to 1/s, so more than 50 and fewer than 100.
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0), MID);
+        let sent = (0..10_000u64).filter(|i| p.acquire(at(i * 10)).is_ok()).count();
+        assert!((60..=95).contains(&sent), "{sent}");
+    }
+
+    #[test]
+    fn a_retry_after_holds_the_bucket_without_a_cut() {
+        let mut p = Pace::new(settings()).unwrap();
+        // Open: it starts pacing as after a first throttle, and waits out the ask.
+        p.on_asked(at(0), Duration::from_secs(30));
+        assert_eq!(p.rate_milli(at(0)), Some(500));
+        assert_eq!(p.acquire(at(29_999)), Err(Duration::from_millis(1)));
+        assert_eq!(p.acquire(at(30_000)), Ok(()));
+        // Paced: the rate stays where it is.
+        p.on_success(at(30_000));
+        let before = p.rate_milli(at(40_000));
+        p.report(at(40_000), Signal::of(&Outcome::status_after(429, Duration::from_secs(5))), MID);
+        assert_eq!(p.rate_milli(at(40_000)), before);
+        assert_eq!(p.acquire(at(44_999)), Err(Duration::from_millis(1)));
+        assert_eq!(p.acquire(at(45_000)), Ok(()));
+    }
+
+    #[test]
+    fn slow_start_paces_an_endpoint_that_came_back() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.slow_start(at(1_000));
+        assert!(!p.is_open());
+        assert_eq!(p.rate_milli(at(1_000)), Some(500));
+        assert_eq!(p.rate_milli(at(61_000)), Some(1_000));
+        // The bucket was full: the first request goes at once, the next waits.
+        assert_eq!(p.acquire(at(1_000)), Ok(()));
+        assert!(p.acquire(at(1_000)).is_err());
+    }
+
+    #[test]
+    fn signals_from_http_outcomes() {
+        assert_eq!(Signal::of(&Outcome::Ok), Signal::Served);
+        assert_eq!(Signal::of(&Outcome::status(429)), Signal::Throttled);
+        assert_eq!(Signal::of(&Outcome::status(503)), Signal::Throttled);
+        let asked = Signal::of(&Outcome::status_after(503, Duration::from_secs(3)));
+        assert_eq!(asked, Signal::Asked { wait: Duration::from_secs(3) });
+        assert_eq!(Signal::of(&Outcome::status_after(500, Duration::from_secs(3))), Signal::Neither);
+        assert_eq!(Signal::of(&Outcome::status(404)), Signal::Served);
+        assert_eq!(Signal::of(&Outcome::status(500)), Signal::Neither);
+        assert_eq!(Signal::of(&Outcome::status(502)), Signal::Neither);
+        assert_eq!(Signal::of(&Outcome::Failure(Failure::Refused)), Signal::Neither);
+        let mut p = Pace::new(settings()).unwrap();
+        p.report(at(0), Signal::Neither, MID);
+        p.report(at(0), Signal::Served, MID);
+        assert!(p.is_open());
+        p.report(at(0), Signal::Throttled, MID);
+        assert_eq!(p.rate_milli(at(0)), Some(500));
+    }
+
+    #[test]
+    fn extreme_clocks_saturate_instead_of_panicking() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(u64::MAX), MID);
+        assert_eq!(p.rate_milli(at(u64::MAX)), Some(500));
+        let _ = p.acquire(at(u64::MAX));
+        p.on_asked(at(u64::MAX), Duration::MAX);
+        assert_eq!(p.rate_milli(at(0)), Some(500)); // a clock that went back reads "just cut"
+        let mut q = Pace::new(settings()).unwrap();
+        q.on_throttled(at(0), MID);
+        assert_eq!(q.rate_milli(at(u64::MAX)), Some(1_000));
+        q.on_success(at(u64::MAX)); // the curve runs to the ceiling: open again
+        assert!(q.is_open());
+    }
+}
