@@ -127,7 +127,7 @@ fn m4_decision(root: &Path, out: &Path) -> Result<PathBuf> {
     );
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     let firmware = root.join("firmware");
-    crate::qemu::build(&firmware)?;
+    crate::harness::build(&firmware)?;
     let script = firmware.join("conformance/decide-cost");
     let text = output(s(&script)?, &[]).with_context(|| format!("{} failed", script.display()))?;
     let file = out.join("m4.txt");

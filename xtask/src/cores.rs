@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::qemu::{describe_exit, start_qemu_on, wait_with_timeout};
+use crate::harness::{describe_exit, start_qemu_on, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// One core the check runs on.
@@ -40,7 +40,7 @@ const CORES: [Core; 3] = [
     },
     Core {
         name: "Cortex-M4",
-        target: crate::qemu::TARGET,
+        target: crate::harness::TARGET,
         dir: "firmware",
         bin: "conformance",
         machine: &["-machine", "mps2-an386", "-cpu", "cortex-m4"],
@@ -72,7 +72,7 @@ pub(crate) fn conformance_on_cores(root: &Path) -> Result<()> {
         let elf = elf_path(&dir, core.target, core.bin);
         if core.dir == "firmware" {
             if !elf.exists() {
-                crate::qemu::build(&dir)?;
+                crate::harness::build(&dir)?;
             }
         } else {
             build(&dir, core)?;

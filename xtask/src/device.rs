@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::qemu::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
+use crate::harness::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// Must match `firmware/qemu/src/bin/uplink.rs`.

@@ -7,6 +7,7 @@ mod demo;
 mod device;
 mod flash;
 mod fuzz;
+mod harness;
 mod mutants;
 mod net;
 mod qemu;

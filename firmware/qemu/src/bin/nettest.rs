@@ -3,8 +3,8 @@
 //! fixture, one exchange per fault, each failure checked for what it says about whether the
 //! request may have landed.
 //!
-//! Run by `cargo xtask net` (xtask/src/net.rs), which starts the fixture on the host's
-//! 127.0.0.1 (the guest reaches it as 10.0.2.2) and QEMU with
+//! Run by `cargo xtask net`, which starts the fixture (crates/wary-fixtures/src/faults.rs) on
+//! the host's 127.0.0.1 (the guest reaches it as 10.0.2.2) and QEMU with
 //! `-nic user,model=lan9118 -append "port=<fixture> closed=<closed port> seed=<n>"`; the
 //! arguments arrive through semihosting's command line. The fixture picks its behaviour from
 //! the request's path, so one case's failure cannot shift the others.
@@ -115,7 +115,7 @@ const fn case(path: &'static str, expect: Expect) -> Case {
     Case { path, target: Target::Fixture, big: false, limit: LIMIT, expect }
 }
 
-/// Must agree with the fixture's script in xtask/src/net.rs (paths and header values).
+/// Must agree with `SCRIPT` in crates/wary-fixtures/src/faults.rs (paths and header values).
 const CASES: &[Case] = &[
     case("/ok", answer(200, &[], None)),
     case("/unavailable", answer(503, &[], None)),

@@ -1,8 +1,8 @@
 //! One keyed `POST /readings` over TLS 1.3 from the device under QEMU, with the server's chain
 //! checked against a pinned CA, and the servers that must be refused.
 //!
-//! Run by `cargo xtask tls` (xtask/src/tls.rs), which makes a throwaway CA chain, builds this
-//! binary with that CA compiled in (`WARY_TLS_PROBE_CA`, see build.rs), starts one TLS server
+//! Run by `cargo xtask tls`, which makes a throwaway CA chain (crates/wary-fixtures/src/tls.rs),
+//! builds this binary with that CA compiled in (`WARY_TLS_PROBE_CA`, see build.rs), starts one TLS server
 //! per case on 127.0.0.1 (the guest reaches them as 10.0.2.2) and QEMU with
 //! `-nic user,model=lan9118 -append "seed=<64 hex> good=<port> rogue=<port> …"`.
 //!
@@ -76,7 +76,7 @@ struct Case {
     expect: Expect,
 }
 
-/// Must agree with the servers in xtask/src/tls.rs.
+/// Must agree with `EXPECTED` in crates/wary-fixtures/src/tls.rs.
 const CASES: &[Case] = &[
     Case { name: "good", server: "good", read: MAX_RECORD, max_fragment: None, expect: Expect::Created },
     Case {
