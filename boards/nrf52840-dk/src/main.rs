@@ -249,7 +249,7 @@ async fn main(spawner: Spawner) {
 
     let server = SocketAddrV4::new(SERVER_IP, SERVER_PORT);
     #[cfg(not(feature = "tls"))]
-    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take());
+    let http = HttpTransport::new(stack, server, PATH, BUFFERS.take());
     #[cfg(feature = "tls")]
     let http = {
         use rand_chacha::rand_core::SeedableRng;
@@ -258,7 +258,6 @@ async fn main(spawner: Spawner) {
             stack,
             server,
             PATH,
-            *POLICY.retry_after_rules(),
             pinned,
             BUFFERS.take(),
             TLS_READ.take(),

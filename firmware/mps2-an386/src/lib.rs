@@ -4,6 +4,7 @@
 //! - [`init`] starts the SysTick time driver (1 kHz, for `embassy-time`) and hands out UART0.
 //! - [`uart`]: the CMSDK APB UART0 as `embedded-io-async` `Read`/`Write`, RX interrupt-driven.
 //! - [`eth`]: the LAN9118 Ethernet controller as an `embassy-net` driver.
+//! - [`net`]: the network bring-up every binary shares: the LAN9118 and embassy-net with DHCP.
 //! - [`flash`]: a NOR flash emulated in PSRAM that survives a guest reset, and [`flash::reset`].
 //! - [`exit`] ends the QEMU process with a code through semihosting; a panic, a HardFault or an
 //!   interrupt nobody expected exit non-zero (see [`exit_code`]) so a run can never hang.
@@ -14,6 +15,7 @@
 
 pub mod eth;
 pub mod flash;
+pub mod net;
 pub mod time_driver;
 pub mod uart;
 

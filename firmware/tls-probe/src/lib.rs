@@ -4,13 +4,14 @@
 //! keyed `POST /readings` over TLS 1.3 (embedded-tls, `TLS_AES_128_GCM_SHA256`, P-256), with
 //! the server's certificate chain verified against a CA compiled into the firmware, and checks
 //! that servers the CA does not vouch for are refused; `plain-probe` sends the same request
-//! over plain HTTP. Both bring up the LAN9118 and embassy-net with a DHCP lease from QEMU's
-//! user-mode network, log their timings and their peak stack, and exit 0 only if every check
+//! over plain HTTP. Both bring up the LAN9118 and embassy-net with the board's own bring-up
+//! (`mps2_an386::net`), log their timings and their peak stack, and exit 0 only if every check
 //! passed. `cargo xtask tls` runs them against its test servers and prints the measurements.
 //!
-//! - [`exchange`]: one HTTP/1.1 `POST` over any connection, failures named by phase.
-//! - [`tls`]: the handshake against the pinned CA, and the same `POST` through it.
-//! - [`net`]: the network stack, as the on-target network test brings it up.
+//! The exchanges they time are the uplink's own: `wary_uplink::http::post_timed` in plain
+//! HTTP, `wary_uplink::tls::post_tls_traced` over TLS, so the figures describe the code the
+//! device ships.
+//!
 //! - [`stack`]: the stack's high-water mark.
 //! - [`args`]: the host's settings from semihosting's command line.
 
@@ -18,10 +19,8 @@
 #![deny(missing_docs)]
 
 pub mod args;
-mod error;
-pub mod exchange;
-pub mod net;
 pub mod stack;
-pub mod tls;
 
-pub use error::{Phase, ProbeError};
+/// The TCP socket's buffers and the head buffer (encoded request head, then the reply's
+/// status line and header block), 1 KiB each: the uplink's own, as its network test uses them.
+pub type SocketBuffers = wary_uplink::http::Buffers<1024, 1024, 1024>;

@@ -16,9 +16,9 @@ use core::fmt::Write as _;
 use core::net::{Ipv4Addr, SocketAddrV4};
 
 use embassy_executor::Spawner;
-use embassy_net::{Config, Ipv4Cidr, Stack, StackResources};
+use embassy_net::{Ipv4Cidr, Stack};
 use embassy_time::{Duration, Instant, with_timeout};
-use mps2_an386::{eth, exit, exit_code};
+use mps2_an386::{eth, exit, exit_code, net};
 use static_cell::ConstStaticCell;
 use wary_qemu::Tally;
 use wary_uplink::http::{self, Buffers, HttpError, Post, Response};
@@ -44,20 +44,8 @@ type NetBuffers = Buffers<1024, 1024, 1024>;
 /// while the device is still sending it.
 const BIG_BODY: usize = 1024 * 1024;
 
-static ETH_STATE: ConstStaticCell<eth::State<4, 4>> = ConstStaticCell::new(eth::State::new());
-static RESOURCES: ConstStaticCell<StackResources<3>> = ConstStaticCell::new(StackResources::new());
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
 static BIG: ConstStaticCell<[u8; BIG_BODY]> = ConstStaticCell::new([0; BIG_BODY]);
-
-#[embassy_executor::task]
-async fn eth_task(runner: eth::Runner<'static>) -> ! {
-    runner.run().await
-}
-
-#[embassy_executor::task]
-async fn net_task(mut runner: embassy_net::Runner<'static, eth::Device<'static>>) -> ! {
-    runner.run().await
-}
 
 /// Where a case connects.
 #[derive(Clone, Copy)]
@@ -246,19 +234,13 @@ async fn main(spawner: Spawner) {
         exit(exit_code::FAIL)
     };
 
-    let (device, eth_runner) = match eth::new(board.eth, ETH_STATE.take()) {
+    let (stack, net_runner) = match net::prepare(spawner, board.eth, args.seed) {
         Ok(parts) => parts,
         Err(err) => {
-            defmt::error!("LAN9118 bring-up failed: {}", err);
+            defmt::error!("network: {}", err);
             exit(exit_code::FAIL)
         }
     };
-    match eth_task(eth_runner) {
-        Ok(token) => spawner.spawn(token),
-        Err(_) => exit(exit_code::FAIL),
-    }
-    let (stack, net_runner) =
-        embassy_net::new(device, Config::dhcpv4(Default::default()), RESOURCES.take(), args.seed);
     let server = SocketAddrV4::new(HOST, args.port);
     let buffers = BUFFERS.take();
     let big = BIG.take();
@@ -276,9 +258,8 @@ async fn main(spawner: Spawner) {
     tally.check("no lease: NoNetwork", early == Err(HttpError::NoNetwork));
     tally.check("no lease: never landed", early.is_err_and(|e| !e.may_have_landed()));
 
-    match net_task(net_runner) {
-        Ok(token) => spawner.spawn(token),
-        Err(_) => exit(exit_code::FAIL),
+    if net::start(spawner, net_runner).is_err() {
+        exit(exit_code::FAIL)
     }
     let started = Instant::now();
     if with_timeout(DHCP_LIMIT, stack.wait_config_up()).await.is_err() {

@@ -30,18 +30,17 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use embassy_executor::Spawner;
 use embassy_futures::select::{Either, select};
-use embassy_net::{Config as NetConfig, Stack, StackResources};
-use embassy_time::{Delay, Duration, Instant, Timer, with_timeout};
+use embassy_time::{Delay, Duration, Instant, Timer};
 use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
 use mps2_an386::flash::{self, PsramFlash, WORD_SIZE};
-use mps2_an386::{eth, exit, exit_code};
+use mps2_an386::{exit, exit_code, net};
 use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
 use wary::{Failure, Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_uplink::http::Buffers;
-use wary_uplink::transport::Counts;
+use wary_uplink::transport::{Answer, Counts, Message};
 use wary_uplink::{Config, FLEET, HttpTransport, PATH, POLICY, SplitMix64, Store, Transport, sense, uplink};
 
 /// This device's id in every key.
@@ -64,20 +63,8 @@ const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 type Flash = CutFlash<PsramFlash>;
 type NetBuffers = Buffers<1024, 1024, 1024>;
 
-static ETH_STATE: ConstStaticCell<eth::State<4, 4>> = ConstStaticCell::new(eth::State::new());
-static RESOURCES: ConstStaticCell<StackResources<3>> = ConstStaticCell::new(StackResources::new());
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
 static STORE: StaticCell<Store<Flash>> = StaticCell::new();
-
-#[embassy_executor::task]
-async fn eth_task(runner: eth::Runner<'static>) -> ! {
-    runner.run().await
-}
-
-#[embassy_executor::task]
-async fn net_task(mut runner: embassy_net::Runner<'static, eth::Device<'static>>) -> ! {
-    runner.run().await
-}
 
 #[embassy_executor::task]
 async fn sensor(store: &'static Store<Flash>, boot: u32, count: u32) {
@@ -166,30 +153,23 @@ async fn main(spawner: Spawner) {
     }
     let store = STORE.init(Store::new(outbox));
 
-    let (device, eth_runner) = match eth::new(board.eth, ETH_STATE.take()) {
-        Ok(parts) => parts,
+    let seed = SplitMix64::new(args.seed ^ u64::from(boot).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64();
+    if sensor(store, boot, args.readings).map(|t| spawner.spawn(t)).is_err() {
+        defmt::error!("could not spawn a task");
+        exit(exit_code::FAIL)
+    }
+    let started = Instant::now();
+    let stack = match net::bring_up(spawner, board.eth, seed, DHCP_LIMIT).await {
+        Ok(stack) => stack,
         Err(err) => {
-            defmt::error!("LAN9118 bring-up failed: {}", err);
+            defmt::error!("network: {}", err);
             exit(exit_code::FAIL)
         }
     };
-    let seed = SplitMix64::new(args.seed ^ u64::from(boot).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64();
-    let (stack, net_runner) =
-        embassy_net::new(device, NetConfig::dhcpv4(Default::default()), RESOURCES.take(), seed);
-    for spawned in [
-        eth_task(eth_runner).map(|t| spawner.spawn(t)),
-        net_task(net_runner).map(|t| spawner.spawn(t)),
-        sensor(store, boot, args.readings).map(|t| spawner.spawn(t)),
-    ] {
-        if spawned.is_err() {
-            defmt::error!("could not spawn a task");
-            exit(exit_code::FAIL)
-        }
-    }
-    wait_for_lease(stack).await;
+    defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
 
     let server = SocketAddrV4::new(HOST, args.port);
-    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take());
+    let http = HttpTransport::new(stack, server, PATH, BUFFERS.take());
     let mut transport = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
@@ -207,15 +187,6 @@ async fn main(spawner: Spawner) {
     }
 }
 
-async fn wait_for_lease(stack: Stack<'_>) {
-    let started = Instant::now();
-    if with_timeout(DHCP_LIMIT, stack.wait_config_up()).await.is_err() {
-        defmt::error!("no DHCP lease within {=u64} s", DHCP_LIMIT.as_secs());
-        exit(exit_code::FAIL)
-    }
-    defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
-}
-
 /// A planned reset while a reply is outstanding; otherwise the inner transport as it is.
 struct ResetInReply<T> {
     inner: T,
@@ -223,12 +194,19 @@ struct ResetInReply<T> {
 }
 
 impl<T: Transport> Transport for ResetInReply<T> {
-    async fn post(&mut self, key: &str, body: &[u8], limit: wary::Duration) -> Result<(), Failure> {
+    const BATCH: usize = T::BATCH;
+
+    async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
+        self.inner.open(limit).await
+    }
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
         if !self.armed {
-            return self.inner.post(key, body, limit).await;
+            return self.inner.send(messages, answers, limit).await;
         }
-        match select(self.inner.post(key, body, limit), Timer::after(REPLY_RESET_AFTER)).await {
-            Either::First(result) => result,
+        let key = messages.first().map_or("", |m| m.key);
+        match select(self.inner.send(messages, answers, limit), Timer::after(REPLY_RESET_AFTER)).await {
+            Either::First(()) => {}
             Either::Second(()) => {
                 defmt::info!(
                     "RESET reply: no reply after {=u64} ms, key={=str}",
@@ -238,6 +216,10 @@ impl<T: Transport> Transport for ResetInReply<T> {
                 flash::reset()
             }
         }
+    }
+
+    async fn close(&mut self) {
+        self.inner.close().await;
     }
 }
 

@@ -20,7 +20,7 @@ use wary::{
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_qemu::Tally;
 use wary_uplink::http::{HttpError, Response};
-use wary_uplink::transport::{failure, outcome};
+use wary_uplink::transport::{Answer, Message, answer, failure, outcome};
 use wary_uplink::{Config, POLICY, Reading, RoundBackoff, Settle, SplitMix64, Store, Transport, uplink};
 
 const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
@@ -32,6 +32,9 @@ struct Scripted {
     /// How long an attempt takes before it answers.
     takes: embassy_time::Duration,
     sent: RefCell<Vec<Sent, 16>>,
+    /// Calls of `open` and `close`.
+    opened: usize,
+    closed: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -43,7 +46,7 @@ struct Sent {
 
 impl Scripted {
     fn new(script: &'static [Outcome], takes: embassy_time::Duration) -> Self {
-        Scripted { script, takes, sent: RefCell::new(Vec::new()) }
+        Scripted { script, takes, sent: RefCell::new(Vec::new()), opened: 0, closed: 0 }
     }
 
     fn sent(&self) -> Vec<Sent, 16> {
@@ -52,16 +55,30 @@ impl Scripted {
 }
 
 impl Transport for Scripted {
-    async fn post(&mut self, key: &str, _body: &[u8], limit: Duration) -> Result<(), Failure> {
-        let n = self.sent.borrow().len();
-        let mut k = [0u8; 32];
-        for (d, s) in k.iter_mut().zip(key.bytes()) {
-            *d = s;
+    async fn open(&mut self, _limit: Duration) -> Result<(), Failure> {
+        self.opened += 1;
+        Ok(())
+    }
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: Duration) {
+        for (message, slot) in messages.iter().zip(answers.iter_mut()) {
+            let n = self.sent.borrow().len();
+            let mut k = [0u8; 32];
+            for (d, s) in k.iter_mut().zip(message.key.bytes()) {
+                *d = s;
+            }
+            let _ = self.sent.borrow_mut().push(Sent { key: k, limit, at: Instant::now() });
+            Timer::after(self.takes.min(limit.into())).await;
+            let last = self.script.len().saturating_sub(1);
+            *slot = match self.script.get(n.min(last)).copied().unwrap_or(Outcome::Ok) {
+                Outcome::Ok => Ok(reply(200, &[], None, true)),
+                Outcome::Failure(failure) => Err(failure),
+            };
         }
-        let _ = self.sent.borrow_mut().push(Sent { key: k, limit, at: Instant::now() });
-        Timer::after(self.takes.min(limit.into())).await;
-        let last = self.script.len().saturating_sub(1);
-        self.script.get(n.min(last)).copied().unwrap_or(Outcome::Ok).into_result()
+    }
+
+    async fn close(&mut self) {
+        self.closed += 1;
     }
 }
 
@@ -131,7 +148,7 @@ async fn main(_spawner: Spawner) {
     for (err, expected) in table {
         let got = failure(err);
         mapped &= got == expected;
-        mapped &= outcome(&Err(err), &rules).0 == Outcome::Failure(expected);
+        mapped &= outcome(&answer(Err(err)), &rules).0 == Outcome::Failure(expected);
         // Never-sent failures are safe to resend on any write; the rest only with a key.
         let retry_any = POLICY.classify(Operation::Write, &got.into()) == Class::Retry;
         mapped &= retry_any != err.may_have_landed() || expected == Failure::BadBody;
@@ -198,6 +215,10 @@ async fn main(_spawner: Spawner) {
     let sent = t.sent();
     tally.check("503 then ok: landed after two attempts", s.landed == 1 && s.left == 0 && sent.len() == 2);
     tally.check("503 then ok: the same key on both attempts", sent.len() == 2 && sent[0].key == sent[1].key);
+    tally.check(
+        "503 then ok: the transport opened for each attempt, closed after each round",
+        t.opened == 2 && t.closed == s.rounds as usize,
+    );
 
     // A 400 fails at once and leaves the outbox.
     static BAD_REQUEST: [Outcome; 1] = [Outcome::status(400)];

@@ -10,12 +10,13 @@ use core::net::{Ipv4Addr, SocketAddrV4};
 
 use embassy_executor::Spawner;
 use embassy_time::Duration;
+use mps2_an386::net;
 use mps2_an386::{exit, exit_code};
 use static_cell::ConstStaticCell;
 use wary_qemu::Tally;
 use wary_tls_probe::args::CommandLine;
-use wary_tls_probe::exchange::{self, Post, SocketBuffers};
-use wary_tls_probe::{net, stack};
+use wary_tls_probe::{SocketBuffers, stack};
+use wary_uplink::http::{self, Post};
 
 /// Must match the TLS probe: the request differs only in its transport.
 const SERVER_NAME: &str = "cloud.wary.test";
@@ -50,10 +51,9 @@ async fn main(spawner: Spawner) {
     defmt::info!("DHCP lease: {}", stack.config_v4());
 
     let key = "0a386001000000000000000000000100";
-    let post =
-        Post { path: "/readings", host: SERVER_NAME, idempotency_key: key, body: br#"{"seq":0,"mC":21000}"# };
+    let post = Post { path: "/readings", idempotency_key: key, body: br#"{"seq":0,"mC":21000}"# };
     let server = SocketAddrV4::new(HOST, port);
-    let (result, timing) = exchange::post_plain(stack, server, &post, LIMIT, BUFFERS.take()).await;
+    let (result, timing) = http::post_timed(stack, server, SERVER_NAME, &post, LIMIT, BUFFERS.take()).await;
     match &result {
         Ok(reply) => defmt::info!("plain: {}", reply),
         Err(err) => defmt::info!("plain: {} in phase {}", err, err.phase()),

@@ -21,6 +21,7 @@ use core::net::{Ipv4Addr, SocketAddrV4};
 use embassy_executor::Spawner;
 use embassy_time::Duration;
 use embedded_tls::{MaxFragmentLength, TlsError};
+use mps2_an386::net;
 use mps2_an386::{exit, exit_code};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -28,11 +29,10 @@ use static_cell::ConstStaticCell;
 use wary::{Failure, Rules};
 use wary_qemu::Tally;
 use wary_tls_probe::args::CommandLine;
-use wary_tls_probe::exchange::{Post, SocketBuffers, Timing};
-use wary_tls_probe::tls::{self, MAX_RECORD, Pinned, Records};
-use wary_tls_probe::{Phase, ProbeError, net, stack};
-use wary_uplink::Transport;
-use wary_uplink::tls::TlsTransport;
+use wary_tls_probe::{SocketBuffers, stack};
+use wary_uplink::http::{HttpError, Phase, Post, Response, Timing};
+use wary_uplink::tls::{self, MAX_RECORD, Pinned, Records, TlsTransport, Trace};
+use wary_uplink::transport::{Answer, Message, Transport};
 
 /// The CA every server chain must lead to, compiled in by build.rs.
 static PINNED_CA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pinned-ca.der"));
@@ -123,7 +123,7 @@ fn body(case: usize) -> heapless::String<48> {
     s
 }
 
-fn check(tally: &mut Tally, case: &Case, result: &Result<wary_tls_probe::exchange::Reply, ProbeError>) {
+fn check(tally: &mut Tally, case: &Case, result: &Result<Response, HttpError>, trace: &Trace) {
     match (case.expect, result) {
         (Expect::Created, Ok(reply)) => {
             tally.check("status 201", reply.status == 201);
@@ -132,7 +132,7 @@ fn check(tally: &mut Tally, case: &Case, result: &Result<wary_tls_probe::exchang
         (Expect::BadCertificate, Err(err)) => {
             tally.check(
                 "refused: bad certificate",
-                matches!(err, ProbeError::Tls(TlsError::InvalidCertificate)),
+                *err == HttpError::Tls && matches!(trace.tls_error, Some(TlsError::InvalidCertificate)),
             );
             tally.check("refused in the handshake", err.phase() == Phase::Handshake);
             tally.check("refused: never landed", !err.may_have_landed());
@@ -140,7 +140,7 @@ fn check(tally: &mut Tally, case: &Case, result: &Result<wary_tls_probe::exchang
         (Expect::RecordTooLarge, Err(err)) => {
             tally.check(
                 "record larger than the buffer",
-                matches!(err, ProbeError::Record(TlsError::InsufficientSpace)),
+                matches!(trace.tls_error, Some(TlsError::InsufficientSpace)),
             );
             tally.check("after the request: may have landed", err.may_have_landed());
         }
@@ -198,33 +198,31 @@ async fn main(spawner: Spawner) {
         };
         let key = key(index);
         let reading = body(index);
-        let post =
-            Post { path: "/readings", host: SERVER_NAME, idempotency_key: &key, body: reading.as_bytes() };
+        let post = Post { path: "/readings", idempotency_key: &key, body: reading.as_bytes() };
         let Some(read) = read_record.get_mut(..case.read) else { exit(exit_code::FAIL) };
         let records = Records { read, write: &mut write_record[..], max_fragment: case.max_fragment };
         let server = SocketAddrV4::new(HOST, port);
-        let (result, timing) =
-            tls::post_tls(stack, server, &post, LIMIT, buffers, records, &pinned, &mut rng).await;
+        let (result, trace) =
+            tls::post_tls_traced(stack, server, &post, LIMIT, buffers, records, &pinned, &mut rng).await;
         match &result {
             Ok(reply) => defmt::info!("{=str}: {}", case.name, reply),
-            Err(err) => defmt::info!("{=str}: {} in phase {}", case.name, err, err.phase()),
+            Err(err) => {
+                defmt::info!("{=str}: {} in phase {} ({})", case.name, err, err.phase(), trace.tls_error)
+            }
         }
-        measure(case.name, &timing);
-        check(&mut tally, case, &result);
+        measure(case.name, &trace.timing);
+        check(&mut tally, case, &result, &trace);
     }
 
     // The uplink's own HTTPS transport, through the same buffers: a keyed write lands against
     // the good server, and a server the pinned CA does not vouch for is a TLS failure, which
     // the policy fails at once (never resent).
-    for (name, server, expected) in
-        [("uplink-good", "good", Ok(())), ("uplink-rogue-ca", "rogue", Err(Failure::Tls))]
-    {
+    for (name, server, landed) in [("uplink-good", "good", true), ("uplink-rogue-ca", "rogue", false)] {
         let Some(port) = line.port(server) else { exit(exit_code::FAIL) };
         let mut transport = TlsTransport::new(
             stack,
             SocketAddrV4::new(HOST, port),
             "/readings",
-            Rules::LENIENT,
             pinned,
             &mut *buffers,
             &mut read_record[..],
@@ -232,8 +230,14 @@ async fn main(spawner: Spawner) {
             ChaCha20Rng::from_seed(seed_from(&mut rng)),
         );
         let key = key(CASES.len());
-        let got = transport.post(&key, body(CASES.len()).as_bytes(), LIMIT.into()).await;
+        let reading = body(CASES.len());
+        let mut answers: [Answer; 1] = [Err(Failure::Reset)];
+        let message = Message { key: &key, body: reading.as_bytes() };
+        transport.send(&[message], &mut answers, LIMIT.into()).await;
+        let [answer] = answers;
+        let got = wary_uplink::transport::outcome(&answer, &Rules::LENIENT).0.into_result();
         defmt::info!("{=str}: {}", name, got);
+        let expected = if landed { Ok(()) } else { Err(Failure::Tls) };
         tally.check(name, got == expected);
     }
 
