@@ -8,6 +8,7 @@ mod device;
 mod flash;
 mod fuzz;
 mod harness;
+mod msrv;
 mod mutants;
 mod net;
 mod qemu;
