@@ -9,13 +9,13 @@
 use std::env;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::harness::{describe_exit, start_qemu_on, wait_with_timeout};
+use crate::harness::{describe_exit, run_firmware_cargo, start_qemu_on, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// One core the check runs on.
@@ -96,22 +96,12 @@ fn build(dir: &Path, core: &Core) -> Result<()> {
     step(&format!("building the conformance check for the {} ({}, release)", core.name, core.target));
     let started = Instant::now();
     let args = ["build", "--release", "--locked", "--target", core.target];
-    eprintln!("    $ (cd {} && cargo {})", core.dir, args.join(" "));
-    let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .status()
-        .context("starting cargo")?;
-    if !status.success() {
-        bail!(
-            "`cargo {}` in {}/ failed with {status}; if its Cargo.lock is out of date, run \
-             `cargo build --release` there once and commit the lock",
-            args.join(" "),
+    run_firmware_cargo(dir, core.dir, &args, &[]).with_context(|| {
+        format!(
+            "if {}/Cargo.lock is out of date, run `cargo build --release` there once and commit the lock",
             core.dir
-        );
-    }
+        )
+    })?;
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -29,7 +29,8 @@ pub(crate) fn build(firmware: &Path) -> Result<()> {
 
 /// Runs cargo in `dir` (`firmware/` or a board's folder, `label` in messages) without the
 /// caller's RUSTFLAGS: they would replace the `rustflags` of its .cargo/config.toml, and with
-/// them the linker scripts.
+/// them the linker scripts. Arguments that start with a toolchain (`+1.91.0`) go to rustup's
+/// `cargo`, the others to the cargo running xtask.
 pub(crate) fn run_firmware_cargo(
     dir: &Path,
     label: &str,
@@ -43,7 +44,11 @@ pub(crate) fn run_firmware_cargo(
     }
     let shown: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v} ")).collect();
     eprintln!("    $ (cd {label} && {}cargo {})", shown.concat(), args.join(" "));
-    let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let cargo = match args.first() {
+        Some(first) if first.starts_with('+') => "cargo".into(),
+        _ => env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
+    };
+    let status = Command::new(cargo)
         .args(args)
         .current_dir(dir)
         .env_remove("RUSTFLAGS")

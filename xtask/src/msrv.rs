@@ -4,11 +4,10 @@
 //! with that toolchain ([`build`]).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::harness::TARGET;
+use crate::harness::{TARGET, run_firmware_cargo};
 use crate::util::{output, run, step};
 
 /// The crates checked with the minimum toolchain in the root workspace: those meant for the
@@ -144,22 +143,10 @@ pub fn build(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `cargo +<toolchain> check --locked --bins` in a firmware workspace, without the caller's
-/// RUSTFLAGS (they would replace its `.cargo/config.toml`'s).
+/// `cargo +<toolchain> check --locked --bins` in a firmware workspace.
 fn firmware_check(dir: &Path, label: &str, toolchain: &str) -> Result<()> {
     let args = [toolchain, "check", "--release", "--locked", "--bins", "--target-dir", "target/msrv"];
-    eprintln!("    $ (cd {label} && cargo {})", args.join(" "));
-    let status = Command::new("cargo")
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .status()
-        .context("starting cargo")?;
-    if !status.success() {
-        bail!("`cargo {}` in {label}/ failed with {status}", args.join(" "));
-    }
-    Ok(())
+    run_firmware_cargo(dir, label, &args, &[])
 }
 
 #[cfg(test)]
