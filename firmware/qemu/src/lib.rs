@@ -4,6 +4,8 @@
 #![no_std]
 #![deny(missing_docs)]
 
+use core::fmt::Write as _;
+
 use mps2_an386::{exit, exit_code};
 
 /// Counts checks; each failure is logged where it happens, with what was expected.
@@ -36,4 +38,19 @@ impl Tally {
         defmt::info!("{=u32} passed, {=u32} failed", self.passed, self.failed);
         if self.failed == 0 && self.passed > 0 { exit(exit_code::PASS) } else { exit(exit_code::FAIL) }
     }
+}
+
+/// A distinct idempotency key per test case, in wary's 32-hex-digit form (the test device's
+/// id, then the case number).
+pub fn key(case: usize) -> heapless::String<32> {
+    let mut s = heapless::String::new();
+    let _ = write!(s, "{:08x}{:024x}", 0x0a38_6001u32, case);
+    s
+}
+
+/// A reading's JSON body for a test case: `{"seq":<case>,"mC":21000}`.
+pub fn body(case: usize) -> heapless::String<48> {
+    let mut s = heapless::String::new();
+    let _ = write!(s, "{{\"seq\":{case},\"mC\":21000}}");
+    s
 }

@@ -280,12 +280,23 @@ impl<C: ErrorType> ErrorType for Watched<'_, C> {
     type Error = C::Error;
 }
 
+impl<C: ErrorType> Watched<'_, C>
+where
+    C::Error: Copy,
+{
+    /// `result`, its error kept.
+    fn keep<T>(&mut self, result: Result<T, C::Error>) -> Result<T, C::Error> {
+        result.inspect_err(|err| self.error = Some(*err))
+    }
+}
+
 impl<C: Read> Read for Watched<'_, C>
 where
     C::Error: Copy,
 {
     async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
-        self.conn.read(buf).await.inspect_err(|err| self.error = Some(*err))
+        let result = self.conn.read(buf).await;
+        self.keep(result)
     }
 }
 
@@ -294,11 +305,13 @@ where
     C::Error: Copy,
 {
     async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
-        self.conn.write(buf).await.inspect_err(|err| self.error = Some(*err))
+        let result = self.conn.write(buf).await;
+        self.keep(result)
     }
 
     async fn flush(&mut self) -> Result<(), Self::Error> {
-        self.conn.flush().await.inspect_err(|err| self.error = Some(*err))
+        let result = self.conn.flush().await;
+        self.keep(result)
     }
 }
 

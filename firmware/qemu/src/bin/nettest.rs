@@ -12,7 +12,6 @@
 #![no_std]
 #![no_main]
 
-use core::fmt::Write as _;
 use core::net::{Ipv4Addr, SocketAddrV4};
 
 use embassy_executor::Spawner;
@@ -20,7 +19,7 @@ use embassy_net::{Ipv4Cidr, Stack};
 use embassy_time::{Duration, Instant, with_timeout};
 use mps2_an386::{eth, exit, exit_code, net};
 use static_cell::ConstStaticCell;
-use wary_qemu::Tally;
+use wary_qemu::{Tally, body, key};
 use wary_uplink::http::{self, Buffers, HttpError, Post, Response};
 
 /// The host as seen from QEMU's user-mode network.
@@ -173,19 +172,6 @@ fn args() -> Option<Args> {
         }
     }
     Some(Args { port: port?, closed: closed?, seed: seed? })
-}
-
-/// A distinct key per case, in wary's 32-hex-digit form.
-fn key(case: usize) -> heapless::String<32> {
-    let mut s = heapless::String::new();
-    let _ = write!(s, "{:08x}{:024x}", 0x0a38_6001u32, case);
-    s
-}
-
-fn body(case: usize) -> heapless::String<48> {
-    let mut s = heapless::String::new();
-    let _ = write!(s, "{{\"seq\":{case},\"mC\":21000}}");
-    s
 }
 
 async fn run(

@@ -15,7 +15,6 @@
 #![no_std]
 #![no_main]
 
-use core::fmt::Write as _;
 use core::net::{Ipv4Addr, SocketAddrV4};
 
 use embassy_executor::Spawner;
@@ -27,7 +26,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use static_cell::ConstStaticCell;
 use wary::{Failure, Rules};
-use wary_qemu::Tally;
+use wary_qemu::{Tally, body, key};
 use wary_tls_probe::args::CommandLine;
 use wary_tls_probe::{SocketBuffers, stack};
 use wary_uplink::http::{HttpError, Phase, Post, Response, Timing};
@@ -109,19 +108,6 @@ const CASES: &[Case] = &[
     },
     Case { name: "big-record", server: "big", read: MAX_RECORD, max_fragment: None, expect: Expect::Created },
 ];
-
-/// A distinct key per case, in wary's 32-hex-digit form.
-fn key(case: usize) -> heapless::String<32> {
-    let mut s = heapless::String::new();
-    let _ = write!(s, "{:08x}{:024x}", 0x0a38_6001u32, case);
-    s
-}
-
-fn body(case: usize) -> heapless::String<48> {
-    let mut s = heapless::String::new();
-    let _ = write!(s, "{{\"seq\":{case},\"mC\":21000}}");
-    s
-}
 
 fn check(tally: &mut Tally, case: &Case, result: &Result<Response, HttpError>, trace: &Trace) {
     match (case.expect, result) {
