@@ -34,21 +34,21 @@ const CORES: [Core; 3] = [
     Core {
         name: "Cortex-M0",
         target: "thumbv6m-none-eabi",
-        dir: "boards/qemu-cores",
+        dir: "firmware/conformance-cores",
         bin: "wary-qemu-cores",
         machine: &["-machine", "microbit"],
     },
     Core {
         name: "Cortex-M4",
         target: crate::harness::TARGET,
-        dir: "firmware",
+        dir: crate::harness::QEMU_BOARD,
         bin: "conformance",
         machine: &["-machine", "mps2-an386", "-cpu", "cortex-m4"],
     },
     Core {
         name: "Cortex-M33",
         target: "thumbv8m.main-none-eabihf",
-        dir: "boards/qemu-cores",
+        dir: "firmware/conformance-cores",
         bin: "wary-qemu-cores",
         machine: &["-machine", "mps2-an505", "-cpu", "cortex-m33"],
     },
@@ -70,7 +70,7 @@ pub(crate) fn conformance_on_cores(root: &Path) -> Result<()> {
     for core in &CORES {
         let dir = root.join(core.dir);
         let elf = elf_path(&dir, core.target, core.bin);
-        if core.dir == "firmware" {
+        if core.dir == crate::harness::QEMU_BOARD {
             if !elf.exists() {
                 crate::harness::build(&dir)?;
             }

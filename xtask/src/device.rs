@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail};
 use crate::harness::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
-/// Must match `firmware/qemu/src/bin/uplink.rs`.
+/// Must match `boards/mps2-an386/app/src/bin/uplink.rs`.
 const DEVICE: u32 = 0x0a38_6001;
 /// A wedged guest must never hold CI; healthy runs take 5 to 40 s.
 const TIMEOUT: Duration = Duration::from_secs(240);
@@ -75,7 +75,7 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     step("building the test cloud (wary-cloud)");
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());

@@ -13,21 +13,23 @@ use anyhow::{Context, Result, bail};
 
 use crate::util::{output, step};
 
+/// The QEMU board's cargo workspace (its binaries, with the firmware libraries in firmware/).
+pub(crate) const QEMU_BOARD: &str = "boards/mps2-an386";
 /// The firmware's target: Cortex-M4F (mps2-an386, nRF52840).
 pub(crate) const TARGET: &str = "thumbv7em-none-eabihf";
 
 pub(crate) fn build(firmware: &Path) -> Result<()> {
     step("building the firmware (release, thumbv7em-none-eabihf)");
     let started = Instant::now();
-    run_firmware_cargo(firmware, "firmware", &["build", "--release", "--locked", "--bins"], &[]).context(
-        "if firmware/Cargo.lock is out of date (a dependency of crates/wary changed), run \
-         `cargo build --release` in firmware/ once and commit the lock",
+    run_firmware_cargo(firmware, QEMU_BOARD, &["build", "--release", "--locked", "--bins"], &[]).context(
+        "if boards/mps2-an386/Cargo.lock is out of date (a dependency of crates/wary changed), run \
+         `cargo build --release` in boards/mps2-an386/ once and commit the lock",
     )?;
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
-/// Runs cargo in `dir` (`firmware/` or a board's folder, `label` in messages) without the
+/// Runs cargo in `dir` (a board's folder, `label` in messages) without the
 /// caller's RUSTFLAGS: they would replace the `rustflags` of its .cargo/config.toml, and with
 /// them the linker scripts. Arguments that start with a toolchain (`+1.91.0`) go to rustup's
 /// `cargo`, the others to the cargo running xtask.

@@ -31,7 +31,7 @@ pub fn nettest(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
 
     let fixture = faults::start()?;

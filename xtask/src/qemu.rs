@@ -5,7 +5,7 @@
 //! nRF52840-DK application ([`board`]), which needs the board to run, so it is only compiled.
 //!
 //! The firmware is its own cargo workspace with its own `.cargo/config.toml` (target, linker
-//! scripts), so cargo runs with `firmware/` as its current directory; the board is another
+//! scripts), so cargo runs with `boards/mps2-an386/` as its current directory; the board is another
 //! (`boards/nrf52840-dk/`), built the same way from its own folder.
 
 use std::env;
@@ -40,7 +40,7 @@ pub fn qemu(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     for bin in TEST_BINS {
         run_under_qemu(&elf_path(&firmware, bin), bin)?;
@@ -112,7 +112,7 @@ fn copy_elf(elf: &Path, to: &Path) -> Result<()> {
 pub fn size(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     let llvm_size = llvm_size()?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     step("firmware size (flash = text + data, RAM = data + bss; the stack is not counted)");
     let bins: Vec<_> = ALL_BINS.iter().map(|bin| (*bin, elf_path(&firmware, bin))).collect();

@@ -38,7 +38,7 @@ pub fn tls_probe(root: &Path) -> Result<()> {
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
     let llvm_size = llvm_size()?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
 
     step("making a throwaway CA chain for this run (P-256, ECDSA)");
     let chain = TestChain::new()?;
@@ -139,7 +139,7 @@ fn build_probes(firmware: &Path, ca: &Path) -> Result<()> {
     let started = Instant::now();
     run_firmware_cargo(
         firmware,
-        "firmware",
+        crate::harness::QEMU_BOARD,
         &["build", "--release", "--locked", "-p", PACKAGE, "--bins"],
         &[("WARY_TLS_PROBE_CA", ca)],
     )?;

@@ -1,6 +1,6 @@
 //! wary's conformance check on the Cortex-M4 (`wary-conformance`: the repository's conformance
 //! cases, generated properties, the policy fingerprint and the fleet budget). The same check
-//! runs on a Cortex-M0 and a Cortex-M33 from `boards/qemu-cores`. Exit 0 only
+//! runs on a Cortex-M0 and a Cortex-M33 from `firmware/conformance-cores`. Exit 0 only
 //! if every check passed.
 
 #![no_std]
