@@ -180,27 +180,10 @@ pub struct Trace {
 /// reads the reply's status and headers, within `limit` overall. Random bytes for the
 /// handshake come from `rng`.
 ///
-/// # Errors
-///
-/// An [`HttpError`] whose phase says how far the exchange got; every handshake failure is
-/// before the request was sent.
+/// Returns the result with its [`Trace`]; an error is an [`HttpError`] whose phase says how far
+/// the exchange got (every handshake failure is before the request was sent).
 #[allow(clippy::too_many_arguments)]
 pub async fn post_tls<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>(
-    stack: Stack<'_>,
-    server: SocketAddrV4,
-    request: &Post<'_>,
-    limit: Duration,
-    buffers: &mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
-    records: Records<'_>,
-    pinned: &Pinned<'_>,
-    rng: &mut ChaCha20Rng,
-) -> Result<Response, HttpError> {
-    post_tls_traced(stack, server, request, limit, buffers, records, pinned, rng).await.0
-}
-
-/// [`post_tls`], with its [`Trace`].
-#[allow(clippy::too_many_arguments)]
-pub async fn post_tls_traced<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>(
     stack: Stack<'_>,
     server: SocketAddrV4,
     request: &Post<'_>,
@@ -364,7 +347,7 @@ impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transpor
             let request = Post { path: self.path, idempotency_key: message.key, body: message.body };
             let records = Records { read: &mut *self.read, write: &mut *self.write, max_fragment: None };
             let left = deadline.saturating_duration_since(Instant::now());
-            let result = post_tls(
+            let (result, _) = post_tls(
                 self.stack,
                 self.server,
                 &request,

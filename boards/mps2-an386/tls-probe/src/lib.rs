@@ -9,7 +9,7 @@
 //! passed. `cargo xtask tls` runs them against its test servers and prints the measurements.
 //!
 //! The exchanges they time are the uplink's own: `wary_uplink::http::post_timed` in plain
-//! HTTP, `wary_uplink::tls::post_tls_traced` over TLS, so the figures describe the code the
+//! HTTP, `wary_uplink::tls::post_tls` over TLS, so the figures describe the code the
 //! device ships.
 //!
 //! - [`stack`]: the stack's high-water mark.

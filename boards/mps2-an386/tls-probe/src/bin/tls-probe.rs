@@ -189,7 +189,7 @@ async fn main(spawner: Spawner) {
         let records = Records { read, write: &mut write_record[..], max_fragment: case.max_fragment };
         let server = SocketAddrV4::new(HOST, port);
         let (result, trace) =
-            tls::post_tls_traced(stack, server, &post, LIMIT, buffers, records, &pinned, &mut rng).await;
+            tls::post_tls(stack, server, &post, LIMIT, buffers, records, &pinned, &mut rng).await;
         match &result {
             Ok(reply) => defmt::info!("{=str}: {}", case.name, reply),
             Err(err) => {
