@@ -129,9 +129,9 @@ fn m4_decision(root: &Path, out: &Path) -> Result<PathBuf> {
         "the decision on a Cortex-M4: instructions retired, from a QEMU trace (firmware/conformance/decide-cost)",
     );
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
-    let firmware = root.join("firmware");
-    crate::qemu::build(&firmware)?;
-    let script = firmware.join("conformance/decide-cost");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
+    crate::harness::build(&firmware)?;
+    let script = root.join("firmware/conformance/decide-cost");
     let text = output(s(&script)?, &[]).with_context(|| format!("{} failed", script.display()))?;
     let file = out.join("m4.txt");
     std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;

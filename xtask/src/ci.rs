@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 
-use crate::util::{ensure_targets, output, run, run_env, step};
+use crate::util::{ensure_targets, run, run_env, step};
 
 /// Cortex-M4F/M7F, Cortex-M0/M0+ (no compare-and-swap), Cortex-M33 (Armv8-M).
 const THUMB: [&str; 3] = ["thumbv7em-none-eabihf", "thumbv6m-none-eabi", "thumbv8m.main-none-eabihf"];
@@ -62,7 +62,8 @@ pub fn run_all(root: &Path) -> Result<()> {
     run(root, "cargo", &["test", "--workspace"])?;
 
     examples(root)?;
-    msrv(root)?;
+    crate::msrv::agree(root)?;
+    crate::msrv::build(root)?;
     docs(root)?;
     package_lists(root)?;
 
@@ -99,48 +100,6 @@ fn examples(root: &Path) -> Result<()> {
         run(root, "cargo", &["run", "-q", "-p", package, "--example", example])?;
     }
     Ok(())
-}
-
-/// The core's declared `rust-version`, from its manifest.
-fn declared_rust_version(root: &Path) -> Result<String> {
-    let manifest = root.join("crates/wary/Cargo.toml");
-    let text =
-        std::fs::read_to_string(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
-    let line = text.lines().find_map(|l| l.trim().strip_prefix("rust-version"));
-    let Some(value) = line.and_then(|l| l.split('"').nth(1)) else {
-        bail!("{} declares no rust-version", manifest.display());
-    };
-    // rustup names toolchains with three parts.
-    Ok(if value.split('.').count() == 2 { format!("{value}.0") } else { value.to_owned() })
-}
-
-/// Builds the core with the toolchain of its declared `rust-version`, installing it when
-/// missing (about 1 min once; the build about 30 s). `--locked` so the old cargo cannot
-/// rewrite the lockfile, and its own target directory so it never invalidates the main build.
-fn msrv(root: &Path) -> Result<()> {
-    let version = declared_rust_version(root)?;
-    step(&format!("MSRV: the core builds with its declared rust-version {version}"));
-    let installed = output("rustup", &["toolchain", "list"]).unwrap_or_default();
-    if !installed.lines().any(|l| l.starts_with(&version)) {
-        step(&format!("installing the {version} toolchain (minimal profile) for the MSRV build"));
-        run(root, "rustup", &["toolchain", "install", &version, "--profile", "minimal"])?;
-    }
-    let toolchain = format!("+{version}");
-    run(
-        root,
-        "cargo",
-        &[
-            &toolchain,
-            "build",
-            "-p",
-            "wary",
-            "--features",
-            "runner,payload-key,serde",
-            "--locked",
-            "--target-dir",
-            "target/msrv",
-        ],
-    )
 }
 
 /// API docs of the publishable crates with rustdoc warnings denied (broken intra-doc links,

@@ -9,13 +9,13 @@
 use std::env;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::qemu::{describe_exit, start_qemu_on, wait_with_timeout};
+use crate::harness::{describe_exit, run_firmware_cargo, start_qemu_on, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// One core the check runs on.
@@ -34,21 +34,21 @@ const CORES: [Core; 3] = [
     Core {
         name: "Cortex-M0",
         target: "thumbv6m-none-eabi",
-        dir: "boards/qemu-cores",
+        dir: "firmware/conformance-cores",
         bin: "wary-qemu-cores",
         machine: &["-machine", "microbit"],
     },
     Core {
         name: "Cortex-M4",
-        target: crate::qemu::TARGET,
-        dir: "firmware",
+        target: crate::harness::TARGET,
+        dir: crate::harness::QEMU_BOARD,
         bin: "conformance",
         machine: &["-machine", "mps2-an386", "-cpu", "cortex-m4"],
     },
     Core {
         name: "Cortex-M33",
         target: "thumbv8m.main-none-eabihf",
-        dir: "boards/qemu-cores",
+        dir: "firmware/conformance-cores",
         bin: "wary-qemu-cores",
         machine: &["-machine", "mps2-an505", "-cpu", "cortex-m33"],
     },
@@ -70,9 +70,9 @@ pub(crate) fn conformance_on_cores(root: &Path) -> Result<()> {
     for core in &CORES {
         let dir = root.join(core.dir);
         let elf = elf_path(&dir, core.target, core.bin);
-        if core.dir == "firmware" {
+        if core.dir == crate::harness::QEMU_BOARD {
             if !elf.exists() {
-                crate::qemu::build(&dir)?;
+                crate::harness::build(&dir)?;
             }
         } else {
             build(&dir, core)?;
@@ -96,22 +96,12 @@ fn build(dir: &Path, core: &Core) -> Result<()> {
     step(&format!("building the conformance check for the {} ({}, release)", core.name, core.target));
     let started = Instant::now();
     let args = ["build", "--release", "--locked", "--target", core.target];
-    eprintln!("    $ (cd {} && cargo {})", core.dir, args.join(" "));
-    let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .status()
-        .context("starting cargo")?;
-    if !status.success() {
-        bail!(
-            "`cargo {}` in {}/ failed with {status}; if its Cargo.lock is out of date, run \
-             `cargo build --release` there once and commit the lock",
-            args.join(" "),
+    run_firmware_cargo(dir, core.dir, &args, &[]).with_context(|| {
+        format!(
+            "if {}/Cargo.lock is out of date, run `cargo build --release` there once and commit the lock",
             core.dir
-        );
-    }
+        )
+    })?;
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::qemu::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
+use crate::harness::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// The device id the firmware is given on its command line (`device=`), in every key. Its low
@@ -80,7 +80,7 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     step("building the test cloud (wary-cloud)");
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::qemu::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
+use crate::harness::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
-/// Must match `firmware/qemu/src/bin/flashtest.rs`: the boots it runs (phases 0 to 3).
+/// Must match `boards/mps2-an386/app/src/bin/flashtest.rs`: the boots it runs (phases 0 to 3).
 const BOOTS: u32 = 4;
 /// A guest that resets forever (a phase word that does not survive) must not hold CI: a healthy
 /// run takes well under a second.
@@ -26,7 +26,7 @@ pub(crate) fn flashtest(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     let elf = elf_path(&firmware, "flashtest");
     let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;

@@ -7,6 +7,8 @@ mod demo;
 mod device;
 mod flash;
 mod fuzz;
+mod harness;
+mod msrv;
 mod mutants;
 mod net;
 mod qemu;

@@ -5,22 +5,25 @@
 //! nRF52840-DK application ([`board`]), which needs the board to run, so it is only compiled.
 //!
 //! The firmware is its own cargo workspace with its own `.cargo/config.toml` (target, linker
-//! scripts), so cargo runs with `firmware/` as its current directory; the board is another
+//! scripts), so cargo runs with `boards/mps2-an386/` as its current directory; the board is another
 //! (`boards/nrf52840-dk/`), built the same way from its own folder.
 
 use std::env;
 use std::io::Read;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, output, step};
+use crate::harness::{
+    TARGET, build, describe_exit, elf_path, llvm_size, run_firmware_cargo, size_of, start_qemu,
+    wait_with_timeout,
+};
+use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
-pub(crate) const TARGET: &str = "thumbv7em-none-eabihf";
 /// The on-target test binaries, run in this order; each exits 0 only if all its checks passed.
 const TEST_BINS: &[&str] = &["selftest", "conformance", "uplinktest"];
 /// Every firmware binary, for `size`; `uplink` is the application.
@@ -37,7 +40,7 @@ pub fn qemu(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     for bin in TEST_BINS {
         run_under_qemu(&elf_path(&firmware, bin), bin)?;
@@ -78,7 +81,7 @@ pub fn board(root: &Path) -> Result<()> {
     let ca_dir = env::temp_dir().join(format!("wary-board-ca-{}", std::process::id()));
     std::fs::create_dir_all(&ca_dir)?;
     let ca = ca_dir.join("ca.der");
-    std::fs::write(&ca, crate::tls::throwaway_ca_der()?)?;
+    std::fs::write(&ca, wary_fixtures::tls::throwaway_ca_der()?)?;
     let ca_arg = ca.to_str().context("temp path is not UTF-8")?.to_owned();
     let started = Instant::now();
     let built = run_firmware_cargo(
@@ -109,7 +112,7 @@ fn copy_elf(elf: &Path, to: &Path) -> Result<()> {
 pub fn size(root: &Path) -> Result<()> {
     ensure_targets(&[TARGET])?;
     let llvm_size = llvm_size()?;
-    let firmware = root.join("firmware");
+    let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     step("firmware size (flash = text + data, RAM = data + bss; the stack is not counted)");
     let bins: Vec<_> = ALL_BINS.iter().map(|bin| (*bin, elf_path(&firmware, bin))).collect();
@@ -122,15 +125,7 @@ pub fn size(root: &Path) -> Result<()> {
 fn size_table(llvm_size: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
     println!("{:<16} {:>9} {:>9} {:>9} {:>9} {:>9}", "binary", "flash", "RAM", "text", "data", "bss");
     for (bin, elf) in bins {
-        let out = Command::new(llvm_size)
-            .arg(elf)
-            .output()
-            .with_context(|| format!("running {}", llvm_size.display()))?;
-        if !out.status.success() {
-            bail!("llvm-size {} failed: {}", elf.display(), String::from_utf8_lossy(&out.stderr));
-        }
-        let (text, data, bss) = parse_berkeley(&String::from_utf8_lossy(&out.stdout))
-            .with_context(|| format!("reading llvm-size output for {bin}"))?;
+        let (text, data, bss) = size_of(llvm_size, elf)?;
         println!("{:<16} {:>9} {:>9} {:>9} {:>9} {:>9}", bin, text + data, data + bss, text, data, bss);
     }
     Ok(())
@@ -153,48 +148,6 @@ fn shares_table(llvm_nm: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
         println!("{bin}: {all} B in sized symbols: {}", row.join(", "));
     }
     Ok(())
-}
-
-pub(crate) fn build(firmware: &Path) -> Result<()> {
-    step("building the firmware (release, thumbv7em-none-eabihf)");
-    let started = Instant::now();
-    run_firmware_cargo(firmware, "firmware", &["build", "--release", "--locked", "--bins"], &[]).context(
-        "if firmware/Cargo.lock is out of date (a dependency of crates/wary changed), run \
-         `cargo build --release` in firmware/ once and commit the lock",
-    )?;
-    eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// Runs cargo in `dir` (`firmware/` or a board's folder, `label` in messages) without the
-/// caller's RUSTFLAGS: they would replace the `rustflags` of its .cargo/config.toml, and with
-/// them the linker scripts.
-fn run_firmware_cargo(dir: &Path, label: &str, args: &[&str], vars: &[(&str, &str)]) -> Result<()> {
-    for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"] {
-        if env::var_os(var).is_some() {
-            eprintln!("    note: {var} is set; not passing it to the firmware build");
-        }
-    }
-    eprintln!("    $ (cd {label} && cargo {})", args.join(" "));
-    let status = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .envs(vars.iter().copied())
-        .status()
-        .context("starting cargo")?;
-    if !status.success() {
-        bail!("`cargo {}` in {label}/ failed with {status}", args.join(" "));
-    }
-    Ok(())
-}
-
-pub(crate) fn elf_path(firmware: &Path, bin: &str) -> PathBuf {
-    let target_dir = env::var_os("CARGO_TARGET_DIR")
-        .map(|dir| firmware.join(dir))
-        .unwrap_or_else(|| firmware.join("target"));
-    target_dir.join(TARGET).join("release").join(bin)
 }
 
 /// Runs one ELF under QEMU with its stdout (defmt frames over semihosting) piped into
@@ -238,146 +191,8 @@ fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
     }
 }
 
-/// Starts QEMU's mps2-an386 on `elf` with `serial` as UART0's backend, its stdout (defmt frames
-/// over semihosting) piped into `defmt-print`.
-pub(crate) fn start_qemu(
-    elf: &str,
-    serial: &[&str],
-    qemu_stderr: Stdio,
-    printer_stdout: Stdio,
-) -> Result<(Child, Child)> {
-    start_qemu_on(&["-cpu", "cortex-m4", "-machine", "mps2-an386"], elf, serial, qemu_stderr, printer_stdout)
-}
-
-/// [`start_qemu`] on another machine (`machine`: QEMU's `-cpu`/`-machine` arguments).
-pub(crate) fn start_qemu_on(
-    machine: &[&str],
-    elf: &str,
-    serial: &[&str],
-    qemu_stderr: Stdio,
-    printer_stdout: Stdio,
-) -> Result<(Child, Child)> {
-    // Without `-monitor none` the monitor's banner lands in the defmt stream.
-    let mut args: Vec<&str> = machine.to_vec();
-    args.extend(["-nographic", "-monitor", "none"]);
-    args.extend_from_slice(serial);
-    args.extend(["-semihosting-config", "enable=on,target=native", "-kernel", elf]);
-    // A device credential on the command line (`token=`) is a secret: never echoed.
-    let shown: Vec<String> = args
-        .iter()
-        .map(|arg| {
-            arg.split(' ')
-                .map(|word| if word.starts_with("token=") { "token=<redacted>" } else { word })
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect();
-    eprintln!("    $ qemu-system-arm {} | defmt-print -e {elf}", shown.join(" "));
-    let mut qemu = Command::new("qemu-system-arm")
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(qemu_stderr)
-        .spawn()
-        .context("starting qemu-system-arm")?;
-    let frames = qemu.stdout.take().context("qemu stdout")?;
-    let printer = Command::new("defmt-print")
-        .args(["-e", elf])
-        .stdin(Stdio::from(frames))
-        .stdout(printer_stdout)
-        .spawn();
-    match printer {
-        Ok(printer) => Ok((qemu, printer)),
-        Err(err) => {
-            let _ = qemu.kill();
-            let _ = qemu.wait();
-            Err(err).context("starting defmt-print")
-        }
-    }
-}
-
-/// Waits for `child`, killing it after `limit`; `None` means it was killed.
-pub(crate) fn wait_with_timeout(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().context("waiting for qemu-system-arm")? {
-            return Ok(Some(status));
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The firmware's exit codes (mps2-an386 crate, `exit_code`) in words.
-pub(crate) fn describe_exit(status: ExitStatus) -> String {
-    match status.code() {
-        Some(1) => "exit 1: a check failed (see the log above)".into(),
-        Some(101) => "exit 101: panic".into(),
-        Some(102) => "exit 102: HardFault".into(),
-        Some(103) => "exit 103: unexpected interrupt".into(),
-        Some(code) => format!("exit {code}"),
-        None => format!("{status}"),
-    }
-}
-
 /// A UDP port free right now; the small race with other processes is acceptable for a test.
 fn free_udp_port() -> Result<u16> {
     let socket = UdpSocket::bind("127.0.0.1:0").context("finding a free UDP port")?;
     Ok(socket.local_addr()?.port())
-}
-
-/// `llvm-size` from rustup's `llvm-tools` component, installed when missing.
-pub(crate) fn llvm_size() -> Result<PathBuf> {
-    let sysroot = output("rustc", &["--print", "sysroot"]).context("rustc --print sysroot")?;
-    let version = output("rustc", &["-vV"]).context("rustc -vV")?;
-    let host =
-        version.lines().find_map(|line| line.strip_prefix("host: ")).context("no host line in rustc -vV")?;
-    let path = Path::new(sysroot.trim()).join("lib/rustlib").join(host).join("bin/llvm-size");
-    if !path.exists() {
-        step("llvm-size is missing: installing rustup component llvm-tools");
-        crate::util::run(Path::new("."), "rustup", &["component", "add", "llvm-tools"])?;
-    }
-    if !path.exists() {
-        bail!("llvm-tools installed but {} is still missing", path.display());
-    }
-    Ok(path)
-}
-
-/// Parses the Berkeley-format line of `llvm-size <elf>`: text, data, bss.
-pub(crate) fn parse_berkeley(out: &str) -> Option<(u64, u64, u64)> {
-    let line = out.lines().nth(1)?;
-    let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
-    Some((fields.next()??, fields.next()??, fields.next()??))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_llvm_size_berkeley_output() {
-        let out = "   text\t   data\t    bss\t    dec\t    hex\tfilename\n  12208\t      0\t   1096\t  13304\t   33f8\tconformance\n";
-        assert_eq!(parse_berkeley(out), Some((12208, 0, 1096)));
-        assert_eq!(parse_berkeley("text data bss\n"), None);
-    }
-
-    #[test]
-    fn a_process_past_its_limit_is_killed() {
-        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
-        let started = Instant::now();
-        assert_eq!(wait_with_timeout(&mut child, Duration::from_millis(200)).unwrap(), None);
-        assert!(started.elapsed() < Duration::from_secs(5));
-        assert!(child.try_wait().unwrap().is_some(), "the child was reaped");
-    }
-
-    #[test]
-    fn a_process_within_its_limit_reports_its_status() {
-        let mut child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
-        let status = wait_with_timeout(&mut child, Duration::from_secs(10)).unwrap();
-        assert_eq!(status.and_then(|s| s.code()), Some(3));
-    }
 }

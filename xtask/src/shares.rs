@@ -8,9 +8,13 @@
 //! (`embassy_net_ppp` before `embassy_net`). Names in the legacy mangling that llvm-nm leaves
 //! half-decoded (`_$LT$..$GT$`, `..` for `::`) are decoded first.
 //!
+//! [`shares`] sums by the groups of [`GROUPS`]; [`by_crate`] by each owning crate's name, the
+//! same symbols with the same owners.
+//!
 //! The figures are lower bounds per crate: with LTO, code inlined into another crate's function
 //! counts for that one (an application's task that inlines the HTTP exchange owns its bytes).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
@@ -54,6 +58,31 @@ pub(crate) const OTHER: &str = "other";
 /// Runs `llvm_nm` on `elf` and returns the bytes of flash (code and read-only data) each group
 /// owns, in [`GROUPS`] order, then [`OTHER`]; the entries add up to the sized flash symbols.
 pub(crate) fn shares(llvm_nm: &Path, elf: &Path) -> Result<Vec<(String, u64)>> {
+    Ok(tally(&nm(llvm_nm, elf)?))
+}
+
+/// Runs `llvm_nm` on `elf` and returns the bytes of flash each owning crate has (the first
+/// segment of the owner's path; `(other)` for symbols without one).
+pub(crate) fn by_crate(llvm_nm: &Path, elf: &Path) -> Result<BTreeMap<String, u64>> {
+    Ok(tally_by_crate(&nm(llvm_nm, elf)?))
+}
+
+/// Prints the largest crates of `elf`'s flash beside their share of `other`'s.
+pub(crate) fn by_crate_table(llvm_nm: &Path, elf: &Path, other: &Path) -> Result<()> {
+    let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mine = by_crate(llvm_nm, elf)?;
+    let theirs = by_crate(llvm_nm, other)?;
+    let mut rows: Vec<(&String, &u64)> = mine.iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(a.1));
+    println!("{:<24} {:>10} {:>10}", "crate", name(elf), name(other));
+    for (krate, size) in rows.into_iter().take(14) {
+        println!("{krate:<24} {size:>10} {:>10}", theirs.get(krate).copied().unwrap_or(0));
+    }
+    Ok(())
+}
+
+/// llvm-nm's listing of `elf`'s sized symbols, demangled.
+fn nm(llvm_nm: &Path, elf: &Path) -> Result<String> {
     let out = Command::new(llvm_nm)
         .args(["--print-size", "--size-sort", "--demangle"])
         .arg(elf)
@@ -67,26 +96,49 @@ pub(crate) fn shares(llvm_nm: &Path, elf: &Path) -> Result<Vec<(String, u64)>> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let text = String::from_utf8(out.stdout).context("llvm-nm printed something that is not UTF-8")?;
-    Ok(tally(&text))
+    String::from_utf8(out.stdout).context("llvm-nm printed something that is not UTF-8")
 }
 
 /// [`shares`] of llvm-nm's text: `<address> <size> <type> <name>` lines; lines without a size
 /// (undefined or absolute symbols) and RAM symbols (`b`, `d`, ...) are not flash and are skipped.
 fn tally(nm: &str) -> Vec<(String, u64)> {
     let mut sums = vec![0u64; GROUPS.len() + 1];
-    for line in nm.lines() {
-        let Some((size, kind, name)) = sized_symbol(line) else { continue };
-        // Code (t/T), read-only data (r/R), weak definitions (w/W).
-        if !matches!(kind, 't' | 'T' | 'r' | 'R' | 'w' | 'W') {
-            continue;
-        }
-        let slot = group_of(&decode(name)).unwrap_or(GROUPS.len());
+    for (size, owner) in flash_symbols(nm) {
+        let slot = by_prefix(&owner).unwrap_or(GROUPS.len());
         if let Some(sum) = sums.get_mut(slot) {
             *sum = sum.saturating_add(size);
         }
     }
     GROUPS.iter().map(|(label, _)| *label).chain([OTHER]).map(String::from).zip(sums).collect()
+}
+
+/// [`by_crate`] of llvm-nm's text.
+fn tally_by_crate(nm: &str) -> BTreeMap<String, u64> {
+    let mut sums = BTreeMap::new();
+    for (size, owner) in flash_symbols(nm) {
+        let first = owner.split("::").next().unwrap_or_default();
+        let krate = if !first.is_empty() && first.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            first.to_owned()
+        } else {
+            "(other)".to_owned()
+        };
+        let sum: &mut u64 = sums.entry(krate).or_default();
+        *sum = sum.saturating_add(size);
+    }
+    sums
+}
+
+/// Each flash symbol of llvm-nm's text: its size and its owner's path. Lines without a size
+/// (undefined or absolute symbols) and RAM symbols (`b`, `d`, ...) are not flash and are skipped.
+fn flash_symbols(nm: &str) -> impl Iterator<Item = (u64, String)> + '_ {
+    nm.lines().filter_map(|line| {
+        let (size, kind, name) = sized_symbol(line)?;
+        // Code (t/T), read-only data (r/R), weak definitions (w/W).
+        if !matches!(kind, 't' | 'T' | 'r' | 'R' | 'w' | 'W') {
+            return None;
+        }
+        Some((size, owner(&decode(name)).to_owned()))
+    })
 }
 
 /// `(size, type, name)` of a line with four fields; the name may hold spaces.
@@ -103,13 +155,14 @@ fn sized_symbol(line: &str) -> Option<(u64, char, &str)> {
     Some((u64::from_str_radix(size, 16).ok()?, kind, name.trim()))
 }
 
-/// The group owning a decoded symbol name.
-fn group_of(name: &str) -> Option<usize> {
+/// The path of the code that owns a decoded symbol name: the symbol's own, a trait method's
+/// self type's when that is a path, else the trait's; drop glue's type's.
+fn owner(name: &str) -> &str {
     let name = name.strip_prefix('_').filter(|n| n.starts_with('<')).unwrap_or(name);
     if let Some(glue) = name.strip_prefix("core::ptr::drop_in_place<") {
-        return group_of(glue);
+        return owner(glue);
     }
-    let Some(inner) = name.strip_prefix('<') else { return by_prefix(name) };
+    let Some(inner) = name.strip_prefix('<') else { return name };
     let mut ty = inner;
     for prefix in ["&", "mut ", "*const ", "*mut ", "dyn ", "[", "("] {
         while let Some(rest) = ty.strip_prefix(prefix) {
@@ -119,11 +172,10 @@ fn group_of(name: &str) -> Option<usize> {
     let ty_end = ty.find([' ', '<', '>', ',', ';', ']', ')']).unwrap_or(ty.len());
     let self_path = ty.get(..ty_end).unwrap_or(ty);
     if self_path.contains("::") {
-        return by_prefix(self_path);
+        return self_path;
     }
     // A generic or primitive self type: the trait's crate wrote the code.
-    let (_, tr) = inner.split_once(" as ")?;
-    by_prefix(tr.trim_start())
+    inner.split_once(" as ").map_or("", |(_, tr)| tr.trim_start())
 }
 
 /// The group whose longest prefix `path` starts with.
@@ -250,6 +302,22 @@ mod tests {
         assert_eq!(share(&shares, "wary-dial"), 0x100);
         // httparse and the application's LinkAware::post.
         assert_eq!(share(&shares, OTHER), 0x40 + 0x4000);
+    }
+
+    #[test]
+    fn sums_by_owning_crate_with_the_same_owners() {
+        let crates = tally_by_crate(NM);
+        let get = |k: &str| crates.get(k).copied().unwrap_or(0);
+        assert_eq!(get("smoltcp"), 0x200);
+        assert_eq!(get("embassy_net"), 0x1000 + 0x8000);
+        assert_eq!(get("embassy_net_driver_channel"), 0x2000);
+        assert_eq!(get("reqwless"), 0x10000);
+        assert_eq!(get("wary"), 0x4 + 0x10 + 0x80000);
+        assert_eq!(get("wary_nrf52840_dk"), 0x4000);
+        assert_eq!(get("wary_outbox"), 0x40000);
+        assert_eq!(get("httparse"), 0x40);
+        // RAM symbols are not flash, in either tally.
+        assert_eq!(crates.values().sum::<u64>(), tally(NM).iter().map(|(_, n)| n).sum::<u64>());
     }
 
     #[test]

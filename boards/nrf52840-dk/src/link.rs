@@ -31,7 +31,7 @@ use embassy_time::{Duration, Instant, Timer, with_timeout};
 use rand_core::RngCore;
 use wary::{Backoff, Draw, Failure, Jitter};
 use wary_dial::{Chat, Class};
-use wary_uplink::Transport;
+use wary_uplink::transport::{Answer, Message, Transport};
 
 /// How long PPP may take from `CONNECT` to an IPv4 address (LCP, PAP, IPCP), and to come back
 /// after the link went down mid-session.
@@ -231,28 +231,39 @@ impl<T> LinkAware<T> {
 }
 
 impl<T: Transport> Transport for LinkAware<T> {
-    async fn post(&mut self, key: &str, body: &[u8], limit: wary::Duration) -> Result<(), Failure> {
+    const BATCH: usize = T::BATCH;
+
+    async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
+        self.inner.open(limit).await
+    }
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
         let started = Instant::now();
         let deadline = started.saturating_add(limit.into());
         // Polled, not awaited: embassy-net keeps one waker for link and configuration changes,
         // and the link task holds it; a second waiter would evict it, and the two tasks would
         // wake each other in turn for as long as the link is down.
+        let mut up = true;
         while !(self.stack.is_link_up() && self.stack.is_config_up()) {
             let now = Instant::now();
             if now >= deadline {
-                self.no_link = self.no_link.saturating_add(1);
-                return Err(Failure::Refused);
+                up = false;
+                break;
             }
             Timer::at(now.saturating_add(LINK_POLL).min(deadline)).await;
         }
-        let Some(left) =
-            limit.checked_sub(started.elapsed().into()).filter(|left| *left > wary::Duration::ZERO)
-        else {
+        let left = limit.checked_sub(started.elapsed().into()).filter(|left| *left > wary::Duration::ZERO);
+        let Some(left) = left.filter(|_| up) else {
+            // Nothing left the device: every message is answered as never sent.
             self.no_link = self.no_link.saturating_add(1);
-            return Err(Failure::Refused);
+            for slot in answers.iter_mut().take(messages.len()) {
+                *slot = Err(Failure::Refused);
+            }
+            return;
         };
-        let result = self.inner.post(key, body, left).await;
-        if result == Err(Failure::ConnectTimeout) {
+        self.inner.send(messages, answers, left).await;
+        let answered = answers.get(..messages.len()).unwrap_or_default();
+        if answered.iter().any(|a| *a == Err(Failure::ConnectTimeout)) {
             self.timeouts_in_row = self.timeouts_in_row.saturating_add(1);
             if self.timeouts_in_row >= STALE_AFTER {
                 defmt::warn!(
@@ -265,6 +276,9 @@ impl<T: Transport> Transport for LinkAware<T> {
         } else {
             self.timeouts_in_row = 0;
         }
-        result
+    }
+
+    async fn close(&mut self) {
+        self.inner.close().await;
     }
 }

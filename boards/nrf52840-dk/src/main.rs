@@ -1,5 +1,5 @@
 //! The uplink application on the nRF52840-DK: the same uplink as the QEMU app
-//! (`firmware/qemu/src/bin/uplink.rs`), over a cellular modem's PPP instead of Ethernet.
+//! (`boards/mps2-an386/app/src/bin/uplink.rs`), over a cellular modem's PPP instead of Ethernet.
 //!
 //! - **Link**: UARTE0 as a `BufferedUarte`, 115200 8N1, TX P1.01 and RX P1.02, to a 3GPP modem.
 //!   `wary-dial` brings it into data mode (`ATD*99#` → `CONNECT`), then `embassy-net-ppp` runs
@@ -266,8 +266,7 @@ async fn main(spawner: Spawner) {
 
     let server = SocketAddrV4::new(SERVER_IP, SERVER_PORT);
     #[cfg(not(feature = "tls"))]
-    let http = HttpTransport::new(stack, server, PATH, *POLICY.retry_after_rules(), BUFFERS.take())
-        .with_credential(CREDENTIAL.as_ref());
+    let http = HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(CREDENTIAL.as_ref());
     #[cfg(feature = "tls")]
     let http = {
         use rand_chacha::rand_core::SeedableRng;
@@ -276,7 +275,6 @@ async fn main(spawner: Spawner) {
             stack,
             server,
             PATH,
-            *POLICY.retry_after_rules(),
             pinned,
             BUFFERS.take(),
             TLS_READ.take(),

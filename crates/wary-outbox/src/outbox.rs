@@ -357,10 +357,10 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
     /// used ([`Error::BootsExhausted`]). A failed push leaves no record behind, and its
     /// sequence number is not used again.
     pub async fn push(&mut self, entry: E) -> Result<RecordId, PushError<E>> {
-        if self.next_seq.is_none() {
-            if let Err(error) = self.next_boot().await {
-                return Err(PushError::Failed(entry, error));
-            }
+        if self.next_seq.is_none()
+            && let Err(error) = self.next_boot().await
+        {
+            return Err(PushError::Failed(entry, error));
         }
         let Some(seq) = self.next_seq else {
             return Err(PushError::Failed(entry, Error::Internal));

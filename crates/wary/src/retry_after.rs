@@ -342,7 +342,7 @@ fn time_of_day(s: &[u8]) -> Option<u32> {
 }
 
 fn is_leap(y: u32) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+    (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400)
 }
 
 fn days_in_month(y: u32, m: u32) -> u32 {

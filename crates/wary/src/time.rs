@@ -50,7 +50,7 @@ impl Duration {
     /// Microseconds, rounded up to whole milliseconds (a wait is never shortened), saturating.
     pub const fn from_micros_ceil(micros: u64) -> Duration {
         let ms = micros / 1000;
-        Duration::from_millis(if micros % 1000 == 0 { ms } else { ms.saturating_add(1) })
+        Duration::from_millis(if micros.is_multiple_of(1000) { ms } else { ms.saturating_add(1) })
     }
 
     /// The milliseconds.

@@ -1,5 +1,5 @@
 //! wary's on-target conformance check, shared by every core it runs on (the Cortex-M4 under
-//! `firmware/qemu`, the Cortex-M0 and Cortex-M33 under `boards/qemu-cores`):
+//! `boards/mps2-an386/app`, the Cortex-M0 and Cortex-M33 under `firmware/conformance-cores`):
 //! every line of the repository's conformance data file (`tests/data/conformance.jsonl`, the
 //! same file the host tests read), parsed here without allocation and planned by the core; then
 //! properties over generated cases, the policy fingerprint, and a fleet-budget sequence with

@@ -21,6 +21,11 @@
 //! at most [`BODY_GRACE`], only to see whether it ended cleanly ([`Response::body_complete`]).
 //! The status line proves the server answered, so a body cut short still returns the status.
 //!
+//! **One exchange for every connection**: [`send_and_read`] sends an encoded request and reads
+//! the reply over any `embedded-io-async` connection: plain TCP ([`Handed`]) here, TLS in
+//! `tls::post_tls`. [`encode_head`], [`connect`] and [`finish`] are the other steps, public so a
+//! measuring tool (the TLS probe) times the code the device ships rather than a copy.
+//!
 //! **Logs** carry phases, counts and lengths, never payload bytes, header text or the
 //! credential.
 //!
@@ -253,8 +258,20 @@ impl HttpError {
     }
 }
 
+/// Where one exchange's time went, in microseconds of the device's clock: what a measuring tool
+/// reports phase by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, defmt::Format)]
+pub struct Timing {
+    /// Opening the TCP connection (0 when it was not opened).
+    pub connect_us: u64,
+    /// The TLS handshake (0 in plain HTTP, or when it was never reached).
+    pub handshake_us: u64,
+    /// Sending the request and reading the reply.
+    pub request_us: u64,
+}
+
 /// Sends `request` to `server` once and reads the reply's status and headers, within `limit`
-/// overall (connecting, sending, reading and closing).
+/// overall (connecting, sending, reading and closing). `Host` is the server's address.
 ///
 /// The connection is closed with a FIN after an answer and an RST after a failure, each only
 /// if time is left: an exchange that ran into its limit drops the socket at once.
@@ -275,19 +292,49 @@ pub async fn post<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: us
     limit: Duration,
     buffers: &mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
 ) -> Result<Response, HttpError> {
-    let deadline = Instant::now().checked_add(limit).unwrap_or(Instant::MAX);
-    if !stack.is_link_up() || stack.config_v4().is_none() {
-        return Err(HttpError::NoNetwork);
-    }
     let mut host = heapless::String::<HOST_LEN>::new();
-    write!(host, "{server}").map_err(|_| HttpError::BadRequest)?;
-    let head_len = encode_head(request, &host, &mut buffers.head).await?;
+    if write!(host, "{server}").is_err() {
+        return Err(HttpError::BadRequest);
+    }
+    post_timed(stack, server, &host, request, limit, buffers).await.0
+}
+
+/// [`post`] with `host` as the `Host` header (a server's name rather than its address), and
+/// the time each phase took.
+///
+/// # Panics
+///
+/// As [`post`].
+pub async fn post_timed<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>(
+    stack: Stack<'_>,
+    server: SocketAddrV4,
+    host: &str,
+    request: &Post<'_>,
+    limit: Duration,
+    buffers: &mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
+) -> (Result<Response, HttpError>, Timing) {
+    let deadline = Instant::now().checked_add(limit).unwrap_or(Instant::MAX);
+    let mut timing = Timing::default();
+    if !stack.is_link_up() || stack.config_v4().is_none() {
+        return (Err(HttpError::NoNetwork), timing);
+    }
+    let head_len = match encode_head(request, host, &mut buffers.head).await {
+        Ok(len) => len,
+        Err(err) => return (Err(err), timing),
+    };
     defmt::debug!("http: POST, head {=usize} B, body {=usize} B", head_len, request.body.len());
 
     let (socket_rx, socket_tx, head) = buffers.parts();
     let mut socket = TcpSocket::new(stack, socket_rx, socket_tx);
+    let started = Instant::now();
     let result = match connect(&mut socket, server, deadline).await {
-        Ok(()) => send_and_read(&mut Handed(&mut socket), head_len, request.body, head, deadline).await,
+        Ok(()) => {
+            timing.connect_us = started.elapsed().as_micros();
+            let sent_at = Instant::now();
+            let reply = send_and_read(&mut Handed(&mut socket), head_len, request.body, head, deadline).await;
+            timing.request_us = sent_at.elapsed().as_micros();
+            reply
+        }
         Err(err) => Err(err),
     };
     finish(&mut socket, result.is_ok(), deadline).await;
@@ -295,12 +342,12 @@ pub async fn post<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: us
         Ok(reply) => defmt::debug!("http: {}", reply),
         Err(err) => defmt::debug!("http: {} in phase {}", err, err.phase()),
     }
-    result
+    (result, timing)
 }
 
 /// Closes the socket: a clean FIN after an answer, an RST otherwise (a half-read reply must
 /// not linger), waiting for it to leave only as long as the limit allows.
-pub(crate) async fn finish(socket: &mut TcpSocket<'_>, answered: bool, deadline: Instant) {
+pub async fn finish(socket: &mut TcpSocket<'_>, answered: bool, deadline: Instant) {
     if answered {
         socket.close();
     } else {
@@ -316,7 +363,8 @@ pub(crate) async fn finish(socket: &mut TcpSocket<'_>, answered: bool, deadline:
 ///
 /// # Errors
 ///
-/// [`HttpError::BadRequest`] when a field is not visible ASCII or the head does not fit `buf`.
+/// [`HttpError::BadRequest`] for a path, key or host that is not visible ASCII, or a head
+/// longer than `buf`.
 pub async fn encode_head(request: &Post<'_>, host: &str, buf: &mut [u8]) -> Result<usize, HttpError> {
     // reqwless writes header text as given: a CR or LF here would let a path or key inject
     // headers, and a space would break the request line.
@@ -357,7 +405,11 @@ fn visible_ascii(s: &str) -> bool {
 }
 
 /// Opens the TCP connection; its failures name the connect phase.
-pub(crate) async fn connect(
+///
+/// # Errors
+///
+/// [`HttpError::ConnectTimeout`], [`HttpError::Refused`] or [`HttpError::NoRoute`].
+pub async fn connect(
     socket: &mut TcpSocket<'_>,
     server: SocketAddrV4,
     deadline: Instant,
@@ -377,11 +429,19 @@ pub(crate) async fn connect(
     }
 }
 
-/// Sends the encoded head and the body over an open connection (plain TCP through
-/// [`Handed`], or TLS over it) and reads the reply. `flush` means "handed to TCP": over TLS it
-/// seals the last record and writes it to the socket, and [`Handed`] returns at once, so a
-/// failure after it is in the reply phase, where the request may have landed.
-pub(crate) async fn send_and_read<C: Read + Write>(
+/// The exchange itself, over any open connection: sends the encoded head (the first
+/// `head_len` bytes of `head`) and the body, then reads the reply's status line and header
+/// block into `head` and drains the body, all by `deadline`.
+///
+/// The connection is plain TCP through [`Handed`], or TLS over it. `flush` means "handed to
+/// TCP": over TLS it seals the last record and writes it to the socket, and [`Handed`] returns
+/// at once, so a failure after it is in the reply phase, where the request may have landed.
+///
+/// # Errors
+///
+/// [`HttpError::SendFailed`] before the whole request was handed over; a reply-phase error
+/// after.
+pub async fn send_and_read<C: Read + Write>(
     conn: &mut C,
     head_len: usize,
     body: &[u8],
@@ -507,7 +567,7 @@ impl<C: Read> Read for Counted<'_, C> {
 /// A TCP socket whose `flush` returns at once: written bytes count as sent once TCP holds them.
 /// embassy-net's own `flush` waits for the peer's ACK, and a failure while waiting would read
 /// as "never sent" for a request the server may already have acted on.
-pub(crate) struct Handed<'s, 'a>(pub(crate) &'s mut TcpSocket<'a>);
+pub struct Handed<'s, 'a>(pub &'s mut TcpSocket<'a>);
 
 impl ErrorType for Handed<'_, '_> {
     type Error = embassy_net::tcp::Error;

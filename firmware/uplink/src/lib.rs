@@ -37,6 +37,8 @@ pub mod store;
 pub mod tls;
 pub mod transport;
 
+use core::cell::Cell;
+
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
 use embassy_sync::mutex::Mutex;
 use embassy_time::{Instant, Timer};
@@ -44,14 +46,17 @@ use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use rand_core::RngCore;
 use wary::{
-    Backoff, Draw, Duration, EmbassyClock, FleetBudget, GiveUp, Jitter, Key, Operation, Policy, Preset,
-    Runner, Verdict, ledger::Ledger,
+    Backoff, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Jitter, Key, Operation, Policy,
+    Preset, Runner, Verdict, ledger::Ledger,
 };
 use wary_outbox::Settlement;
 
 pub use identity::{Credential, parse_device_id};
+
+use crate::transport::Message;
+
 pub use store::{Reading, Store, offer, payload, sense};
-pub use transport::{HttpTransport, Transport};
+pub use transport::{Answer, HttpTransport, Reply, Transport};
 
 /// The path readings are posted to.
 pub const PATH: &str = "/readings";
@@ -240,6 +245,9 @@ pub struct Summary {
     pub left: u32,
     /// Flash operations of the uplink (walking or settling) that failed; the reading stays.
     pub flash_errors: u32,
+    /// Replies with a `Retry-After` value that could not be read at all under the policy's
+    /// rules (neither a number nor an HTTP-date): the backoff alone decided their wait.
+    pub retry_after_unreadable: u32,
     /// Calls (runner verdicts) recorded by the ledger.
     pub calls: u32,
     /// Attempts over all calls.
@@ -292,7 +300,9 @@ impl Summary {
 /// Sends the readings in `store` until nothing is pending and the sensor has finished, or
 /// `config.max_rounds` rounds have passed. Each reading is one keyed write through the wary
 /// runner (waits on `delay`, draws from `rng`), sharing `fleet` with any other runner of the
-/// device, one [`Transport::post`] per attempt.
+/// device, one [`Transport::send`] of one message per attempt, after [`Transport::open`]; the
+/// transport is closed at the end of every round. Replies are classified here, under the
+/// policy's Retry-After rules: the one place a device reads them.
 ///
 /// Between rounds that kept a reading the uplink pauses with [`RoundBackoff`]; a call that gave
 /// up because the server's Retry-After (`asked`) was longer than it could wait holds the whole
@@ -323,6 +333,9 @@ where
     let mut runner = Runner::new(policy, delay, EmbassyClock, rng).fleet(fleet).ledger(&mut *ledger);
     let transport = Mutex::<NoopRawMutex, _>::new(transport);
     let attempt_limit = config.attempt_limit;
+    // The one source of the Retry-After rules: the policy's.
+    let rules = policy.retry_after_rules();
+    let unreadable = Cell::new(0u32);
     // No send before this: a server's Retry-After that a call could not wait out.
     let mut hold_until: Option<Instant> = None;
     while summary.rounds < config.max_rounds {
@@ -355,12 +368,24 @@ where
             after = Some(record.id);
             let key = Key::from_parts(config.device, record.id.boot, record.id.seq);
             let body = payload(&record);
-            let (transport, body) = (&transport, &body);
+            let (transport, body, unreadable) = (&transport, &body, &unreadable);
             let result = runner
                 .call(Operation::KeyedWrite, key, |attempt| async move {
                     let hex = attempt.key.to_hex();
                     let limit = attempt.remaining.map_or(attempt_limit, |left| left.min(attempt_limit));
-                    transport.lock().await.post(&hex, body.as_bytes(), limit).await
+                    let mut transport = transport.lock().await;
+                    // `open` and `send` share the attempt's limit (see `Transport::open`).
+                    transport.open(limit).await?;
+                    // Filled by the transport; should one not, the message may have landed.
+                    let mut answers = [Err(Failure::Reset)];
+                    let message = Message { key: &hex, body: body.as_bytes() };
+                    transport.send(&[message], &mut answers, limit).await;
+                    let [answer] = answers;
+                    let (outcome, reading) = transport::outcome(&answer, rules);
+                    if reading.unreadable > 0 {
+                        unreadable.set(unreadable.get().saturating_add(1));
+                    }
+                    outcome.into_result()
                 })
                 .await;
             let verdict = match result {
@@ -407,6 +432,8 @@ where
                 break;
             }
         }
+        // The connection's life ends with the round: a pause may be long.
+        transport.lock().await.close().await;
         if landed > 0 {
             pause.reset();
         }
@@ -430,5 +457,6 @@ where
     summary.p95 = stats.percentile(95);
     summary.max = stats.max();
     summary.left = store.len().await;
+    summary.retry_after_unreadable = unreadable.get();
     summary
 }

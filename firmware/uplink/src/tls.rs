@@ -24,17 +24,17 @@ use core::net::SocketAddrV4;
 use embassy_net::Stack;
 use embassy_net::tcp::TcpSocket;
 use embassy_time::{Duration, Instant, with_deadline};
+use embedded_io_async::{ErrorType, Read, Write};
 use embedded_tls::pki::CertVerifier;
 use embedded_tls::{
     Aes128GcmSha256, Certificate, CertificateRef, CertificateVerifyRef, CryptoProvider, CryptoRngCore,
     MaxFragmentLength, NoClock, TlsCipherSuite, TlsConfig, TlsConnection, TlsContext, TlsError, TlsVerifier,
 };
 use rand_chacha::ChaCha20Rng;
-use wary::{Failure, retry_after::Rules};
 
-use crate::http::{self, Buffers, Handed, HttpError, Post, Response};
+use crate::http::{self, Buffers, Handed, HttpError, Post, Response, Timing};
 use crate::identity::Credential;
-use crate::transport::{Counts, Transport, outcome};
+use crate::transport::{Answer, Counts, Message, Transport, answer};
 
 /// The largest TLS 1.3 record body a server may send (2^14 bytes of plaintext, a content-type
 /// byte, up to 255 bytes of padding and tag): a read buffer this size takes any server's
@@ -166,14 +166,23 @@ fn handshake_failure(err: TlsError) -> HttpError {
     }
 }
 
+/// What a TLS exchange adds to its result for a measuring tool: the time of each phase, and
+/// embedded-tls's own error where one ended the exchange (the handshake's refusal, or a
+/// record after the request that could not be read), which [`HttpError`] names only by phase.
+#[derive(Clone, Copy, Debug, Default, defmt::Format)]
+pub struct Trace {
+    /// Where the time went.
+    pub timing: Timing,
+    /// embedded-tls's error, if one ended the exchange.
+    pub tls_error: Option<TlsError>,
+}
+
 /// Connects to `server`, runs the handshake against `pinned`, `POST`s `request` once and
 /// reads the reply's status and headers, within `limit` overall. Random bytes for the
 /// handshake come from `rng`.
 ///
-/// # Errors
-///
-/// An [`HttpError`] whose phase says how far the exchange got; every handshake failure is
-/// before the request was sent.
+/// Returns the result with its [`Trace`]; an error is an [`HttpError`] whose phase says how far
+/// the exchange got (every handshake failure is before the request was sent).
 #[allow(clippy::too_many_arguments)]
 pub async fn post_tls<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>(
     stack: Stack<'_>,
@@ -184,18 +193,24 @@ pub async fn post_tls<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD
     records: Records<'_>,
     pinned: &Pinned<'_>,
     rng: &mut ChaCha20Rng,
-) -> Result<Response, HttpError> {
+) -> (Result<Response, HttpError>, Trace) {
     let deadline = Instant::now().checked_add(limit).unwrap_or(Instant::MAX);
+    let mut trace = Trace::default();
     if !stack.is_link_up() || stack.config_v4().is_none() {
-        return Err(HttpError::NoNetwork);
+        return (Err(HttpError::NoNetwork), trace);
     }
     let (socket_rx, socket_tx, head) = buffers.parts();
-    let head_len = http::encode_head(request, pinned.server_name, head).await?;
+    let head_len = match http::encode_head(request, pinned.server_name, head).await {
+        Ok(len) => len,
+        Err(err) => return (Err(err), trace),
+    };
     let mut socket = TcpSocket::new(stack, socket_rx, socket_tx);
+    let started = Instant::now();
     if let Err(err) = http::connect(&mut socket, server, deadline).await {
         http::finish(&mut socket, false, deadline).await;
-        return Err(err);
+        return (Err(err), trace);
     }
+    trace.timing.connect_us = started.elapsed().as_micros();
     let mut config = TlsConfig::new().with_server_name(pinned.server_name);
     if let Some(max) = records.max_fragment {
         config = config.with_max_fragment_length(max);
@@ -203,12 +218,28 @@ pub async fn post_tls<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD
     let mut handed = Handed(&mut socket);
     let mut tls: TlsConnection<'_, _, Suite> = TlsConnection::new(&mut handed, records.read, records.write);
     let mut provider = Provider::new(rng, pinned.ca);
-    let result = match with_deadline(deadline, tls.open(TlsContext::new(&config, &mut provider))).await {
+    let handshake_at = Instant::now();
+    let opened = with_deadline(deadline, tls.open(TlsContext::new(&config, &mut provider))).await;
+    trace.timing.handshake_us = handshake_at.elapsed().as_micros();
+    let result = match opened {
         Err(_) => Err(HttpError::HandshakeTimeout),
-        Ok(Err(err)) => Err(handshake_failure(err)),
+        Ok(Err(err)) => {
+            trace.tls_error = Some(err);
+            Err(handshake_failure(err))
+        }
         // Finished without a verified certificate and signature: nobody was authenticated.
-        Ok(Ok(())) if !provider.authenticated() => Err(HttpError::Tls),
-        Ok(Ok(())) => http::send_and_read(&mut tls, head_len, request.body, head, deadline).await,
+        Ok(Ok(())) if !provider.authenticated() => {
+            trace.tls_error = Some(TlsError::InvalidCertificate);
+            Err(HttpError::Tls)
+        }
+        Ok(Ok(())) => {
+            let sent_at = Instant::now();
+            let mut watched = Watched { conn: &mut tls, error: None };
+            let reply = http::send_and_read(&mut watched, head_len, request.body, head, deadline).await;
+            trace.timing.request_us = sent_at.elapsed().as_micros();
+            trace.tls_error = watched.error;
+            reply
+        }
     };
     if result.is_ok() {
         // close_notify, so the server sees a clean end rather than a truncation.
@@ -219,7 +250,53 @@ pub async fn post_tls<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD
         Ok(reply) => defmt::debug!("https: {}", reply),
         Err(err) => defmt::debug!("https: {} in phase {}", err, err.phase()),
     }
-    result
+    (result, trace)
+}
+
+/// A connection that keeps the last error it returned: reqwless reduces a read error to its
+/// kind, and a tool measuring TLS wants embedded-tls's own.
+struct Watched<'c, C: ErrorType> {
+    conn: &'c mut C,
+    error: Option<C::Error>,
+}
+
+impl<C: ErrorType> ErrorType for Watched<'_, C> {
+    type Error = C::Error;
+}
+
+impl<C: ErrorType> Watched<'_, C>
+where
+    C::Error: Copy,
+{
+    /// `result`, its error kept.
+    fn keep<T>(&mut self, result: Result<T, C::Error>) -> Result<T, C::Error> {
+        result.inspect_err(|err| self.error = Some(*err))
+    }
+}
+
+impl<C: Read> Read for Watched<'_, C>
+where
+    C::Error: Copy,
+{
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
+        let result = self.conn.read(buf).await;
+        self.keep(result)
+    }
+}
+
+impl<C: Write> Write for Watched<'_, C>
+where
+    C::Error: Copy,
+{
+    async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+        let result = self.conn.write(buf).await;
+        self.keep(result)
+    }
+
+    async fn flush(&mut self) -> Result<(), Self::Error> {
+        let result = self.conn.flush().await;
+        self.keep(result)
+    }
 }
 
 /// Keyed writes as HTTPS `POST`s to one server, authenticated by a pinned CA.
@@ -227,7 +304,6 @@ pub struct TlsTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, 
     stack: Stack<'s>,
     server: SocketAddrV4,
     path: &'a str,
-    rules: Rules,
     pinned: Pinned<'a>,
     buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
     read: &'a mut [u8],
@@ -248,7 +324,6 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
         stack: Stack<'s>,
         server: SocketAddrV4,
         path: &'a str,
-        rules: Rules,
         pinned: Pinned<'a>,
         buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
         read: &'a mut [u8],
@@ -259,7 +334,6 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
             stack,
             server,
             path,
-            rules,
             pinned,
             buffers,
             read,
@@ -287,22 +361,31 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
 impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
     for TlsTransport<'_, '_, SOCKET_RX, SOCKET_TX, HEAD>
 {
-    async fn post(&mut self, key: &str, body: &[u8], limit: wary::Duration) -> Result<(), Failure> {
-        let request = Post { path: self.path, idempotency_key: key, body, credential: self.credential };
-        let records = Records { read: &mut *self.read, write: &mut *self.write, max_fragment: None };
-        let result = post_tls(
-            self.stack,
-            self.server,
-            &request,
-            limit.into(),
-            self.buffers,
-            records,
-            &self.pinned,
-            &mut self.rng,
-        )
-        .await;
-        let (outcome, reading) = outcome(&result, &self.rules);
-        self.counts.record(&result, &reading);
-        outcome.into_result()
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
+        // One connection and handshake per message, as over plain HTTP.
+        let deadline = Instant::now().saturating_add(limit.into());
+        for (message, slot) in messages.iter().zip(answers.iter_mut()) {
+            let request = Post {
+                path: self.path,
+                idempotency_key: message.key,
+                body: message.body,
+                credential: self.credential,
+            };
+            let records = Records { read: &mut *self.read, write: &mut *self.write, max_fragment: None };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (result, _) = post_tls(
+                self.stack,
+                self.server,
+                &request,
+                left,
+                self.buffers,
+                records,
+                &self.pinned,
+                &mut self.rng,
+            )
+            .await;
+            self.counts.record(&result);
+            *slot = answer(result);
+        }
     }
 }

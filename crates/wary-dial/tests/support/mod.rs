@@ -267,14 +267,15 @@ impl Read for Port {
                 if let Some(kind) = st.read_error.take() {
                     return Err(kind);
                 }
-                if let Some((bytes, next)) = st.stream.as_mut() {
-                    if !buf.is_empty() && !bytes.is_empty() {
-                        buf[0] = bytes[*next % bytes.len()];
-                        *next += 1;
-                        assert!(now < Instant::from_ticks(0) + HANG, "the chat reads a stream forever");
-                        MockDriver::get().advance(Duration::from_millis(1));
-                        return Ok(1);
-                    }
+                if let Some((bytes, next)) = st.stream.as_mut()
+                    && !buf.is_empty()
+                    && !bytes.is_empty()
+                {
+                    buf[0] = bytes[*next % bytes.len()];
+                    *next += 1;
+                    assert!(now < Instant::from_ticks(0) + HANG, "the chat reads a stream forever");
+                    MockDriver::get().advance(Duration::from_millis(1));
+                    return Ok(1);
                 }
                 let closed = st.closed;
                 match st.outbox.front_mut() {

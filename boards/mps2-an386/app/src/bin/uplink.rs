@@ -1,0 +1,374 @@
+//! The uplink application under QEMU: a sensor task pushes readings into the durable outbox on
+//! (emulated) NOR flash, and the uplink sends each one as a keyed HTTP/1.1 `POST` through the
+//! wary runner, over embassy-net on the LAN9118 (`-nic user,model=lan9118`), straight to the
+//! test cloud on the host (10.0.2.2 from the guest). It prints a summary and exits 0 once
+//! nothing is pending and the sensor is done.
+//!
+//! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
+//! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
+//! [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
+//! [reset_in_backoff=<boot>]`.
+//!
+//! - `device`: the 64-bit device id in every key, 16 hex digits or a decimal number
+//!   ([`parse_device_id`]). Required: without a valid one the firmware logs why and exits
+//!   non-zero, so a device never sends under a made-up identity.
+//! - `token`: the device's credential, 64 lowercase hex digits, sent as `Authorization: Bearer
+//!   <token>` on every attempt and never logged. Without it no `Authorization` header is sent;
+//!   a malformed one stops the firmware.
+//!
+//! The last three plan resets (`SYSRESETREQ`) in the given boot, to
+//! show that a reset loses no reading and applies none twice; QEMU restarts the program and the
+//! emulated flash survives:
+//!
+//! - `cut_write`: the `n`-th flash write after the outbox opened stops part-way (half its words
+//!   written, then one word only partly programmed), as when power fails during a write;
+//! - `reset_in_reply`: the first exchange still waiting for its reply after
+//!   [`REPLY_RESET_AFTER`] (the cloud holds replies after applying the write) resets the device:
+//!   the write landed, its reply never arrives;
+//! - `reset_in_backoff`: the first retry wait of at least [`BACKOFF_RESET_MIN`] resets the
+//!   device half-way through.
+//!
+//! Each planned reset logs a `RESET <kind>` line first. Without a plan, nothing resets.
+//! The boot number comes from the boot counter on flash; the jitter seed is the host's `seed`
+//! mixed with it, so each boot draws differently.
+
+#![no_std]
+#![no_main]
+
+use core::net::{Ipv4Addr, SocketAddrV4};
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use embassy_executor::Spawner;
+use embassy_futures::select::{Either, select};
+use embassy_time::{Delay, Duration, Instant, Timer};
+use embedded_hal_async::delay::DelayNs;
+use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
+use mps2_an386::flash::{self, PsramFlash, WORD_SIZE};
+use mps2_an386::{exit, exit_code, net};
+use rand_core::RngCore;
+use static_cell::{ConstStaticCell, StaticCell};
+use wary::{Failure, ledger::Ledger};
+use wary_outbox::{Config as OutboxConfig, Outbox};
+use wary_uplink::http::Buffers;
+use wary_uplink::transport::{Answer, Counts, Message};
+use wary_uplink::{
+    Config, Credential, FLEET, HttpTransport, PATH, POLICY, SplitMix64, Store, Transport, parse_device_id,
+    sense, uplink,
+};
+
+/// The host as seen from QEMU's user-mode network.
+const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+/// Readings the sensor makes in each boot, unless `readings=` says otherwise.
+const READINGS_PER_BOOT: u32 = 6;
+/// The boot counter in the first two pages of the emulated flash, the queue in the next eight.
+const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
+/// Generous: guest time runs slow on a busy host.
+const DHCP_LIMIT: Duration = Duration::from_secs(30);
+/// How long an exchange waits for its reply before a planned `reset_in_reply` fires. Replies
+/// from the host take milliseconds; only a reply the cloud holds takes this long.
+const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
+/// The shortest retry wait a planned `reset_in_backoff` cuts: below the policy's shortest
+/// first wait (half its 100 ms base), so the boot's first retry is cut, whatever the draws.
+const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
+
+type Flash = CutFlash<PsramFlash>;
+type NetBuffers = Buffers<1024, 1024, 1024>;
+
+static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
+static STORE: StaticCell<Store<Flash>> = StaticCell::new();
+
+#[embassy_executor::task]
+async fn sensor(store: &'static Store<Flash>, boot: u32, count: u32) {
+    let mut n = 0u32;
+    // A plausible room temperature that changes a little with every reading.
+    let sample = move || {
+        n = n.wrapping_add(1);
+        let wobble = (boot.wrapping_mul(131).wrapping_add(n.wrapping_mul(37)) % 500) as i32;
+        21_000 + wobble
+    };
+    sense(store, count, Duration::from_millis(60), sample).await;
+}
+
+/// What the host asked for.
+struct Args {
+    device: u64,
+    credential: Option<Credential>,
+    port: u16,
+    seed: u64,
+    readings: u32,
+    cut_write: Option<(u32, u32)>,
+    reset_in_reply: Option<u32>,
+    reset_in_backoff: Option<u32>,
+}
+
+/// The command line, or why it cannot be used.
+fn args() -> Result<Args, &'static str> {
+    let all = semihosting::experimental::env::args::<512>()
+        .map_err(|_| "the semihosting command line (QEMU -append) cannot be read")?;
+    let mut a = Args {
+        device: 0,
+        credential: None,
+        port: 0,
+        seed: 0,
+        readings: READINGS_PER_BOOT,
+        cut_write: None,
+        reset_in_reply: None,
+        reset_in_backoff: None,
+    };
+    let (mut device, mut port, mut seed) = (None, None, None);
+    for arg in &all {
+        let Ok(arg) = arg else { continue };
+        let Some((name, value)) = arg.split_once('=') else { continue };
+        match name {
+            "device" => {
+                device = Some(
+                    parse_device_id(value)
+                        .ok_or("device= is not 16 hex digits or a decimal 64-bit number")?,
+                );
+            }
+            // The value itself is never echoed: it is a secret.
+            "token" => {
+                a.credential =
+                    Some(Credential::from_token(value).ok_or("token= is not 64 lowercase hex digits")?);
+            }
+            "port" => port = value.parse().ok(),
+            "seed" => seed = value.parse().ok(),
+            "readings" => a.readings = value.parse().map_err(|_| "readings= is not a number")?,
+            "cut_write" => {
+                let bad = "cut_write= is not <boot>:<n>";
+                let (boot, n) = value.split_once(':').ok_or(bad)?;
+                a.cut_write = Some((boot.parse().map_err(|_| bad)?, n.parse().map_err(|_| bad)?));
+            }
+            "reset_in_reply" => {
+                a.reset_in_reply = Some(value.parse().map_err(|_| "reset_in_reply= is not a boot number")?);
+            }
+            "reset_in_backoff" => {
+                a.reset_in_backoff =
+                    Some(value.parse().map_err(|_| "reset_in_backoff= is not a boot number")?);
+            }
+            _ => {}
+        }
+    }
+    a.device = device.ok_or("no device= (the 64-bit device id) on the command line")?;
+    a.port = port.ok_or("no valid port= on the command line")?;
+    a.seed = seed.ok_or("no valid seed= on the command line")?;
+    Ok(a)
+}
+
+#[embassy_executor::main]
+async fn main(spawner: Spawner) {
+    let board = mps2_an386::init();
+    let args = match args() {
+        Ok(args) => args,
+        Err(why) => {
+            defmt::error!("cannot run: {=str} (QEMU -append)", why);
+            exit(exit_code::FAIL)
+        }
+    };
+    let Some(psram) = flash::take() else { exit(exit_code::FAIL) };
+
+    // The outbox first: its boot counter goes up before anything is sent.
+    let (outbox, report) = match Outbox::open(CutFlash { inner: psram }, OUTBOX).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            defmt::error!("the outbox does not open: {}", e.error);
+            exit(exit_code::FAIL)
+        }
+    };
+    let boot = report.boot;
+    defmt::info!(
+        "BOOT {=u32}: {=u32} pending, boot range reset {}, queue range reset {}, {=u32} foreign discarded",
+        boot,
+        report.pending,
+        report.boot_range_reset,
+        report.queue_range_reset,
+        report.foreign_discarded
+    );
+    // Whether a credential is set, never what it is.
+    defmt::info!(
+        "device {=u64:016x}, credential {=str}",
+        args.device,
+        if args.credential.is_some() { "set" } else { "none" }
+    );
+    if let Some((b, n)) = args.cut_write
+        && b == boot
+    {
+        CUT_AT.store(n, Ordering::Relaxed);
+    }
+    let store = STORE.init(Store::new(outbox));
+
+    let seed = SplitMix64::new(args.seed ^ u64::from(boot).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64();
+    if sensor(store, boot, args.readings).map(|t| spawner.spawn(t)).is_err() {
+        defmt::error!("could not spawn a task");
+        exit(exit_code::FAIL)
+    }
+    let started = Instant::now();
+    let stack = match net::bring_up(spawner, board.eth, seed, DHCP_LIMIT).await {
+        Ok(stack) => stack,
+        Err(err) => {
+            defmt::error!("network: {}", err);
+            exit(exit_code::FAIL)
+        }
+    };
+    defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
+
+    let server = SocketAddrV4::new(HOST, args.port);
+    let http =
+        HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
+    let mut transport = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
+    let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
+    let mut ledger = Ledger::<32>::new();
+    let config = Config::new(args.device);
+    let s =
+        uplink(&config, &POLICY, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
+            .await;
+    let counts: Counts = transport.inner.counts();
+    s.log(&store.counters().await, &counts);
+    if s.all_landed() {
+        exit(exit_code::PASS)
+    } else {
+        defmt::error!("{=u32} readings left, {=u32} failed", s.left, s.failed);
+        exit(exit_code::FAIL)
+    }
+}
+
+/// A planned reset while a reply is outstanding; otherwise the inner transport as it is.
+struct ResetInReply<T> {
+    inner: T,
+    armed: bool,
+}
+
+impl<T: Transport> Transport for ResetInReply<T> {
+    const BATCH: usize = T::BATCH;
+
+    async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
+        self.inner.open(limit).await
+    }
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
+        if !self.armed {
+            return self.inner.send(messages, answers, limit).await;
+        }
+        let key = messages.first().map_or("", |m| m.key);
+        match select(self.inner.send(messages, answers, limit), Timer::after(REPLY_RESET_AFTER)).await {
+            Either::First(()) => {}
+            Either::Second(()) => {
+                defmt::info!(
+                    "RESET reply: no reply after {=u64} ms, key={=str}",
+                    REPLY_RESET_AFTER.as_millis(),
+                    key
+                );
+                flash::reset()
+            }
+        }
+    }
+
+    async fn close(&mut self) {
+        self.inner.close().await;
+    }
+}
+
+/// A planned reset half-way through a retry wait; otherwise the inner delay as it is.
+struct ResetInBackoff<D> {
+    inner: D,
+    armed: bool,
+}
+
+impl<D: DelayNs> DelayNs for ResetInBackoff<D> {
+    async fn delay_ns(&mut self, ns: u32) {
+        let ms = u64::from(ns) / 1_000_000;
+        if self.armed && ms >= BACKOFF_RESET_MIN.as_millis() {
+            self.inner.delay_ns(ns / 2).await;
+            defmt::info!("RESET backoff: {=u64} ms into a {=u64} ms wait", ms / 2, ms);
+            flash::reset()
+        }
+        self.inner.delay_ns(ns).await;
+    }
+
+    async fn delay_us(&mut self, us: u32) {
+        let ms = u64::from(us) / 1_000;
+        if self.armed && ms >= BACKOFF_RESET_MIN.as_millis() {
+            self.inner.delay_us(us / 2).await;
+            defmt::info!("RESET backoff: {=u64} ms into a {=u64} ms wait", ms / 2, ms);
+            flash::reset()
+        }
+        self.inner.delay_us(us).await;
+    }
+
+    async fn delay_ms(&mut self, ms: u32) {
+        if self.armed && u64::from(ms) >= BACKOFF_RESET_MIN.as_millis() {
+            self.inner.delay_ms(ms / 2).await;
+            defmt::info!("RESET backoff: {=u32} ms into a {=u32} ms wait", ms / 2, ms);
+            flash::reset()
+        }
+        self.inner.delay_ms(ms).await;
+    }
+}
+
+/// The emulated flash, with a planned power cut part-way through one write: the
+/// [`CUT_AT`]-th write after it was armed (0: none).
+struct CutFlash<F> {
+    inner: F,
+}
+
+/// Which write after arming is cut; armed after the outbox opened, in the planned boot only.
+static CUT_AT: AtomicU32 = AtomicU32::new(0);
+/// Writes since [`CUT_AT`] was armed.
+static WRITES: AtomicU32 = AtomicU32::new(0);
+
+impl<F: ErrorType> ErrorType for CutFlash<F> {
+    type Error = F::Error;
+}
+
+impl<F: ReadNorFlash> ReadNorFlash for CutFlash<F> {
+    const READ_SIZE: usize = F::READ_SIZE;
+
+    async fn read(&mut self, offset: u32, bytes: &mut [u8]) -> Result<(), Self::Error> {
+        self.inner.read(offset, bytes).await
+    }
+
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+}
+
+impl<F: NorFlash> NorFlash for CutFlash<F> {
+    const WRITE_SIZE: usize = F::WRITE_SIZE;
+    const ERASE_SIZE: usize = F::ERASE_SIZE;
+
+    async fn erase(&mut self, from: u32, to: u32) -> Result<(), Self::Error> {
+        self.inner.erase(from, to).await
+    }
+
+    async fn write(&mut self, offset: u32, bytes: &[u8]) -> Result<(), Self::Error> {
+        let cut_at = CUT_AT.load(Ordering::Relaxed);
+        if cut_at == 0 {
+            return self.inner.write(offset, bytes).await;
+        }
+        let writes = WRITES.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        if writes != cut_at {
+            return self.inner.write(offset, bytes).await;
+        }
+        // Half the words written whole, the next one only partly programmed (its first half
+        // of bytes cleared as asked, the rest still erased), then the power goes.
+        let words = bytes.len() / WORD_SIZE;
+        let whole = (words / 2) * WORD_SIZE;
+        if whole > 0 {
+            let _ = self.inner.write(offset, &bytes[..whole]).await;
+        }
+        if let Some(word) = bytes.get(whole..whole + WORD_SIZE) {
+            let mut partial = [0xFFu8; WORD_SIZE];
+            partial[..WORD_SIZE / 2].copy_from_slice(&word[..WORD_SIZE / 2]);
+            let _ = self.inner.write(offset + whole as u32, &partial).await;
+        }
+        defmt::info!(
+            "RESET flash-write: write {=u32} cut after {=usize} of {=usize} bytes",
+            writes,
+            whole + WORD_SIZE / 2,
+            bytes.len()
+        );
+        flash::reset()
+    }
+}
+
+impl<F: MultiwriteNorFlash> MultiwriteNorFlash for CutFlash<F> {}

@@ -1,0 +1,356 @@
+//! On-target checks of `wary-uplink` with no peer process: what each exchange result means as
+//! an outcome; the round pause; how a verdict settles a reading; and the uplink loop over the
+//! durable outbox (on the emulated flash) against a scripted transport: the same key on every
+//! attempt, a 400 settled as failed, a Retry-After too long to wait holding the outbox for that
+//! long, and each attempt's time limit capped to the time left before the call's deadline; and
+//! the device credential in the request head of every attempt, in no `Debug` form, and absent
+//! when the device has none.
+
+#![no_std]
+#![no_main]
+
+use core::cell::RefCell;
+
+use core::fmt::Write as _;
+use embassy_executor::Spawner;
+use embassy_time::{Delay, Instant, Timer};
+use heapless::Vec;
+use mps2_an386::flash;
+use wary::{
+    Class, Draw, Duration, Failure, FleetBudget, GiveUp, Operation, Outcome, Policy, Preset, Verdict,
+    ledger::Ledger, retry_after::Rules,
+};
+use wary_outbox::{Config as OutboxConfig, Outbox};
+use wary_qemu::Tally;
+
+use wary_uplink::http::{self, HttpError, Post, Response};
+use wary_uplink::identity::{Credential, parse_device_id};
+use wary_uplink::transport::{Answer, Message, answer, failure, outcome};
+use wary_uplink::{Config, POLICY, Reading, RoundBackoff, Settle, SplitMix64, Store, Transport, uplink};
+
+const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
+
+/// A test credential (random, used nowhere else) and the header line it must produce.
+const TOKEN: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const AUTHORIZATION_LINE: &str =
+    "\r\nAuthorization: Bearer 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\r\n";
+
+/// Answers from a script, one per attempt (the last repeats); records what each attempt was
+/// given.
+struct Scripted {
+    script: &'static [Outcome],
+    /// How long an attempt takes before it answers.
+    takes: embassy_time::Duration,
+    sent: RefCell<Vec<Sent, 16>>,
+    /// Calls of `open` and `close`.
+    opened: usize,
+    closed: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Sent {
+    key: [u8; 32],
+    limit: Duration,
+    at: Instant,
+}
+
+impl Scripted {
+    fn new(script: &'static [Outcome], takes: embassy_time::Duration) -> Self {
+        Scripted { script, takes, sent: RefCell::new(Vec::new()), opened: 0, closed: 0 }
+    }
+
+    fn sent(&self) -> Vec<Sent, 16> {
+        self.sent.borrow().clone()
+    }
+}
+
+impl Transport for Scripted {
+    async fn open(&mut self, _limit: Duration) -> Result<(), Failure> {
+        self.opened += 1;
+        Ok(())
+    }
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: Duration) {
+        for (message, slot) in messages.iter().zip(answers.iter_mut()) {
+            let n = self.sent.borrow().len();
+            let mut k = [0u8; 32];
+            for (d, s) in k.iter_mut().zip(message.key.bytes()) {
+                *d = s;
+            }
+            let _ = self.sent.borrow_mut().push(Sent { key: k, limit, at: Instant::now() });
+            Timer::after(self.takes.min(limit.into())).await;
+            let last = self.script.len().saturating_sub(1);
+            *slot = match self.script.get(n.min(last)).copied().unwrap_or(Outcome::Ok) {
+                Outcome::Ok => Ok(reply(200, &[], None, true)),
+                Outcome::Failure(failure) => Err(failure),
+            };
+        }
+    }
+
+    async fn close(&mut self) {
+        self.closed += 1;
+    }
+}
+
+fn reply(status: u16, retry_after: &[&[u8]], date: Option<&[u8]>, body_complete: bool) -> Response {
+    let mut values = Vec::new();
+    for v in retry_after {
+        let _ = values.push(Vec::from_slice(v).unwrap_or_default());
+    }
+    Response {
+        status,
+        retry_after: values,
+        retry_after_dropped: 0,
+        date: date.and_then(|d| Vec::from_slice(d).ok()),
+        date_dropped: false,
+        body_complete,
+    }
+}
+
+const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
+const DATE_PLUS_5: &[u8] = b"Sun, 06 Nov 1994 08:49:42 GMT";
+
+#[embassy_executor::main]
+async fn main(_spawner: Spawner) {
+    let _board = mps2_an386::init();
+    let mut tally = Tally::new();
+    let rules = Rules::LENIENT;
+
+    // The credential: `Authorization: Bearer <token>` in the head of each attempt's request,
+    // exactly once; never in a Debug form; no such header without one.
+    let credential = Credential::from_token(TOKEN);
+    tally.check("a 64-hex-digit token is a credential", credential.is_some());
+    let post = Post {
+        path: "/readings",
+        idempotency_key: "574152590a3860010000000100000000",
+        body: b"{}",
+        credential: credential.as_ref(),
+    };
+    let mut every_attempt = true;
+    for _attempt in 0..3 {
+        let mut head = [0u8; 512];
+        let text = match http::encode_head(&post, "10.0.2.2:8080", &mut head).await {
+            Ok(n) => head.get(..n).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or(""),
+            Err(_) => "",
+        };
+        every_attempt &= text.matches("Authorization").count() == 1
+            && text.contains(AUTHORIZATION_LINE)
+            && text.contains("\r\nIdempotency-Key: 574152590a3860010000000100000000\r\n")
+            && text.ends_with("\r\n\r\n");
+    }
+    tally.check(
+        "credential: one Authorization: Bearer line with the whole token, every attempt",
+        every_attempt,
+    );
+    let mut shown: heapless::String<256> = heapless::String::new();
+    let _ = write!(shown, "{:?} {:?}", credential, post);
+    tally.check(
+        "credential: Debug of it and of the request shows no part of the token",
+        shown.contains("Credential(..)") && !shown.contains(&TOKEN[..8]) && !shown.contains(&TOKEN[56..]),
+    );
+    let anonymous = Post { credential: None, ..post };
+    let mut head = [0u8; 512];
+    let text = match http::encode_head(&anonymous, "10.0.2.2:8080", &mut head).await {
+        Ok(n) => head.get(..n).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or(""),
+        Err(_) => "",
+    };
+    tally.check(
+        "no credential: no Authorization header, the rest unchanged",
+        !text.is_empty() && !text.contains("Authorization") && text.contains("\r\nIdempotency-Key: "),
+    );
+    tally.check(
+        "a malformed token is refused",
+        Credential::from_token(&TOKEN[1..]).is_none() && Credential::from_token("Z").is_none(),
+    );
+    tally.check(
+        "a 16-hex-digit device id",
+        parse_device_id("574152590a386001") == Some(0x5741_5259_0a38_6001),
+    );
+    tally.check(
+        "a decimal device id; anything else refused",
+        parse_device_id("18446744073709551615") == Some(u64::MAX)
+            && parse_device_id("18446744073709551616").is_none()
+            && parse_device_id("0x2a").is_none()
+            && parse_device_id("").is_none(),
+    );
+
+    // What an exchange result means for the request.
+    tally.check(
+        "a 2xx is landed, whatever its body",
+        outcome(&Ok(reply(201, &[], None, false)), &rules).0 == Outcome::Ok,
+    );
+    tally.check(
+        "503 with Retry-After seconds",
+        outcome(&Ok(reply(503, &[b"2"], None, true)), &rules).0
+            == Outcome::status_after(503, Duration::from_secs(2)),
+    );
+    tally.check(
+        "429 with an HTTP-date Retry-After, measured against the reply's Date",
+        outcome(&Ok(reply(429, &[DATE_PLUS_5], Some(DATE), true)), &rules).0
+            == Outcome::status_after(429, Duration::from_secs(5)),
+    );
+    let (status_kept, reading) = outcome(&Ok(reply(503, &[b"soon"], None, true)), &rules);
+    tally.check(
+        "an unreadable Retry-After is ignored, the status kept",
+        status_kept.code() == Some(503) && status_kept.retry_after().is_none(),
+    );
+    tally.check(
+        "an unreadable Retry-After is counted, on the failure the ledger records too",
+        reading.unreadable == 1 && status_kept.failure().map(|f| f.unreadable_retry_after()) == Some(1),
+    );
+    let table = [
+        (HttpError::NoNetwork, Failure::Refused),
+        (HttpError::NoRoute, Failure::Refused),
+        (HttpError::Refused, Failure::Refused),
+        (HttpError::SendFailed, Failure::Refused),
+        (HttpError::ConnectTimeout, Failure::ConnectTimeout),
+        (HttpError::BadRequest, Failure::BadBody),
+        (HttpError::ResponseTimeout, Failure::ResponseTimeout),
+        (HttpError::Reset, Failure::Reset),
+        (HttpError::Closed, Failure::Reset),
+        (HttpError::Truncated, Failure::Reset),
+        (HttpError::Malformed, Failure::Reset),
+        (HttpError::HeadersTooLarge, Failure::Reset),
+    ];
+    let mut mapped = true;
+    for (err, expected) in table {
+        let got = failure(err);
+        mapped &= got == expected;
+        mapped &= outcome(&answer(Err(err)), &rules).0 == Outcome::Failure(expected);
+        // Never-sent failures are safe to resend on any write; the rest only with a key.
+        let retry_any = POLICY.classify(Operation::Write, &got.into()) == Class::Retry;
+        mapped &= retry_any != err.may_have_landed() || expected == Failure::BadBody;
+    }
+    tally.check("every exchange failure maps by whether it may have landed", mapped);
+
+    // The round pause: equal jitter, doubling from 500 ms, capped at 30 s, reset.
+    let mut b = RoundBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut ceilings_ok = true;
+    let mut within_ok = true;
+    for (raw, expected) in [0, u32::MAX, 0x9e37_79b9, 1, 12_345, u32::MAX / 3, 7, 0]
+        .into_iter()
+        .zip([500u32, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000])
+    {
+        let ceiling = b.ceiling(false);
+        let pause = b.next(Draw::unit(raw), false).as_millis();
+        ceilings_ok &= ceiling == Duration::from_millis(u64::from(expected));
+        within_ok &= pause >= expected / 2 && pause <= expected;
+    }
+    tally.check("round pause ceilings double from 500 ms to the 30 s cap", ceilings_ok);
+    tally.check("round pause within [ceiling/2, ceiling]", within_ok);
+    let mut lo = RoundBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut hi = lo;
+    let (a, z) = (lo.next(Draw::ZERO, false).as_millis(), hi.next(Draw::unit(u32::MAX), false).as_millis());
+    tally.check("round pause is jittered (draws 0 and max differ)", a == 250 && z > 250);
+    b.reset();
+    tally.check("round pause resets to 500 ms", b.ceiling(false) == Duration::from_millis(500));
+    tally.check("round pause one doubling longer while throttled", b.ceiling(true) == Duration::from_secs(1));
+
+    // How a verdict settles a reading.
+    tally.check("cancelled: kept", Settle::of(&Verdict::Cancelled) == Settle::Keep);
+    tally.check("gave_up: kept", Settle::of(&Verdict::GaveUp(GiveUp::Budget)) == Settle::Keep);
+    tally.check("unknown: kept", Settle::of(&Verdict::Unknown) == Settle::Keep);
+    tally.check("failed: removed", Settle::of(&Verdict::Failed) == Settle::Failed);
+    tally.check("ok: landed", Settle::of(&Verdict::Ok) == Settle::Landed);
+    tally.check(
+        "POLICY: 20 s deadline, 1 s min_attempt",
+        POLICY.deadline() == Some(Duration::from_secs(20)) && POLICY.min_attempt() == Duration::from_secs(1),
+    );
+
+    // The loop over the outbox on the emulated flash.
+    let Some(psram) = flash::take() else {
+        tally.check("the emulated flash is handed out", false);
+        tally.finish()
+    };
+    let outbox = match Outbox::open(psram, OUTBOX).await {
+        Ok((outbox, _)) => outbox,
+        Err(_) => {
+            tally.check("the outbox opens", false);
+            tally.finish()
+        }
+    };
+    let store = Store::new(outbox);
+    store.finish_sensing();
+    let config = Config::new(0x5741_5259_0a38_6001);
+    let fleet = FleetBudget::new(10, 500).unwrap_or_else(|_| tally.finish());
+
+    // A 503, then ok: one reading, two attempts with one key.
+    static RETRY_THEN_OK: [Outcome; 2] = [Outcome::status(503), Outcome::Ok];
+    let mut t = Scripted::new(&RETRY_THEN_OK, embassy_time::Duration::from_millis(1));
+    let _ = store.push(Reading { milli_celsius: 21_000 }).await;
+    let mut ledger = Ledger::<8>::new();
+    let s = uplink(&config, &POLICY, &fleet, Delay, SplitMix64::new(1), &mut t, &store, &mut ledger).await;
+    let sent = t.sent();
+    tally.check("503 then ok: landed after two attempts", s.landed == 1 && s.left == 0 && sent.len() == 2);
+    tally.check("503 then ok: the same key on both attempts", sent.len() == 2 && sent[0].key == sent[1].key);
+    tally.check(
+        "503 then ok: the transport opened for each attempt, closed after each round",
+        t.opened == 2 && t.closed == s.rounds as usize,
+    );
+
+    // A 400 fails at once and leaves the outbox.
+    static BAD_REQUEST: [Outcome; 1] = [Outcome::status(400)];
+    let mut t = Scripted::new(&BAD_REQUEST, embassy_time::Duration::from_millis(1));
+    let _ = store.push(Reading { milli_celsius: 21_001 }).await;
+    let s = uplink(&config, &POLICY, &fleet, Delay, SplitMix64::new(2), &mut t, &store, &mut ledger).await;
+    tally.check("400: one attempt, failed, removed", t.sent().len() == 1 && s.failed == 1 && s.left == 0);
+
+    // Retry-After longer than the call can wait (1 s against a 500 ms budget): the reading is
+    // kept, and nothing is sent for 1 s; the second reading waits too.
+    let ms = Duration::from_millis;
+    let Ok(policy) =
+        Policy::builder(Preset::Default).base(ms(100)).cap(ms(2_000)).budget(ms(500)).max_attempts(6).build()
+    else {
+        tally.check("test policy builds", false);
+        tally.finish()
+    };
+    static TOO_LONG: [Outcome; 2] = [Outcome::status_after(429, Duration::from_secs(1)), Outcome::Ok];
+    let mut t = Scripted::new(&TOO_LONG, embassy_time::Duration::from_millis(1));
+    let _ = store.push(Reading { milli_celsius: 21_002 }).await;
+    let _ = store.push(Reading { milli_celsius: 21_003 }).await;
+    let s = uplink(&config, &policy, &fleet, Delay, SplitMix64::new(3), &mut t, &store, &mut ledger).await;
+    let sent = t.sent();
+    let gap = match (sent.first(), sent.get(1)) {
+        (Some(a), Some(b)) => b.at.duration_since(a.at).as_millis(),
+        _ => 0,
+    };
+    defmt::info!(
+        "Retry-After 1 s over a 500 ms budget: {=usize} sends, {=u64} ms apart; {}",
+        sent.len(),
+        gap,
+        s
+    );
+    tally.check(
+        "retry-after too long: gave up once, held once, then both landed",
+        s.gave_up == 1 && s.held == 1 && s.landed == 2 && s.left == 0,
+    );
+    tally.check("retry-after too long: nothing sent for 1 s", sent.len() == 3 && gap >= 1_000);
+
+    // Each attempt's limit is the time left before the deadline (1.5 s here), never more.
+    let Ok(policy) = Policy::builder(Preset::Default)
+        .base(ms(100))
+        .cap(ms(200))
+        .budget(ms(1_000))
+        .max_attempts(6)
+        .deadline(ms(1_500))
+        .min_attempt(ms(100))
+        .build()
+    else {
+        tally.check("deadline policy builds", false);
+        tally.finish()
+    };
+    static TIMEOUTS: [Outcome; 1] = [Outcome::Failure(Failure::ResponseTimeout)];
+    let mut t = Scripted::new(&TIMEOUTS, embassy_time::Duration::from_millis(600));
+    let _ = store.push(Reading { milli_celsius: 21_004 }).await;
+    let mut one_round = config;
+    one_round.max_rounds = 1;
+    let s = uplink(&one_round, &policy, &fleet, Delay, SplitMix64::new(4), &mut t, &store, &mut ledger).await;
+    let sent = t.sent();
+    let limits_ok = sent.first().is_some_and(|a| a.limit == ms(1_500))
+        && sent.windows(2).all(|w| w[1].limit + Duration::from(w[1].at.duration_since(w[0].at)) <= ms(1_500));
+    defmt::info!("deadline 1.5 s: {=usize} attempts; {}", sent.len(), s);
+    tally.check("attempt limits: the first is the whole 1.5 s, each later one what is left", limits_ok);
+    tally.check("attempt limits: the call gave up and kept the reading", s.gave_up == 1 && s.left == 1);
+
+    tally.finish()
+}

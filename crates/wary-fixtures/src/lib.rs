@@ -1,0 +1,17 @@
+//! Test servers for wary's device runs under QEMU, on 127.0.0.1 (the guest reaches them as
+//! 10.0.2.2 through QEMU's user-mode network).
+//!
+//! - [`server`]: a listener with one thread accepting and one per connection, that hands back
+//!   what each connection saw when stopped.
+//! - [`request`]: the one HTTP/1.1 request reader, and the checks of the device's wire format.
+//! - [`faults`]: the network-fault server: one scripted reply (or reset, stall, trickle) per
+//!   path, for the firmware's `nettest`.
+//! - [`tls`]: a throwaway CA chain and TLS 1.3 servers for the TLS probe's cases.
+//!
+//! `cargo xtask net` and `cargo xtask tls` start these servers, run the firmware and check what
+//! the servers saw; the checks are tested here against hand-written requests over real sockets.
+
+pub mod faults;
+pub mod request;
+pub mod server;
+pub mod tls;
