@@ -97,7 +97,7 @@ pub const RESETS: Scenario = Scenario {
 /// little to a CI run.
 pub const GATEWAY_TLS: Scenario = Scenario {
     name: "gateway-tls",
-    faults: "503=0.1,seed=5",
+    faults: "503=0.2,429=0.05:ra=1,seed=3",
     readings: 15,
     plan: "",
     resets: &[],
