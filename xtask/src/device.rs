@@ -830,6 +830,26 @@ mod tests {
     }
 
     #[test]
+    fn the_gateways_counters_are_summed_by_name_and_label() {
+        let seen = GatewaySeen {
+            port: 1,
+            stderr: vec![],
+            metrics: lines(
+                "wary_gateway_calls_total{verdict=\"ok\"} 15\n\
+                 wary_gateway_calls_total{verdict=\"gave_up\"} 0\n\
+                 wary_gateway_refused_total{reason=\"unauthenticated\"} 2\n\
+                 wary_gateway_refused_total{reason=\"forbidden\"} 1\n\
+                 wary_gateway_refused_total{reason=\"full\"} 0",
+            ),
+        };
+        assert_eq!(seen.refused(), 3);
+        assert_eq!(seen.sum("wary_gateway_refused_total{reason=\"unauthenticated\"}"), 2);
+        assert_eq!(seen.sum("wary_gateway_calls_total"), 15);
+        let shown = seen.metrics_line();
+        assert!(shown.contains("verdict=\"ok\"} 15") && !shown.contains("gave_up"), "{shown}");
+    }
+
+    #[test]
     fn a_planned_reset_that_did_not_happen_fails() {
         let mut log = log_with_reply_key(&key_hex(1, 0));
         log.resets.clear();
