@@ -267,7 +267,7 @@ impl TlsRun {
         step("building the uplink with `--features tls`, a CA made for this run pinned in it");
         let dir = env::temp_dir().join(format!("wary-gateway-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut run = TlsRun {
+        let run = TlsRun {
             elf: dir.join("uplink-tls"),
             cert: dir.join("gateway.pem"),
             key: dir.join("gateway.key"),
@@ -304,7 +304,6 @@ impl TlsRun {
         )?;
         // The plain build of the next `build` puts its own ELF back in place.
         std::fs::copy(elf_path(firmware, "uplink"), &run.elf).context("keeping the TLS uplink's ELF")?;
-        run.elf = run.elf.clone();
         Ok(run)
     }
 }
