@@ -12,14 +12,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::env;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::harness::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
+use crate::harness::{
+    TARGET, build, describe_exit, elf_path, run_firmware_cargo, start_qemu, wait_with_timeout,
+};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// The device id the firmware is given on its command line (`device=`), in every key. Its low
@@ -45,6 +47,20 @@ pub struct Scenario {
     pub plan: &'static str,
     /// `RESET <kind>` lines expected, in order, with the boot each must happen in.
     pub resets: &'static [(&'static str, u32)],
+    /// How the device reaches the cloud.
+    pub route: Route,
+}
+
+/// How the device reaches the test cloud.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Plain HTTP, straight to the cloud.
+    Direct,
+    /// HTTPS through the gateway: the firmware built with its `tls` feature, a CA made for the
+    /// run pinned in it; the gateway (`wary-gateway`, TLS on, bearer credentials from a file
+    /// holding the SHA-256 of the device's token) checks the token and the key's device part
+    /// and forwards each reading to the cloud as one keyed call.
+    GatewayTls,
 }
 
 /// A storm at the HTTP and TCP level, no resets: 503s, 429s with Retry-After in seconds and as
@@ -59,6 +75,7 @@ pub const STORM: Scenario = Scenario {
     readings: 20,
     plan: "",
     resets: &[],
+    route: Route::Direct,
 };
 
 /// The same kind of storm, and three resets: in boot 1 power fails part-way through a flash
@@ -72,7 +89,27 @@ pub const RESETS: Scenario = Scenario {
     readings: 6,
     plan: "cut_write=1:5 reset_in_reply=2 reset_in_backoff=3",
     resets: &[("flash-write", 1), ("reply", 2), ("backoff", 3)],
+    route: Route::Direct,
 };
+
+/// The device over TLS through the gateway, with its token, to a lightly faulted cloud (the
+/// gateway's own upstream retries meet its 503s): 15 readings, no resets. Short, so it adds
+/// little to a CI run.
+pub const GATEWAY_TLS: Scenario = Scenario {
+    name: "gateway-tls",
+    faults: "503=0.2,429=0.05:ra=1,seed=3",
+    readings: 15,
+    plan: "",
+    resets: &[],
+    route: Route::GatewayTls,
+};
+
+/// The name the gateway's certificate carries and the TLS firmware expects (SNI and `Host`).
+const SERVER_NAME: &str = wary_fixtures::tls::SERVER_NAME;
+/// A token of the right form that the gateway does not know: the second, short gateway run.
+const WRONG_TOKEN: &str = "0000000000000000000000000000000000000000000000000000000000000bad";
+/// Readings of the wrong-token run: each must be refused (401, never retried) and reach nobody.
+const WRONG_TOKEN_READINGS: u32 = 2;
 
 /// Runs `scenario` and returns its report; the first line is `uplink: key=value …` (readings,
 /// landed, gave_up, mean, p95, resets), which the demo shows.
@@ -82,48 +119,36 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
     let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
-    step("building the test cloud (wary-cloud)");
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
-        .args(["build", "-p", "wary-cloud"])
-        .current_dir(root)
-        .status()
-        .context("cargo")?;
-    if !status.success() {
-        bail!("`cargo build -p wary-cloud` failed with {status}");
-    }
-    let target_dir = env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |d| root.join(d));
-    let cloud_bin = target_dir.join("debug").join("wary-cloud");
+    let bins = host_bins(root, scenario.route)?;
 
     step(&format!("device scenario `{}`: cloud faults `{}`", scenario.name, scenario.faults));
-    let mut cloud = Cloud::start(&cloud_bin, scenario.faults)?;
-    let seed = std::process::id();
-    let append = format!(
-        "device={DEVICE:016x} token={TOKEN} port={} seed={seed} readings={} {}",
-        cloud.port, scenario.readings, scenario.plan
-    );
-    let elf = elf_path(&firmware, "uplink");
-    let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
-    let started = Instant::now();
-    let extra = ["-nic", "user,model=lan9118", "-serial", "none", "-append", append.trim()];
-    let (mut qemu, mut printer) = start_qemu(elf_arg, &extra, Stdio::inherit(), Stdio::piped())?;
-    let log = printer.stdout.take().context("defmt-print stdout")?;
-    let reader = thread::spawn(move || {
-        let mut lines = vec![];
-        for line in BufReader::new(log).lines().map_while(Result::ok) {
-            // The per-exchange debug lines would drown the rest.
-            if !line.contains(" http: ") {
-                println!("    {line}");
-            }
-            lines.push(line);
+    let mut cloud = Cloud::start(&bins.cloud, scenario.faults)?;
+    let (elf, tls) = match scenario.route {
+        Route::Direct => (elf_path(&firmware, "uplink"), None),
+        Route::GatewayTls => {
+            let tls = TlsRun::prepare(&firmware)?;
+            (tls.elf.clone(), Some(tls))
         }
-        lines
-    });
-    let status = wait_with_timeout(&mut qemu, TIMEOUT)?;
-    let _ = printer.wait();
-    let lines = reader.join().unwrap_or_default();
+    };
+    let gateway = match &tls {
+        Some(tls) => Some(GatewayProc::start(&bins.gateway, tls, cloud.port)?),
+        None => None,
+    };
+    let port = gateway.as_ref().map_or(cloud.port, |g| g.port);
+    let started = Instant::now();
+    let (status, lines) = run_uplink(&elf, port, TOKEN, scenario.readings, scenario.plan, TIMEOUT)?;
+    let gateway_seen = gateway.map(GatewayProc::stop).transpose()?;
     let report = cloud.stop()?;
     let elapsed = started.elapsed().as_secs_f64();
+    if let Some(seen) = &gateway_seen
+        && let Some(line) = seen.stderr.iter().find(|line| shows_token(line))
+    {
+        bail!(
+            "{}: a gateway log line shows part of the device's credential: {:?}",
+            scenario.name,
+            line.replace(TOKEN, "…")
+        );
+    }
     match status {
         None => bail!("{}: QEMU still running after {} s; killed", scenario.name, TIMEOUT.as_secs()),
         Some(status) if !status.success() => {
@@ -140,7 +165,329 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     }
     let log = Log::read(&lines);
     let text = check(scenario, &log, &report)?;
-    Ok(format!("{text}\nwall time {elapsed:.1} s"))
+    let mut out = vec![text];
+    if let Some(seen) = &gateway_seen {
+        out.push(format!(
+            "route: the uplink over TLS 1.3 (CA pinned at build time, server name {SERVER_NAME}) with its bearer token, through wary-gateway on 127.0.0.1:{} to the cloud",
+            seen.port
+        ));
+        out.push(format!("gateway: {}", seen.metrics_line()));
+        if seen.refused() != 0 {
+            bail!("{}: the gateway refused {} of the device's requests", scenario.name, seen.refused());
+        }
+    }
+    if let Some(tls) = &tls {
+        out.push(wrong_token(&bins, tls)?);
+    }
+    out.push(format!("wall time {elapsed:.1} s"));
+    Ok(out.join("\n"))
+}
+
+/// The host programs a route needs, built (debug) in the root workspace.
+struct HostBins {
+    cloud: PathBuf,
+    gateway: PathBuf,
+}
+
+fn host_bins(root: &Path, route: Route) -> Result<HostBins> {
+    let packages: &[&str] = match route {
+        Route::Direct => &["-p", "wary-cloud"],
+        Route::GatewayTls => &["-p", "wary-cloud", "-p", "wary-gateway"],
+    };
+    step(&format!(
+        "building the host programs ({})",
+        packages.iter().filter(|p| **p != "-p").copied().collect::<Vec<_>>().join(", ")
+    ));
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .arg("build")
+        .args(packages)
+        .arg("--bins")
+        .current_dir(root)
+        .status()
+        .context("cargo")?;
+    if !status.success() {
+        bail!("`cargo build {}` failed with {status}", packages.join(" "));
+    }
+    let target_dir = env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |d| root.join(d));
+    let debug = target_dir.join("debug");
+    Ok(HostBins { cloud: debug.join("wary-cloud"), gateway: debug.join("wary-gateway") })
+}
+
+/// Runs the uplink ELF under QEMU against `port` on the host; its exit status (None: killed
+/// at `timeout`) and its decoded log lines.
+fn run_uplink(
+    elf: &Path,
+    port: u16,
+    token: &str,
+    readings: u32,
+    plan: &str,
+    timeout: Duration,
+) -> Result<(Option<std::process::ExitStatus>, Vec<String>)> {
+    let seed = std::process::id();
+    let append =
+        format!("device={DEVICE:016x} token={token} port={port} seed={seed} readings={readings} {plan}");
+    let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
+    let extra = ["-nic", "user,model=lan9118", "-serial", "none", "-append", append.trim()];
+    let (mut qemu, mut printer) = start_qemu(elf_arg, &extra, Stdio::inherit(), Stdio::piped())?;
+    let log = printer.stdout.take().context("defmt-print stdout")?;
+    let reader = thread::spawn(move || {
+        let mut lines = vec![];
+        for line in BufReader::new(log).lines().map_while(Result::ok) {
+            // The per-exchange debug lines would drown the rest.
+            if !line.contains(" http: ") {
+                println!("    {line}");
+            }
+            lines.push(line);
+        }
+        lines
+    });
+    let status = wait_with_timeout(&mut qemu, timeout)?;
+    let _ = printer.wait();
+    let lines = reader.join().unwrap_or_default();
+    Ok((status, lines))
+}
+
+/// The files of one TLS run: a throwaway chain made here (`wary_fixtures::tls::TestChain`),
+/// its root pinned in the uplink built with feature `tls`, the gateway's certificate (for
+/// [`SERVER_NAME`], issued by the chain's intermediate) and key, and the credentials file
+/// admitting [`DEVICE`] with the SHA-256 of [`TOKEN`]. All in a temporary folder removed on
+/// drop; the private keys never leave it.
+struct TlsRun {
+    dir: PathBuf,
+    elf: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    credentials: PathBuf,
+}
+
+impl TlsRun {
+    fn prepare(firmware: &Path) -> Result<TlsRun> {
+        use sha2::{Digest, Sha256};
+        step("building the uplink with `--features tls`, a CA made for this run pinned in it");
+        let dir = env::temp_dir().join(format!("wary-gateway-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let run = TlsRun {
+            elf: dir.join("uplink-tls"),
+            cert: dir.join("gateway.pem"),
+            key: dir.join("gateway.key"),
+            credentials: dir.join("credentials"),
+            dir,
+        };
+        let chain = wary_fixtures::tls::TestChain::new()?;
+        let ca = run.dir.join("pinned-ca.der");
+        std::fs::write(&ca, chain.root.der())?;
+        let (cert, key) = chain.leaf_pem(SERVER_NAME)?;
+        std::fs::write(&run.cert, cert)?;
+        std::fs::write(&run.key, key)?;
+        let digest: String = Sha256::digest(TOKEN.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(
+            &run.credentials,
+            format!("# the QEMU device of `cargo xtask qemu`\n{DEVICE:016x} {digest}\n"),
+        )?;
+        let ca_arg = ca.to_str().context("temp path is not UTF-8")?.to_owned();
+        // The whole workspace's features, as `build` resolves them, so nothing else rebuilds.
+        run_firmware_cargo(
+            firmware,
+            crate::harness::QEMU_BOARD,
+            &[
+                "build",
+                "--release",
+                "--locked",
+                "--workspace",
+                "--bin",
+                "uplink",
+                "--features",
+                "wary-qemu/tls",
+            ],
+            &[("WARY_CA_DER", ca_arg.as_str()), ("WARY_SERVER_NAME", SERVER_NAME)],
+        )?;
+        // The plain build of the next `build` puts its own ELF back in place.
+        std::fs::copy(elf_path(firmware, "uplink"), &run.elf).context("keeping the TLS uplink's ELF")?;
+        Ok(run)
+    }
+}
+
+impl Drop for TlsRun {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The gateway as a child process: TLS on, bearer credentials, upstream the test cloud, its
+/// metrics on a loopback port of its own.
+struct GatewayProc {
+    child: Child,
+    port: u16,
+    metrics: u16,
+    stderr: Option<thread::JoinHandle<Vec<String>>>,
+}
+
+/// What the gateway said and counted, once stopped.
+struct GatewaySeen {
+    port: u16,
+    stderr: Vec<String>,
+    /// The metrics' sample lines (no comments).
+    metrics: Vec<String>,
+}
+
+impl GatewayProc {
+    fn start(bin: &Path, tls: &TlsRun, upstream: u16) -> Result<GatewayProc> {
+        let path = |p: &Path| p.to_str().map(str::to_owned).context("temp path is not UTF-8");
+        let mut child = Command::new(bin)
+            .args(["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+            .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
+            .args(["--credentials", &path(&tls.credentials)?])
+            .args(["--tls-cert", &path(&tls.cert)?, "--tls-key", &path(&tls.key)?])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut err = BufReader::new(child.stderr.take().context("gateway stderr")?);
+        let (mut port, mut metrics) = (None, None);
+        let mut seen = vec![];
+        while port.is_none() {
+            let mut line = String::new();
+            if err.read_line(&mut line).context("reading the gateway's output")? == 0 {
+                bail!("the gateway stopped before it listened: {seen:?}");
+            }
+            let tail_port = |marker: &str| {
+                after(&line, marker).and_then(|rest| {
+                    rest.trim().trim_end_matches("/metrics").rsplit(':').next()?.parse().ok()
+                })
+            };
+            if line.contains("metrics on http://") {
+                metrics = tail_port("metrics on ");
+            }
+            if line.contains("listening on https://") {
+                port = tail_port("listening on ");
+            }
+            seen.push(line.trim_end().to_owned());
+        }
+        let stderr = thread::spawn(move || {
+            seen.extend(err.lines().map_while(Result::ok));
+            seen
+        });
+        Ok(GatewayProc {
+            child,
+            port: port.context("no port")?,
+            metrics: metrics.context("the gateway printed no metrics address")?,
+            stderr: Some(stderr),
+        })
+    }
+
+    /// Reads its metrics, then stops it.
+    fn stop(mut self) -> Result<GatewaySeen> {
+        let metrics = scrape(self.metrics)?;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let stderr = self.stderr.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        Ok(GatewaySeen { port: self.port, stderr, metrics })
+    }
+}
+
+impl Drop for GatewayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET /metrics` from the gateway's loopback metrics port: the sample lines.
+fn scrape(port: u16) -> Result<Vec<String>> {
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", port)).context("connecting to the gateway's metrics")?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).context("reading the gateway's metrics")?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok(body.lines().filter(|l| l.starts_with("wary_gateway_")).map(str::to_owned).collect())
+}
+
+impl GatewaySeen {
+    /// The sum of a counter's samples whose name and labels start with `prefix`.
+    fn sum(&self, prefix: &str) -> u64 {
+        self.metrics
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
+    }
+
+    fn refused(&self) -> u64 {
+        self.sum("wary_gateway_refused_total")
+    }
+
+    /// Calls by verdict and refusals by reason, the non-zero ones.
+    fn metrics_line(&self) -> String {
+        let shown: Vec<&str> = self
+            .metrics
+            .iter()
+            .filter(|l| {
+                l.starts_with("wary_gateway_calls_total") || l.starts_with("wary_gateway_refused_total")
+            })
+            .filter(|l| !l.ends_with(" 0"))
+            .map(String::as_str)
+            .collect();
+        if shown.is_empty() { "no calls, no refusals".into() } else { shown.join(", ") }
+    }
+}
+
+/// The same TLS uplink with a token the gateway does not know, against a calm cloud: every
+/// request must get 401 (a definitive failure on the device: no retry), the gateway must count
+/// the refusals, and the cloud must see no request at all.
+fn wrong_token(bins: &HostBins, tls: &TlsRun) -> Result<String> {
+    step(&format!(
+        "device scenario `gateway-tls`, second run: a wrong token, {WRONG_TOKEN_READINGS} readings"
+    ));
+    let mut cloud = Cloud::start(&bins.cloud, "seed=1")?;
+    let gateway = GatewayProc::start(&bins.gateway, tls, cloud.port)?;
+    let (status, lines) =
+        run_uplink(&tls.elf, gateway.port, WRONG_TOKEN, WRONG_TOKEN_READINGS, "", Duration::from_secs(120))?;
+    let seen = gateway.stop()?;
+    let report = cloud.stop()?;
+    let summary = Log::read(&lines).summary.unwrap_or_default();
+    let statuses: Vec<String> = lines
+        .iter()
+        .filter(|l| l.contains(wary::ledger::DEVICE_TAG))
+        .filter_map(|l| wary::ledger::parse_device_line(l).ok())
+        .map(|r| format!("{:?}", r.outcome))
+        .collect();
+    let requests = report["cloud"]["requests"].as_u64().unwrap_or(u64::MAX);
+    let unauthorized = seen.sum("wary_gateway_refused_total{reason=\"unauthenticated\"}");
+    let mut errors = vec![];
+    if status.is_none_or(|s| s.success()) {
+        errors.push(format!("the uplink should stop with readings failed, it ended {status:?}"));
+    }
+    if !summary.contains(&format!("landed=0 failed={WRONG_TOKEN_READINGS} ")) {
+        errors.push(format!("expected landed=0 failed={WRONG_TOKEN_READINGS}: {summary}"));
+    }
+    if statuses.len() != WRONG_TOKEN_READINGS as usize || statuses.iter().any(|o| !o.contains("401")) {
+        errors.push(format!("expected one attempt per reading, each answered 401: {statuses:?}"));
+    }
+    if requests != 0 {
+        errors.push(format!("the cloud saw {requests} requests, expected none"));
+    }
+    if unauthorized != u64::from(WRONG_TOKEN_READINGS) {
+        errors.push(format!(
+            "the gateway counted {unauthorized} unauthorized requests: {}",
+            seen.metrics_line()
+        ));
+    }
+    if let Some(line) = seen.stderr.iter().chain(&lines).find(|l| l.contains(&WRONG_TOKEN[48..])) {
+        errors.push(format!("a log line shows the token: {line:?}"));
+    }
+    if !errors.is_empty() {
+        bail!("device scenario `gateway-tls` (wrong token) failed:\n  {}", errors.join("\n  "));
+    }
+    Ok(format!(
+        "wrong token: {WRONG_TOKEN_READINGS} readings, each refused once ({}), failed on the device, none retried; gateway: {}; cloud requests 0",
+        statuses.join(", "),
+        seen.metrics_line()
+    ))
 }
 
 /// The test cloud as a child process: its address from its first line, its report (one JSON
@@ -442,8 +789,14 @@ mod tests {
         serde_json::json!({"keys": keys, "cloud": {"duplicates": {"keys": duplicates}}})
     }
 
-    const ONE_RESET: Scenario =
-        Scenario { name: "t", faults: "", readings: 1, plan: "", resets: &[("reply", 1)] };
+    const ONE_RESET: Scenario = Scenario {
+        name: "t",
+        faults: "",
+        readings: 1,
+        plan: "",
+        resets: &[("reply", 1)],
+        route: Route::Direct,
+    };
 
     fn log_with_reply_key(key: &str) -> Log {
         Log {
@@ -473,6 +826,26 @@ mod tests {
         // The write cut off by the reset must have landed and had its resend replayed.
         let not_replayed = report(&[((1, 0), 1, 0), ((2, 0), 1, 0)], 0);
         assert!(check(&ONE_RESET, &log, &not_replayed).unwrap_err().to_string().contains("cut off"));
+    }
+
+    #[test]
+    fn the_gateways_counters_are_summed_by_name_and_label() {
+        let seen = GatewaySeen {
+            port: 1,
+            stderr: vec![],
+            metrics: lines(
+                "wary_gateway_calls_total{verdict=\"ok\"} 15\n\
+                 wary_gateway_calls_total{verdict=\"gave_up\"} 0\n\
+                 wary_gateway_refused_total{reason=\"unauthenticated\"} 2\n\
+                 wary_gateway_refused_total{reason=\"forbidden\"} 1\n\
+                 wary_gateway_refused_total{reason=\"full\"} 0",
+            ),
+        };
+        assert_eq!(seen.refused(), 3);
+        assert_eq!(seen.sum("wary_gateway_refused_total{reason=\"unauthenticated\"}"), 2);
+        assert_eq!(seen.sum("wary_gateway_calls_total"), 15);
+        let shown = seen.metrics_line();
+        assert!(shown.contains("verdict=\"ok\"} 15") && !shown.contains("gave_up"), "{shown}");
     }
 
     #[test]

@@ -67,7 +67,11 @@ enum Verb {
         core_only: bool,
     },
     /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
-    Qemu,
+    Qemu {
+        /// Run one device scenario only (`storm`, `resets`, `gateway-tls`), nothing else.
+        #[arg(long)]
+        scenario: Option<String>,
+    },
     /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
     Size,
     /// The device's network stack under QEMU: LAN9118, DHCP, one HTTP exchange per scripted fault.
@@ -89,7 +93,8 @@ fn main() -> Result<()> {
         Verb::Mutants { files, shard, list, core_only } => {
             mutants::mutants(&root, &files, shard.as_deref(), list, core_only)
         }
-        Verb::Qemu => qemu::qemu(&root),
+        Verb::Qemu { scenario: None } => qemu::qemu(&root),
+        Verb::Qemu { scenario: Some(name) } => qemu::scenario(&root, &name),
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),
         Verb::Tls => tls::tls_probe(&root),

@@ -1,6 +1,7 @@
 //! `cargo xtask qemu` runs the firmware's on-target tests under QEMU (mps2-an386, Cortex-M4F),
 //! the network and flash tests, then the device scenarios (`crate::device`): the `uplink`
-//! firmware posting over its LAN9118 straight to the faulty test cloud, with and without resets; `cargo xtask size` prints what
+//! firmware posting over its LAN9118 straight to the faulty test cloud, with and without resets,
+//! and over TLS through the gateway (with a right and a wrong token); `cargo xtask size` prints what
 //! the firmware binaries take of flash and RAM, and the wary core's share. Both also build the
 //! nRF52840-DK application ([`board`]), which needs the board to run, so it is only compiled.
 //!
@@ -48,12 +49,30 @@ pub fn qemu(root: &Path) -> Result<()> {
     crate::cores::conformance_on_cores(root)?;
     crate::net::nettest(root)?;
     crate::flash::flashtest(root)?;
-    for scenario in [&crate::device::STORM, &crate::device::RESETS] {
-        let summary = crate::device::run(root, scenario)?;
-        step(&format!("device scenario `{}` passed", scenario.name));
-        println!("{summary}");
+    for scenario in SCENARIOS {
+        run_scenario(root, scenario)?;
     }
     board(root)
+}
+
+/// The device scenarios, in the order `qemu` runs them.
+const SCENARIOS: [&crate::device::Scenario; 3] =
+    [&crate::device::STORM, &crate::device::RESETS, &crate::device::GATEWAY_TLS];
+
+/// `cargo xtask qemu --scenario <name>`: one device scenario alone.
+pub fn scenario(root: &Path, name: &str) -> Result<()> {
+    let Some(scenario) = SCENARIOS.iter().find(|s| s.name == name) else {
+        let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+        bail!("no device scenario `{name}`; there are: {}", names.join(", "));
+    };
+    run_scenario(root, scenario)
+}
+
+fn run_scenario(root: &Path, scenario: &crate::device::Scenario) -> Result<()> {
+    let summary = crate::device::run(root, scenario)?;
+    step(&format!("device scenario `{}` passed", scenario.name));
+    println!("{summary}");
+    Ok(())
 }
 
 /// Builds the nRF52840-DK application (release, `--locked`) in its own workspace, plain and

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{Result, bail};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, Certificate, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
 
@@ -80,14 +82,28 @@ impl TestChain {
         issuer: &CertifiedIssuer<'static, KeyPair>,
         above: Option<&CertifiedIssuer<'static, KeyPair>>,
     ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+        let (cert, key) = Self::leaf_cert(name, issuer)?;
+        let mut chain = vec![cert.der().clone()];
+        chain.extend(above.map(|ca| ca.der().clone()));
+        Ok((chain, PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))))
+    }
+
+    /// A leaf for `name` issued by the intermediate, as a server that reads its files wants it
+    /// (the gateway's `--tls-cert` and `--tls-key`): the chain it sends as PEM (leaf, then the
+    /// intermediate) and its private key as PEM (PKCS#8). A device pinning [`TestChain::root`]
+    /// accepts it for `name`.
+    pub fn leaf_pem(&self, name: &str) -> Result<(String, String)> {
+        let (cert, key) = Self::leaf_cert(name, &self.intermediate)?;
+        Ok((format!("{}{}", cert.pem(), self.intermediate.pem()), key.serialize_pem()))
+    }
+
+    fn leaf_cert(name: &str, issuer: &CertifiedIssuer<'static, KeyPair>) -> Result<(Certificate, KeyPair)> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(vec![name.to_owned()])?;
         params.distinguished_name.push(DnType::CommonName, name);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let cert = params.signed_by(&key, issuer)?;
-        let mut chain = vec![cert.der().clone()];
-        chain.extend(above.map(|ca| ca.der().clone()));
-        Ok((chain, PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))))
+        Ok((cert, key))
     }
 
     /// One server configuration per case: name (the probe's command-line key), TLS config,
@@ -365,5 +381,31 @@ mod tests {
         assert!(!verify(
             TestChain::leaf(OTHER_NAME, &chain.intermediate, Some(&chain.intermediate)).unwrap()
         ));
+    }
+
+    /// The PEM files a server reads hold a chain (leaf, intermediate) that verifies up to the
+    /// root for its name, and a key that matches the leaf.
+    #[test]
+    fn the_pem_files_hold_a_chain_to_the_root_and_its_key() {
+        use rustls::pki_types::pem::PemObject;
+        let chain = TestChain::new().unwrap();
+        let (certs, key) = chain.leaf_pem(SERVER_NAME).unwrap();
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(certs.as_bytes()).collect::<Result<_, _>>().unwrap();
+        assert_eq!(certs.len(), 2);
+        assert_eq!(&certs[1], chain.intermediate.der());
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+        // rustls refuses a key that does not belong to the leaf.
+        tls13(&(certs.clone(), key)).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(chain.root.der().clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .unwrap();
+        let now = rustls::pki_types::UnixTime::now();
+        let named = |n: &'static str| rustls::pki_types::ServerName::try_from(n).unwrap();
+        assert!(verifier.verify_server_cert(&certs[0], &certs[1..], &named(SERVER_NAME), &[], now).is_ok());
+        assert!(verifier.verify_server_cert(&certs[0], &certs[1..], &named(OTHER_NAME), &[], now).is_err());
     }
 }

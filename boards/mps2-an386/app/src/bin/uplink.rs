@@ -2,7 +2,9 @@
 //! (emulated) NOR flash, and the uplink sends each one as a keyed HTTP/1.1 `POST` through the
 //! wary runner, over embassy-net on the LAN9118 (`-nic user,model=lan9118`), straight to the
 //! test cloud on the host (10.0.2.2 from the guest). It prints a summary and exits 0 once
-//! nothing is pending and the sensor is done.
+//! nothing is pending and the sensor is done. With feature `tls` it posts over HTTPS (TLS 1.3)
+//! instead, to a server whose certificate chain leads to the CA pinned at build time and names
+//! `WARY_SERVER_NAME` (build.rs): `cargo xtask qemu` runs it through the gateway that way.
 //!
 //! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
 //! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
@@ -49,11 +51,12 @@ use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
 use wary::{Failure, ledger::Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
+#[cfg(not(feature = "tls"))]
+use wary_uplink::HttpTransport;
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
 use wary_uplink::{
-    Config, Credential, FLEET, HttpTransport, PATH, POLICY, SplitMix64, Store, Transport, parse_device_id,
-    sense, uplink,
+    Config, Credential, FLEET, PATH, POLICY, SplitMix64, Store, Transport, parse_device_id, sense, uplink,
 };
 
 /// The host as seen from QEMU's user-mode network.
@@ -75,6 +78,19 @@ type Flash = CutFlash<PsramFlash>;
 type NetBuffers = Buffers<1024, 1024, 1024>;
 
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
+
+/// Feature `tls`: the name the server's certificate must carry (sent as SNI and `Host`), and
+/// the CA its chain must lead to, both fixed at build time (see build.rs).
+#[cfg(feature = "tls")]
+const SERVER_NAME: &str = env!("WARY_SERVER_NAME");
+#[cfg(feature = "tls")]
+static PINNED_CA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pinned-ca.der"));
+/// TLS record buffers: a whole record of any server, and one record of request.
+#[cfg(feature = "tls")]
+static TLS_READ: ConstStaticCell<[u8; wary_uplink::tls::MAX_RECORD]> =
+    ConstStaticCell::new([0; wary_uplink::tls::MAX_RECORD]);
+#[cfg(feature = "tls")]
+static TLS_WRITE: ConstStaticCell<[u8; 1024]> = ConstStaticCell::new([0; 1024]);
 static STORE: StaticCell<Store<Flash>> = StaticCell::new();
 
 #[embassy_executor::task]
@@ -213,8 +229,31 @@ async fn main(spawner: Spawner) {
     defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
 
     let server = SocketAddrV4::new(HOST, args.port);
+    #[cfg(not(feature = "tls"))]
     let http =
         HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
+    #[cfg(feature = "tls")]
+    let http = {
+        use rand_chacha::rand_core::SeedableRng;
+        // QEMU has no hardware RNG: the handshake's randomness comes from the host's seed and
+        // the boot, so no two boots share it (a real board seeds it from its RNG).
+        let mut bytes = [0u8; 32];
+        let mut draw = SplitMix64::new(seed ^ 0x746c_735f_7365_6564);
+        draw.fill_bytes(&mut bytes);
+        defmt::info!("TLS to {=str} (CA pinned at build time, {=usize} bytes)", SERVER_NAME, PINNED_CA.len());
+        let pinned = wary_uplink::tls::Pinned { ca: PINNED_CA, server_name: SERVER_NAME };
+        wary_uplink::tls::TlsTransport::new(
+            stack,
+            server,
+            PATH,
+            pinned,
+            BUFFERS.take(),
+            TLS_READ.take(),
+            TLS_WRITE.take(),
+            rand_chacha::ChaCha20Rng::from_seed(bytes),
+        )
+        .with_credential(args.credential.as_ref())
+    };
     let mut transport = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
