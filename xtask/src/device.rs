@@ -77,6 +77,15 @@ pub const RESETS: Scenario = Scenario {
 /// Runs `scenario` and returns its report; the first line is `uplink: key=value …` (readings,
 /// landed, gave_up, mean, p95, resets), which the demo shows.
 pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
+    let (lines, report, elapsed) = run_device(root, scenario)?;
+    let log = Log::read(&lines);
+    let text = check(scenario, &log, &report)?;
+    Ok(format!("{text}\nwall time {elapsed:.1} s"))
+}
+
+/// Builds and runs `scenario` to its end: the device's log lines (credential checked), the
+/// cloud's report and the host's seconds.
+pub(crate) fn run_device(root: &Path, scenario: &Scenario) -> Result<(Vec<String>, serde_json::Value, f64)> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
@@ -138,9 +147,7 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
             line.replace(TOKEN, "…")
         );
     }
-    let log = Log::read(&lines);
-    let text = check(scenario, &log, &report)?;
-    Ok(format!("{text}\nwall time {elapsed:.1} s"))
+    Ok((lines, report, elapsed))
 }
 
 /// The test cloud as a child process: its address from its first line, its report (one JSON
@@ -202,7 +209,7 @@ impl Drop for Cloud {
 
 /// What the firmware's log says, across its boots.
 #[derive(Debug, Default)]
-struct Log {
+pub(crate) struct Log {
     /// Boot numbers in the order they started.
     boots: Vec<u32>,
     /// Every reading accepted into the outbox, as (boot, seq).
@@ -218,7 +225,7 @@ struct Log {
 }
 
 impl Log {
-    fn read(lines: &[String]) -> Log {
+    pub(crate) fn read(lines: &[String]) -> Log {
         let mut log = Log::default();
         let mut open: BTreeMap<String, u32> = BTreeMap::new();
         for line in lines {
@@ -274,7 +281,7 @@ fn key_hex(boot: u32, seq: u32) -> String {
 }
 
 /// Checks the run against the cloud's report; returns the summary text.
-fn check(scenario: &Scenario, log: &Log, report: &serde_json::Value) -> Result<String> {
+pub(crate) fn check(scenario: &Scenario, log: &Log, report: &serde_json::Value) -> Result<String> {
     let summary = log.summary.as_deref().context("the firmware printed no SUMMARY line")?;
     let keys = report["keys"].as_object().context("no keys in the cloud's report")?;
     let mut errors = vec![];

@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod cores;
+mod crash_loop;
 mod demo;
 mod device;
 mod flash;
@@ -68,6 +69,9 @@ enum Verb {
     },
     /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
     Qemu,
+    /// The crash-loop device scenario alone under QEMU: eight boots that reset after their first
+    /// exchange, the waits before each first attempt and the cloud's requests per boot.
+    CrashLoop,
     /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
     Size,
     /// The device's network stack under QEMU: LAN9118, DHCP, one HTTP exchange per scripted fault.
@@ -90,6 +94,7 @@ fn main() -> Result<()> {
             mutants::mutants(&root, &files, shard.as_deref(), list, core_only)
         }
         Verb::Qemu => qemu::qemu(&root),
+        Verb::CrashLoop => crash_loop::run(&root).map(|text| println!("{text}")),
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),
         Verb::Tls => tls::tls_probe(&root),

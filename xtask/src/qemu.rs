@@ -53,6 +53,9 @@ pub fn qemu(root: &Path) -> Result<()> {
         step(&format!("device scenario `{}` passed", scenario.name));
         println!("{summary}");
     }
+    let crash_loop = crate::crash_loop::run(root)?;
+    step("device scenario `crash-loop` passed");
+    println!("{crash_loop}");
     board(root)
 }
 

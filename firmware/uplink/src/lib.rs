@@ -503,7 +503,8 @@ where
                 wait.as_millis(),
                 if throttled { " (fleet budget refuses retries)" } else { "" }
             );
-            mark = first_kept.map(|id| BackoffMark { id, step: u8::try_from(pause.step()).unwrap_or(u8::MAX) });
+            mark =
+                first_kept.map(|id| BackoffMark { id, step: u8::try_from(pause.step()).unwrap_or(u8::MAX) });
         }
         // On flash before the pause: a reset during it resumes from here.
         if let Err(e) = store.set_backoff(mark).await {

@@ -158,7 +158,9 @@ fn args() -> Result<Args, &'static str> {
                 a.reset_in_backoff =
                     Some(value.parse().map_err(|_| "reset_in_backoff= is not a boot number")?);
             }
-            "crash_loop" => a.crash_loop = value.parse().map_err(|_| "crash_loop= is not a number of boots")?,
+            "crash_loop" => {
+                a.crash_loop = value.parse().map_err(|_| "crash_loop= is not a number of boots")?
+            }
             "boot_base" => a.boot_base = Some(value.parse().map_err(|_| "boot_base= is not milliseconds")?),
             "boot_cap" => a.boot_cap = Some(value.parse().map_err(|_| "boot_cap= is not milliseconds")?),
             _ => {}
@@ -244,7 +246,7 @@ async fn main(spawner: Spawner) {
     let http =
         HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
     let reply = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
-    let mut transport = CrashAfterExchange { inner: reply, armed: boot <= args.crash_loop };
+    let mut transport = CrashAfterExchange { inner: reply, armed: boot <= args.crash_loop, sent: 0 };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
     let s =
@@ -297,10 +299,13 @@ impl<T: Transport> Transport for ResetInReply<T> {
 }
 
 /// A planned crash as soon as the boot's first exchange has its answer; otherwise the inner
-/// transport as it is.
+/// transport as it is. Either way the start of the boot's first exchange is logged
+/// (`EXCHANGE first`), so the order of a boot's events can be checked.
 struct CrashAfterExchange<T> {
     inner: T,
     armed: bool,
+    /// Requests handed to the transport in this boot.
+    sent: u32,
 }
 
 impl<T: Transport> Transport for CrashAfterExchange<T> {
@@ -311,13 +316,18 @@ impl<T: Transport> Transport for CrashAfterExchange<T> {
     }
 
     async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
+        if self.sent == 0 {
+            defmt::info!("EXCHANGE first at {=u64} ms", Instant::now().as_millis());
+        }
+        self.sent = self.sent.saturating_add(messages.len() as u32);
         self.inner.send(messages, answers, limit).await;
         if self.armed {
             let answered = answers.first().is_some_and(|a| a.is_ok());
             defmt::info!(
-                "RESET crash-loop: first exchange over at {=u64} ms (answered {=bool})",
+                "RESET crash-loop: first exchange over at {=u64} ms (answered {=bool}) requests={=u32}",
                 Instant::now().as_millis(),
-                answered
+                answered,
+                self.sent
             );
             flash::reset()
         }
