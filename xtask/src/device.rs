@@ -70,7 +70,9 @@ pub const RESETS: Scenario = Scenario {
     faults: "503=0.12,429=0.05:ra=1,reset_after_effect=0.05,stall=0.1:ms=2500,\
              truncated_reply=0.04,garbage_status=0.03,huge_header=0.03,seed=11",
     readings: 6,
-    plan: "cut_write=1:5 reset_in_reply=2 reset_in_backoff=3",
+    // Boots after a reset are unhealthy and wait before their first attempt: a small base
+    // keeps that wait to milliseconds here (the crash-loop scenario checks it).
+    plan: "cut_write=1:5 reset_in_reply=2 reset_in_backoff=3 boot_base=50",
     resets: &[("flash-write", 1), ("reply", 2), ("backoff", 3)],
 };
 
