@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod cores;
+mod crash_loop;
 mod demo;
 mod device;
 mod flash;
@@ -72,6 +73,9 @@ enum Verb {
         #[arg(long)]
         scenario: Option<String>,
     },
+    /// The crash-loop device scenario alone under QEMU: eight boots that reset after their first
+    /// exchange, the waits before each first attempt and the cloud's requests per boot.
+    CrashLoop,
     /// Flash and RAM of the firmware binaries (QEMU and nRF52840-DK).
     Size,
     /// The device's network stack under QEMU: LAN9118, DHCP, one HTTP exchange per scripted fault.
@@ -95,6 +99,7 @@ fn main() -> Result<()> {
         }
         Verb::Qemu { scenario: None } => qemu::qemu(&root),
         Verb::Qemu { scenario: Some(name) } => qemu::scenario(&root, &name),
+        Verb::CrashLoop => crash_loop::run(&root).map(|text| println!("{text}")),
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),
         Verb::Tls => tls::tls_probe(&root),

@@ -52,6 +52,9 @@ pub fn qemu(root: &Path) -> Result<()> {
     for scenario in SCENARIOS {
         run_scenario(root, scenario)?;
     }
+    let crash_loop = crate::crash_loop::run(root)?;
+    step("device scenario `crash-loop` passed");
+    println!("{crash_loop}");
     board(root)
 }
 

@@ -19,6 +19,11 @@
 //! doubling from [`REDIAL_BASE`] to [`REDIAL_CAP`] with each dial in a row that did not give a
 //! lasting session. A configuration the network refuses (the APN, the SIM) waits the longest
 //! ceiling every time: redialling cannot fix it, and a person has to.
+//!
+//! Across boots: the first dial of a boot after unhealthy ones waits first
+//! (`wary_uplink::health::BootWait`), and every dial takes one from the modem's
+//! [`DialCap`] (6 an hour by default), whose window is on flash in the outbox's boot record and
+//! is saved before the dial: a reset loop cannot dial faster than the cap.
 
 use core::cell::Cell;
 
@@ -30,8 +35,11 @@ use embassy_sync::signal::Signal;
 use embassy_time::{Duration, Instant, Timer, with_timeout};
 use rand_core::RngCore;
 use wary::{Backoff, Draw, Failure, Jitter};
-use wary_dial::{Chat, Class};
+use wary_dial::{Chat, Class, DialCap, DialWindow};
+use wary_uplink::Store;
 use wary_uplink::transport::{Answer, Message, Transport};
+
+use crate::Flash;
 
 /// How long PPP may take from `CONNECT` to an IPv4 address (LCP, PAP, IPCP), and to come back
 /// after the link went down mid-session.
@@ -95,7 +103,9 @@ impl Redial {
     }
 }
 
-/// Dials, runs PPP until it ends, hangs up, waits, and dials again, for ever.
+/// Dials, runs PPP until it ends, hangs up, waits, and dials again, for ever. The first dial
+/// waits `first_wait`; every dial is taken from the [`DialCap`] kept in `store`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     uart: &mut BufferedUarte<'static>,
     ppp: &mut embassy_net_ppp::Runner<'static>,
@@ -103,10 +113,38 @@ pub async fn run(
     mut chat: Chat<'_>,
     stack: Stack<'static>,
     mut rng: impl RngCore,
+    store: &'static Store<Flash>,
+    first_wait: Duration,
 ) -> ! {
     let mut redial = Redial::new();
     let mut dials = 0u32;
+    let cap = DialCap::DEFAULT;
+    // Uptime before this point counts as none: the cap only gets stricter for it.
+    let mut saved_at = Instant::now();
+    Timer::after(first_wait).await;
     loop {
+        let stored = store.dial_window().await;
+        let now = Instant::now();
+        let window = cap.age(
+            DialWindow { elapsed_ms: stored.elapsed_ms, dials: stored.dials },
+            now.saturating_duration_since(saved_at),
+        );
+        saved_at = now;
+        let taken = cap.take(window);
+        let save = taken.unwrap_or(window);
+        let saved = wary_outbox::DialWindow { elapsed_ms: save.elapsed_ms, dials: save.dials };
+        if let Err(e) = store.set_dial_window(saved).await {
+            defmt::error!("LINK saving the dial window failed: {}", e);
+        }
+        if let Err(wait) = taken {
+            defmt::warn!(
+                "LINK dial cap: {=u16} dials in this window already; next dial in {=u64} ms",
+                cap.max(),
+                wait.as_millis()
+            );
+            Timer::after(wait).await;
+            continue;
+        }
         dials = dials.saturating_add(1);
         let class = match chat.dial(uart).await {
             Ok(connected) => {

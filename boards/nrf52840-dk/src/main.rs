@@ -38,11 +38,13 @@ use embassy_nrf::{bind_interrupts, peripherals, rng, uarte};
 use embassy_time::{Delay, Duration, Timer};
 use panic_probe as _;
 use static_cell::{ConstStaticCell, StaticCell};
+use wary::Draw;
 use wary::ledger::Ledger;
 use wary_dial::{Apn, Chat};
 use wary_outbox::Outbox;
 #[cfg(not(feature = "tls"))]
 use wary_uplink::HttpTransport;
+use wary_uplink::health::BootWait;
 use wary_uplink::http::Buffers;
 use wary_uplink::{Config, Credential, FLEET, POLICY, Reading, SplitMix64, Store, offer, uplink};
 
@@ -149,11 +151,13 @@ async fn modem_task(
     mut ppp: embassy_net_ppp::Runner<'static>,
     stack: Stack<'static>,
     seed: u64,
+    store: &'static Store<Flash>,
+    first_wait: Duration,
 ) -> ! {
     let ppp_config =
         embassy_net_ppp::Config { username: PPP_USER.as_bytes(), password: PPP_PASSWORD.as_bytes() };
     let chat = Chat::new(wary_dial::Config::new(APN));
-    link::run(&mut uart, &mut ppp, ppp_config, chat, stack, SplitMix64::new(seed)).await
+    link::run(&mut uart, &mut ppp, ppp_config, chat, stack, SplitMix64::new(seed), store, first_wait).await
 }
 
 /// Reads the on-die temperature sensor every [`PERIOD`], for ever, and [`offer`]s each reading
@@ -228,6 +232,15 @@ async fn main(spawner: Spawner) {
     );
     defmt::info!("server {}:{=u16}, path {=str}", SERVER_IP, SERVER_PORT, PATH);
     let store: &'static Store<Flash> = STORE.init(Store::new(outbox));
+    // A device runs for ever: no round limit.
+    let config = Config { attempt_limit: ATTEMPT_LIMIT, max_rounds: u32::MAX, ..Config::new(device) };
+    // Before the boot's first dial: after unhealthy boots (counted on flash), a wait.
+    let first_wait = BootWait::after(
+        &config,
+        report.unhealthy_boots,
+        Draw::from_rng(&mut SplitMix64::new(redial_seed.rotate_left(17))),
+    );
+    first_wait.log(report.unhealthy_boots);
 
     // The modem's pins: TX P1.01, RX P1.02, on the DK's P1 header and used by nothing else on
     // the board. firmware/README.md lists the other free pins.
@@ -255,7 +268,8 @@ async fn main(spawner: Spawner) {
 
     for spawned in [
         net_task(net_runner).map(|t| spawner.spawn(t)),
-        modem_task(uart, ppp_runner, stack, redial_seed).map(|t| spawner.spawn(t)),
+        modem_task(uart, ppp_runner, stack, redial_seed, store, first_wait.wait.into())
+            .map(|t| spawner.spawn(t)),
         sensor_task(Temp::new(p.TEMP, Irqs), store).map(|t| spawner.spawn(t)),
     ] {
         if spawned.is_err() {
@@ -285,8 +299,6 @@ async fn main(spawner: Spawner) {
     };
     let mut transport = LinkAware::new(http, stack);
     let mut ledger = Ledger::<32>::new();
-    // A device runs for ever: no round limit.
-    let config = Config { attempt_limit: ATTEMPT_LIMIT, max_rounds: u32::MAX, ..Config::new(device) };
     let mut rng = SplitMix64::new(jitter_seed);
     loop {
         let s = uplink(&config, &POLICY, &FLEET, Delay, &mut rng, &mut transport, store, &mut ledger).await;

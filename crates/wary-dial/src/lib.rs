@@ -18,6 +18,7 @@
 mod fmt;
 
 mod apn;
+mod cap;
 mod chat;
 mod config;
 mod dtr;
@@ -26,6 +27,7 @@ mod outcome;
 mod stats;
 
 pub use apn::{Apn, ApnError, MAX_APN};
+pub use cap::{DialCap, DialCapError, DialWindow};
 pub use chat::Chat;
 pub use config::{Config, HangUp, MAX_ZERO_IO, MIN_GUARD, Timeouts};
 pub use dtr::{Dtr, DtrPin};

@@ -23,6 +23,12 @@
 //!   verdict of `ok` ([`Settlement::Landed`]) or `failed` ([`Settlement::Failed`]). A reading
 //!   that gave up, is unknown or was cancelled stays for a later round. Records can be settled
 //!   in any order.
+//! - **The last boots' history.** Beside the count, the boot record keeps how many boots in a
+//!   row ended unhealthy ([`OpenReport::unhealthy_boots`]; a boot counts as unhealthy from
+//!   open until [`Outbox::mark_healthy`]), how far the backoff of the oldest kept reading had
+//!   gone ([`BackoffMark`], handed back at open while that reading is pending), and the
+//!   modem's [`DialWindow`]. A device in a reset loop thus does not start every boot from no
+//!   backoff. Record version 2; a version 1 record reads as no history (see `boot.rs`).
 //! - **Refusal.** A full queue refuses a push and hands the entry back
 //!   ([`PushError::Full`]), counting the refusal; nothing is dropped silently.
 //! - **Damage.** At open, a range holding garbage, another format or a fresh emulator's zeros is
@@ -51,10 +57,10 @@
 //! to whole words) and one settle (the header rewritten in place), plus a page erase per page's
 //! worth of records. For a 14-byte reading on 4-byte words and 4 KiB pages (`tests/wear.rs`):
 //! 44 bytes written in 3 writes, and one page erase per about 118 readings. A boot writes one
-//! 28-byte boot record. There is no RAM cache: each operation reads the page markers and walks
+//! 44-byte boot record (with the history below). There is no RAM cache: each operation reads the page markers and walks
 //! the records it needs (about 1 KiB read per reading there, and a scan of every erased page
 //! at open), which is cheap on internal flash and on the small queues of a device. RAM is
-//! the outbox itself (168 bytes on a Cortex-M4, 96 of them the record buffer) and the futures
+//! the outbox itself (about 200 bytes on a Cortex-M4, 96 of them the record buffer) and the futures
 //! of the calls (about 300 bytes while a settle is awaited). A push's future also has room for
 //! the boot counter's write, which the push that starts a new boot makes: on the host
 //! (`tests/wear.rs`) it is 1,120 bytes, where a push that could not start a boot took 520.
@@ -69,9 +75,11 @@
 mod boot;
 mod entry;
 mod error;
+mod health;
 mod outbox;
 pub mod sim;
 
 pub use entry::{Entry, MAX_ENTRY_SIZE, Record, RecordId};
 pub use error::{Error, FlashFault, PushError};
+pub use health::{BackoffMark, DialWindow};
 pub use outbox::{Config, ConfigError, Counters, Damage, OpenError, OpenReport, Outbox, Pending, Settlement};

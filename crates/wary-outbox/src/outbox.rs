@@ -50,6 +50,7 @@ use sequential_storage::queue::{QueueConfig, QueueIterator, QueueStorage};
 use crate::boot::{BOOT_KEY, BOOT_RECORD_SIZE, BootRecord};
 use crate::entry::{self, Decoded, Entry, FRAME_SIZE, MAX_ENTRY_SIZE, MAX_RECORD_SIZE, Record, RecordId};
 use crate::error::{Error, FlashFault, PushError};
+use crate::health::{BackoffMark, DialWindow, Health};
 
 /// No cache: every operation reads what it needs from flash, so nothing in RAM can disagree
 /// with the flash after a cut, and the only RAM the queue needs is one record buffer.
@@ -172,6 +173,13 @@ pub struct OpenReport {
     pub foreign_discarded: u32,
     /// Pages that read as erased but were not, erased again before anything is written there.
     pub pages_scrubbed: u32,
+    /// Boots in a row before this one that ended unhealthy (never marked with
+    /// [`Outbox::mark_healthy`]); 0 after a healthy boot, on a fresh flash, and on a boot
+    /// record written before the outbox kept this count.
+    pub unhealthy_boots: u32,
+    /// How far the backoff of the oldest kept reading had gone, if that reading is still
+    /// pending (see [`Outbox::set_backoff`]).
+    pub backoff: Option<BackoffMark>,
 }
 
 impl OpenReport {
@@ -208,6 +216,8 @@ pub struct Outbox<F: NorFlash, E: Entry> {
     /// `None` once this boot has used every sequence number: the next push starts a new boot.
     next_seq: Option<u32>,
     pending: u32,
+    /// What the boot record on flash says about the last boots, as last written.
+    health: Health,
     counters: Counters,
     buf: Buf,
     _entry: PhantomData<fn() -> E>,
@@ -219,6 +229,8 @@ struct Scan {
     ours: u32,
     foreign: u32,
     newest_boot: u32,
+    /// The id looked for (a backoff mark's reading) is among ours.
+    found: bool,
 }
 
 /// A queue operation's failure, told apart where open needs to.
@@ -266,6 +278,7 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
             boot: 0,
             next_seq: Some(0),
             pending: 0,
+            health: Health::default(),
             counters: Counters::default(),
             buf: Buf([0; BUF_SIZE]),
             _entry: PhantomData,
@@ -284,6 +297,8 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
             queue_range_reset: None,
             foreign_discarded: 0,
             pages_scrubbed: 0,
+            unhealthy_boots: 0,
+            backoff: None,
         };
 
         let last = match self.read_boot_record().await? {
@@ -297,7 +312,9 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
         report.pages_scrubbed = self.scrub(self.boot_range.clone()).await?;
         let vouched = last.as_ref().is_some_and(|record| record.queue == queue_range);
 
-        let scan = match self.scan().await {
+        let before_health = last.as_ref().map(|record| record.health).unwrap_or_default();
+        let mark = before_health.backoff;
+        let scan = match self.scan(mark.map(|mark| mark.id)).await {
             Ok(scan) => Some(scan),
             Err(QueueFault::Flash(error)) => return Err(error),
             Err(QueueFault::Damaged) => None,
@@ -325,7 +342,15 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
 
         let before = last.map_or(0, |record| record.boot).max(scan.newest_boot);
         let boot = before.checked_add(1).ok_or(Error::BootsExhausted)?;
-        self.write_boot_record(&BootRecord { boot, queue: queue_range }).await?;
+        // This boot counts as unhealthy until it is marked healthy: a reset before then leaves
+        // the count one higher. A mark whose reading is gone is forgotten.
+        let health = Health {
+            unhealthy: before_health.unhealthy.saturating_add(1),
+            backoff: mark.filter(|_| scan.found),
+            dial: before_health.dial,
+        };
+        self.write_boot_record(&BootRecord { boot, queue: queue_range, health }).await?;
+        self.health = health;
 
         self.boot = boot;
         self.next_seq = Some(0);
@@ -337,6 +362,8 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
             self.counters.foreign_discarded.saturating_add(report.foreign_discarded);
         report.boot = boot;
         report.pending = scan.ours;
+        report.unhealthy_boots = before_health.unhealthy;
+        report.backoff = health.backoff;
         Ok(report)
     }
 
@@ -463,9 +490,72 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
     /// the next count is on flash (and reads back) before any record carries it.
     async fn next_boot(&mut self) -> Result<(), Error> {
         let boot = self.boot.checked_add(1).ok_or(Error::BootsExhausted)?;
-        self.write_boot_record(&BootRecord { boot, queue: self.queue_range.clone() }).await?;
+        let record = BootRecord { boot, queue: self.queue_range.clone(), health: self.health };
+        self.write_boot_record(&record).await?;
         self.boot = boot;
         self.next_seq = Some(0);
+        Ok(())
+    }
+
+    /// Marks this boot healthy: the count of unhealthy boots in a row goes back to 0 on flash.
+    /// Call it once the boot has shown it works (see the docs of the uplink for the rule); a
+    /// boot that resets before it is marked counts as unhealthy at the next open. True if it
+    /// wrote (false: the count was 0 already, nothing written).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`]; the count stays as it was.
+    pub async fn mark_healthy(&mut self) -> Result<bool, Error> {
+        if self.health.unhealthy == 0 {
+            return Ok(false);
+        }
+        self.write_health(Health { unhealthy: 0, ..self.health }).await?;
+        Ok(true)
+    }
+
+    /// Remembers on flash how far the backoff of the pending readings has gone (`None`: back
+    /// at the start, a round landed everything). Nothing is written when it is what flash
+    /// already holds, so a caller may call it after every round. [`OpenReport::backoff`] hands
+    /// it back after a reset while its reading is still pending.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`]; flash keeps the old mark.
+    pub async fn set_backoff(&mut self, mark: Option<BackoffMark>) -> Result<(), Error> {
+        let mark = mark.filter(|mark| mark.step > 0);
+        if self.health.backoff == mark {
+            return Ok(());
+        }
+        self.write_health(Health { backoff: mark, ..self.health }).await
+    }
+
+    /// The backoff mark as flash holds it now.
+    pub fn backoff(&self) -> Option<BackoffMark> {
+        self.health.backoff
+    }
+
+    /// Remembers the modem's dial window on flash (nothing written if unchanged).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`]; flash keeps the old window.
+    pub async fn set_dial_window(&mut self, window: DialWindow) -> Result<(), Error> {
+        if self.health.dial == window {
+            return Ok(());
+        }
+        self.write_health(Health { dial: window, ..self.health }).await
+    }
+
+    /// The modem's dial window as flash holds it now (as the last boot left it, at open).
+    pub fn dial_window(&self) -> DialWindow {
+        self.health.dial
+    }
+
+    /// Rewrites the boot record with this boot's count and `health`.
+    async fn write_health(&mut self, health: Health) -> Result<(), Error> {
+        let record = BootRecord { boot: self.boot, queue: self.queue_range.clone(), health };
+        self.write_boot_record(&record).await?;
+        self.health = health;
         Ok(())
     }
 
@@ -572,7 +662,7 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
     }
 
     /// One pass over the queue: how many records are ours, how many foreign, the newest boot.
-    async fn scan(&mut self) -> Result<Scan, QueueFault> {
+    async fn scan(&mut self, look_for: Option<RecordId>) -> Result<Scan, QueueFault> {
         let counters = &mut self.counters;
         let mut iter = self.queue.iter().await.map_err(|error| open_fault(counters, error))?;
         let mut scan = Scan::default();
@@ -583,6 +673,7 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
                 Decoded::Ours(record) => {
                     scan.ours = scan.ours.saturating_add(1);
                     scan.newest_boot = scan.newest_boot.max(record.id.boot);
+                    scan.found |= look_for == Some(record.id);
                 }
                 Decoded::Foreign => scan.foreign = scan.foreign.saturating_add(1),
             }

@@ -22,7 +22,7 @@ use common::{CONFIG, Flash, Reading, blank, open, pending};
 use embassy_futures::block_on;
 use proptest::prelude::*;
 use wary_outbox::sim::SimFlash;
-use wary_outbox::{Config, Damage, OpenReport, Outbox, PushError, Record, RecordId, Settlement};
+use wary_outbox::{BackoffMark, Config, Damage, OpenReport, Outbox, PushError, Record, RecordId, Settlement};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -519,4 +519,135 @@ proptest! {
             _ => cut_somewhere::<4, 128>(&script, share),
         }
     }
+}
+
+/// What the boot record's history says: unhealthy boots in a row, and the backoff mark.
+type History = (u32, Option<BackoffMark>);
+
+/// The history on flash as the interrupted run was told it: the last value whose write
+/// returned, and the value of the write in flight when the power went (either may be there).
+#[derive(Debug, Default)]
+struct HistoryModel {
+    committed: History,
+    in_flight: Option<History>,
+    boots: Vec<u32>,
+    ids: Vec<RecordId>,
+}
+
+impl HistoryModel {
+    fn writing(&mut self, next: History) {
+        self.in_flight = Some(next);
+    }
+    fn wrote(&mut self) {
+        if let Some(next) = self.in_flight.take() {
+            self.committed = next;
+        }
+    }
+}
+
+/// Boot 1 pushes readings A and B, marks A's backoff at step 1 then 2, and is marked healthy;
+/// boot 2 (not marked healthy) settles A and marks B at step 1; boot 3 opens. The power is cut
+/// after `budget` bytes; true if the run completed.
+fn history_run(flash: &mut Flash<'_>, budget: u64, model: &mut HistoryModel) -> bool {
+    flash.cut_after(budget);
+    let mark = |id: RecordId, step| Some(BackoffMark { id, step });
+    // Boot 1: a fresh flash, no history.
+    model.writing((1, None));
+    let Ok((mut outbox, report)) = block_on(Outbox::<_, Reading>::open(&mut *flash, CONFIG)) else {
+        return false;
+    };
+    model.wrote();
+    model.boots.push(report.boot);
+    assert_eq!((report.unhealthy_boots, report.backoff), (0, None));
+    for n in 0..2 {
+        match block_on(outbox.push(Reading::nth(n))) {
+            Ok(id) => model.ids.push(id),
+            Err(_) => return false,
+        }
+    }
+    let (a, b) = (model.ids[0], model.ids[1]);
+    for step in [1, 2] {
+        model.writing((1, mark(a, step)));
+        if block_on(outbox.set_backoff(mark(a, step))).is_err() {
+            return false;
+        }
+        model.wrote();
+    }
+    // Unchanged: nothing to write, so no cut point either.
+    block_on(outbox.set_backoff(mark(a, 2))).unwrap();
+    model.writing((0, mark(a, 2)));
+    if block_on(outbox.mark_healthy()).is_err() {
+        return false;
+    }
+    model.wrote();
+    assert!(!block_on(outbox.mark_healthy()).unwrap(), "healthy already: no second write");
+    drop(outbox);
+
+    // Boot 2: after a healthy boot, A's mark still holds (A is pending).
+    model.writing((1, mark(a, 2)));
+    let Ok((mut outbox, report)) = block_on(Outbox::<_, Reading>::open(&mut *flash, CONFIG)) else {
+        return false;
+    };
+    model.wrote();
+    model.boots.push(report.boot);
+    assert_eq!((report.unhealthy_boots, report.backoff), (0, mark(a, 2)));
+    if block_on(outbox.settle(a, Settlement::Landed)).is_err() {
+        return false;
+    }
+    model.writing((1, mark(b, 1)));
+    if block_on(outbox.set_backoff(mark(b, 1))).is_err() {
+        return false;
+    }
+    model.wrote();
+    drop(outbox);
+
+    // Boot 3: boot 2 ended unhealthy; B's mark holds.
+    model.writing((2, mark(b, 1)));
+    let Ok((_, report)) = block_on(Outbox::<_, Reading>::open(&mut *flash, CONFIG)) else {
+        return false;
+    };
+    model.wrote();
+    model.boots.push(report.boot);
+    assert_eq!((report.unhealthy_boots, report.backoff), (1, mark(b, 1)));
+    true
+}
+
+#[test]
+fn the_boots_history_survives_a_cut_at_every_byte() {
+    let mut cuts = 0u64;
+    loop {
+        let mut memory = blank();
+        let mut flash = Flash::new(&mut memory);
+        let mut model = HistoryModel::default();
+        if history_run(&mut flash, cuts, &mut model) {
+            assert_eq!(model.boots, vec![1, 2, 3]);
+            break;
+        }
+        assert!(flash.is_cut(), "cut at {cuts}: a step failed without a cut");
+        flash.power_on();
+        let (mut outbox, report) = open(&mut flash);
+        let last = model.boots.last().copied().unwrap_or(0);
+        assert!(report.boot > last, "cut at {cuts}: boot {} after {last}", report.boot);
+        assert_cut_is_not_damage(&report, last == 0, cuts);
+        // The history reads back as the last value written in full, or the one being written;
+        // a mark whose reading has landed is forgotten.
+        let pending_ids: Vec<RecordId> = pending(&mut outbox).iter().map(|r| r.id).collect();
+        let seen = (report.unhealthy_boots, report.backoff);
+        let visible = |(unhealthy, mark): History| (unhealthy, mark.filter(|m| pending_ids.contains(&m.id)));
+        let allowed: Vec<History> =
+            [Some(model.committed), model.in_flight].into_iter().flatten().map(visible).collect();
+        assert!(allowed.contains(&seen), "cut at {cuts}: history {seen:?}, expected one of {allowed:?}");
+        // Nothing pushed was lost to a history write.
+        for id in &model.ids {
+            let settled_a = model.boots.len() >= 2 && Some(id) == model.ids.first();
+            assert!(settled_a || pending_ids.contains(id), "cut at {cuts}: {id:?} lost");
+        }
+        // And the count goes on from what was read.
+        drop(outbox);
+        let (_, again) = open(&mut flash);
+        assert_eq!(again.unhealthy_boots, report.unhealthy_boots + 1, "cut at {cuts}");
+        cuts += 1;
+    }
+    println!("boot history: {cuts} cut points, each rebooted and checked");
+    assert!(cuts > 300, "{cuts}");
 }

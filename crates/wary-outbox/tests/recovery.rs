@@ -351,3 +351,35 @@ proptest! {
         works_after(&mut flash);
     }
 }
+
+#[test]
+fn unchanged_history_writes_nothing_and_a_settled_mark_is_forgotten() {
+    let mut memory = common::blank();
+    let mut flash = common::Flash::new(&mut memory);
+    let (mut outbox, report) = common::open(&mut flash);
+    assert_eq!((report.unhealthy_boots, report.backoff), (0, None));
+    let a = embassy_futures::block_on(outbox.push(common::Reading::nth(0))).unwrap();
+    let mark = Some(wary_outbox::BackoffMark { id: a, step: 3 });
+    embassy_futures::block_on(outbox.set_backoff(mark)).unwrap();
+    assert_eq!(embassy_futures::block_on(outbox.mark_healthy()), Ok(true));
+    drop(outbox);
+    let before = flash.stats();
+    {
+        let (mut outbox, report) = common::open(&mut flash);
+        assert_eq!((report.unhealthy_boots, report.backoff), (0, mark));
+        embassy_futures::block_on(outbox.set_backoff(mark)).unwrap();
+        embassy_futures::block_on(outbox.set_dial_window(wary_outbox::DialWindow::default())).unwrap();
+        assert_eq!(embassy_futures::block_on(outbox.mark_healthy()), Ok(true));
+        assert_eq!(embassy_futures::block_on(outbox.mark_healthy()), Ok(false));
+        embassy_futures::block_on(outbox.settle(a, wary_outbox::Settlement::Landed)).unwrap();
+    }
+    let after_first = flash.stats();
+    // Each record write is two flash writes (the map's item header, then the record). The
+    // open wrote its boot record, mark_healthy one more, the settle one: the unchanged
+    // mark, the unchanged dial window and the second mark_healthy wrote nothing.
+    assert_eq!(after_first.writes - before.writes, 2 + 2 + 1, "{before:?} {after_first:?}");
+    // The mark's reading has landed: the next boot has no mark, and was healthy before.
+    let (outbox, report) = common::open(&mut flash);
+    assert_eq!((report.unhealthy_boots, report.backoff), (0, None));
+    assert_eq!(outbox.backoff(), None);
+}

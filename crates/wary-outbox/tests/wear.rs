@@ -145,7 +145,9 @@ fn flash_wear_per_delivered_reading() {
     drop(outbox);
     let boot = diff(stats.get(), before);
     print("one open (a boot), empty queue", per(boot, 1));
-    assert!(boot.bytes_written > 0 && boot.bytes_written <= 36 && boot.pages_erased == 0, "{boot:?}");
+    // The 35-byte boot record (count, queue range, the last boots' history) and the map's
+    // 8-byte item header, padded to whole words.
+    assert!(boot.bytes_written > 0 && boot.bytes_written <= 44 && boot.pages_erased == 0, "{boot:?}");
     assert_eq!(part.stats().bits_not_set, 0, "never asked NOR to set a bit");
 }
 
@@ -173,7 +175,8 @@ fn ram_footprint() {
     println!("future of push                   {push:>5} bytes");
     println!("future of settle                 {settle:>5} bytes");
     println!("future of next_after             {next:>5} bytes");
-    // The buffer is the bulk of the struct; the rest is a few words.
-    assert!(outbox_size >= buffer && outbox_size <= buffer + 96, "{outbox_size}");
+    // The buffer is the bulk of the struct; the rest is a few words and the boot record's
+    // history (unhealthy boots, backoff mark, dial window).
+    assert!(outbox_size >= buffer && outbox_size <= buffer + 128, "{outbox_size}");
     assert_eq!(buffer, 96);
 }

@@ -16,6 +16,10 @@
 //!   (500 ms to 30 s, reset when a round lands something, one doubling longer while the fleet
 //!   budget refuses retries); a server's Retry-After that a call could not wait out
 //!   (`GiveUp::RetryAfterTooLong { asked }`) holds the whole outbox for `asked`.
+//! - **Across resets** ([`health`]): a kept round remembers on flash how far its pause had
+//!   gone, and the first round after a reset waits the next step's pause, never zero; boots
+//!   that end unhealthy in a row make the next boot wait before its first network attempt
+//!   ([`health::BootWait`]).
 //! - **Deadline**: [`POLICY`] bounds each call to 20 s; each attempt's exchange is limited to
 //!   the time left before it, and to [`Config::attempt_limit`].
 //! - **A full outbox refuses the new reading and counts the refusal**; the sensor keeps its
@@ -30,6 +34,7 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod health;
 pub mod http;
 pub mod identity;
 pub mod store;
@@ -49,7 +54,7 @@ use wary::{
     Backoff, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Jitter, Key, Operation, Policy,
     Preset, Runner, Verdict, ledger::Ledger,
 };
-use wary_outbox::Settlement;
+use wary_outbox::{BackoffMark, Settlement};
 
 pub use identity::{Credential, parse_device_id};
 
@@ -111,11 +116,20 @@ pub struct Config {
     /// Rounds after which the uplink stops even if readings remain (a safety stop for tests;
     /// `u32::MAX` on a device that runs for ever).
     pub max_rounds: u32,
+    /// The base of the wait before a boot's first network attempt after unhealthy boots
+    /// ([`health::BootWait`]).
+    pub boot_base: Duration,
+    /// The longest such wait.
+    pub boot_cap: Duration,
+    /// Uptime after which a landed reading marks the boot healthy.
+    pub healthy_after: Duration,
 }
 
 impl Config {
     /// Readings from `device`: 5 s per exchange at most; between rounds that kept a reading a
-    /// jittered pause doubling from 500 ms up to 30 s; a stop after 60 rounds.
+    /// jittered pause doubling from 500 ms up to 30 s; a stop after 60 rounds; after unhealthy
+    /// boots a first wait from 10 s doubling up to 15 minutes; healthy after 60 s up and a
+    /// landed reading.
     pub const fn new(device: u64) -> Self {
         Config {
             device,
@@ -123,6 +137,9 @@ impl Config {
             round_base: Duration::from_millis(500),
             round_cap: Duration::from_secs(30),
             max_rounds: 60,
+            boot_base: Duration::from_secs(10),
+            boot_cap: Duration::from_secs(15 * 60),
+            healthy_after: Duration::from_secs(60),
         }
     }
 }
@@ -163,6 +180,17 @@ impl RoundBackoff {
     /// Back to `base`: a round landed something.
     pub fn reset(&mut self) {
         self.step = 0;
+    }
+
+    /// Pauses taken in a row so far (what [`RoundBackoff::resume`] takes back).
+    pub const fn step(&self) -> u32 {
+        self.step
+    }
+
+    /// Picks up after `step` pauses in a row (from before a reset): the next pause is the one
+    /// after them.
+    pub fn resume(&mut self, step: u32) {
+        self.step = step;
     }
 }
 
@@ -338,6 +366,20 @@ where
     let unreadable = Cell::new(0u32);
     // No send before this: a server's Retry-After that a call could not wait out.
     let mut hold_until: Option<Instant> = None;
+    // A reset does not start the pause over: while the reading it was kept for is pending, the
+    // first round waits the pause after the last one taken.
+    if let Some(mark) = store.backoff().await {
+        pause.resume(u32::from(mark.step));
+        let wait = pause.next(Draw::from_rng(&mut pause_rng), false);
+        defmt::info!(
+            "RESUME backoff of reading {} after {=u8} kept rounds: first round in {=u32} ms",
+            mark.id,
+            mark.step,
+            wait.as_millis()
+        );
+        Timer::after(wait.into()).await;
+    }
+    let mut healthy = false;
     while summary.rounds < config.max_rounds {
         if store.is_empty().await {
             if store.sensing_done() {
@@ -354,6 +396,7 @@ where
         let mut kept = 0u32;
         let mut landed = 0u32;
         let mut after = None;
+        let mut first_kept = None;
         loop {
             let record = match store.next_after(after).await {
                 Ok(Some(record)) => record,
@@ -409,6 +452,15 @@ where
                     summary.landed = summary.landed.saturating_add(1);
                     landed = landed.saturating_add(1);
                     defmt::info!("LANDED boot={=u32:08x} seq={=u32}", record.id.boot, record.id.seq);
+                    if !healthy && Instant::now().as_millis() >= u64::from(config.healthy_after.as_millis()) {
+                        match store.mark_healthy().await {
+                            Ok(_) => {
+                                healthy = true;
+                                defmt::info!("HEALTHY: boot {=u32} marked healthy", boot);
+                            }
+                            Err(e) => defmt::error!("marking the boot healthy failed: {}", e),
+                        }
+                    }
                 }
                 Settle::Failed => {
                     summary.failed = summary.failed.saturating_add(1);
@@ -416,6 +468,7 @@ where
                 }
                 Settle::Keep => {
                     kept = kept.saturating_add(1);
+                    first_kept = first_kept.or(Some(record.id));
                     match verdict {
                         Verdict::GaveUp(_) => summary.gave_up = summary.gave_up.saturating_add(1),
                         Verdict::Cancelled => summary.cancelled = summary.cancelled.saturating_add(1),
@@ -437,9 +490,12 @@ where
         if landed > 0 {
             pause.reset();
         }
+        let mut mark = None;
+        let mut pause_wait = Duration::ZERO;
         if kept > 0 {
             let throttled = !fleet.allows_retry();
             let wait = pause.next(Draw::from_rng(&mut pause_rng), throttled);
+            pause_wait = wait;
             defmt::info!(
                 "round {=u32} kept {=u32}: next round in {=u32} ms{=str}",
                 summary.rounds,
@@ -447,7 +503,15 @@ where
                 wait.as_millis(),
                 if throttled { " (fleet budget refuses retries)" } else { "" }
             );
-            Timer::after(wait.into()).await;
+            mark =
+                first_kept.map(|id| BackoffMark { id, step: u8::try_from(pause.step()).unwrap_or(u8::MAX) });
+        }
+        // On flash before the pause: a reset during it resumes from here.
+        if let Err(e) = store.set_backoff(mark).await {
+            defmt::error!("remembering the backoff failed: {}", e);
+        }
+        if kept > 0 {
+            Timer::after(pause_wait.into()).await;
         }
     }
     let stats = runner.ledger_ref().stats();

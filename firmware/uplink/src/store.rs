@@ -15,7 +15,9 @@ use embassy_sync::mutex::Mutex;
 use embassy_sync::signal::Signal;
 use embassy_time::{Duration, Timer};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
-use wary_outbox::{Counters, Entry, Error, Outbox, PushError, Record, RecordId, Settlement};
+use wary_outbox::{
+    BackoffMark, Counters, DialWindow, Entry, Error, Outbox, PushError, Record, RecordId, Settlement,
+};
 
 /// One sensor reading as it waits on flash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, defmt::Format)]
@@ -121,6 +123,44 @@ impl<F: MultiwriteNorFlash> Store<F> {
     /// The outbox's counters (accepted, refused, settled, flash errors, damage found).
     pub async fn counters(&self) -> Counters {
         self.outbox.lock().await.counters()
+    }
+
+    /// How far the backoff of the oldest kept reading had gone, as flash holds it (at open:
+    /// what the last boot left, if that reading is still pending).
+    pub async fn backoff(&self) -> Option<BackoffMark> {
+        self.outbox.lock().await.backoff()
+    }
+
+    /// Remembers on flash how far the backoff has gone (nothing written if unchanged).
+    ///
+    /// # Errors
+    ///
+    /// A flash error: flash keeps the old mark.
+    pub async fn set_backoff(&self, mark: Option<BackoffMark>) -> Result<(), Error> {
+        self.outbox.lock().await.set_backoff(mark).await
+    }
+
+    /// Marks this boot healthy on flash; true if it wrote (false: healthy already).
+    ///
+    /// # Errors
+    ///
+    /// A flash error: the boot still counts as unhealthy.
+    pub async fn mark_healthy(&self) -> Result<bool, Error> {
+        self.outbox.lock().await.mark_healthy().await
+    }
+
+    /// The modem's dial window as flash holds it.
+    pub async fn dial_window(&self) -> DialWindow {
+        self.outbox.lock().await.dial_window()
+    }
+
+    /// Remembers the modem's dial window on flash (nothing written if unchanged).
+    ///
+    /// # Errors
+    ///
+    /// A flash error: flash keeps the old window.
+    pub async fn set_dial_window(&self, window: DialWindow) -> Result<(), Error> {
+        self.outbox.lock().await.set_dial_window(window).await
     }
 
     /// Waits until a reading was pushed since the last wait.

@@ -9,7 +9,7 @@
 //! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
 //! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
 //! [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
-//! [reset_in_backoff=<boot>]`.
+//! [reset_in_backoff=<boot>] [crash_loop=<boots>] [boot_base=<ms>] [boot_cap=<ms>]`.
 //!
 //! - `device`: the 64-bit device id in every key, 16 hex digits or a decimal number
 //!   ([`parse_device_id`]). Required: without a valid one the firmware logs why and exits
@@ -30,6 +30,11 @@
 //! - `reset_in_backoff`: the first retry wait of at least [`BACKOFF_RESET_MIN`] resets the
 //!   device half-way through.
 //!
+//! - `crash_loop`: in each of the first `boots` boots, the device resets as soon as the boot's
+//!   first exchange has its answer (before the reading is settled), as a device whose firmware
+//!   crashes shortly after it connects. `boot_base` and `boot_cap` set the wait before a boot's
+//!   first network attempt after unhealthy boots ([`wary_uplink::health`]), in milliseconds.
+//!
 //! Each planned reset logs a `RESET <kind>` line first. Without a plan, nothing resets.
 //! The boot number comes from the boot counter on flash; the jitter seed is the host's `seed`
 //! mixed with it, so each boot draws differently.
@@ -49,10 +54,11 @@ use mps2_an386::flash::{self, PsramFlash, WORD_SIZE};
 use mps2_an386::{exit, exit_code, net};
 use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
-use wary::{Failure, ledger::Ledger};
+use wary::{Draw, Failure, ledger::Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
 #[cfg(not(feature = "tls"))]
 use wary_uplink::HttpTransport;
+use wary_uplink::health::BootWait;
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
 use wary_uplink::{
@@ -115,6 +121,9 @@ struct Args {
     cut_write: Option<(u32, u32)>,
     reset_in_reply: Option<u32>,
     reset_in_backoff: Option<u32>,
+    crash_loop: u32,
+    boot_base: Option<u64>,
+    boot_cap: Option<u64>,
 }
 
 /// The command line, or why it cannot be used.
@@ -130,6 +139,9 @@ fn args() -> Result<Args, &'static str> {
         cut_write: None,
         reset_in_reply: None,
         reset_in_backoff: None,
+        crash_loop: 0,
+        boot_base: None,
+        boot_cap: None,
     };
     let (mut device, mut port, mut seed) = (None, None, None);
     for arg in &all {
@@ -162,6 +174,11 @@ fn args() -> Result<Args, &'static str> {
                 a.reset_in_backoff =
                     Some(value.parse().map_err(|_| "reset_in_backoff= is not a boot number")?);
             }
+            "crash_loop" => {
+                a.crash_loop = value.parse().map_err(|_| "crash_loop= is not a number of boots")?
+            }
+            "boot_base" => a.boot_base = Some(value.parse().map_err(|_| "boot_base= is not milliseconds")?),
+            "boot_cap" => a.boot_cap = Some(value.parse().map_err(|_| "boot_cap= is not milliseconds")?),
             _ => {}
         }
     }
@@ -218,6 +235,19 @@ async fn main(spawner: Spawner) {
         defmt::error!("could not spawn a task");
         exit(exit_code::FAIL)
     }
+    let mut config = Config::new(args.device);
+    if let Some(ms) = args.boot_base {
+        config.boot_base = wary::Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.boot_cap {
+        config.boot_cap = wary::Duration::from_millis(ms);
+    }
+    // Before the first network attempt (the link's bring-up included): a boot after unhealthy
+    // ones waits.
+    let first = BootWait::after(&config, report.unhealthy_boots, Draw::from_rng(&mut SplitMix64::new(seed)));
+    first.log(report.unhealthy_boots);
+    Timer::after(first.wait.into()).await;
+    defmt::info!("FIRST_WAIT over at {=u64} ms", Instant::now().as_millis());
     let started = Instant::now();
     let stack = match net::bring_up(spawner, board.eth, seed, DHCP_LIMIT).await {
         Ok(stack) => stack,
@@ -254,14 +284,14 @@ async fn main(spawner: Spawner) {
         )
         .with_credential(args.credential.as_ref())
     };
-    let mut transport = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
+    let reply = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
+    let mut transport = CrashAfterExchange { inner: reply, armed: boot <= args.crash_loop, sent: 0 };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
-    let config = Config::new(args.device);
     let s =
         uplink(&config, &POLICY, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
             .await;
-    let counts: Counts = transport.inner.counts();
+    let counts: Counts = transport.inner.inner.counts();
     s.log(&store.counters().await, &counts);
     if s.all_landed() {
         exit(exit_code::PASS)
@@ -299,6 +329,46 @@ impl<T: Transport> Transport for ResetInReply<T> {
                 );
                 flash::reset()
             }
+        }
+    }
+
+    async fn close(&mut self) {
+        self.inner.close().await;
+    }
+}
+
+/// A planned crash as soon as the boot's first exchange has its answer; otherwise the inner
+/// transport as it is. Either way the start of the boot's first exchange is logged
+/// (`EXCHANGE first`), so the order of a boot's events can be checked.
+struct CrashAfterExchange<T> {
+    inner: T,
+    armed: bool,
+    /// Requests handed to the transport in this boot.
+    sent: u32,
+}
+
+impl<T: Transport> Transport for CrashAfterExchange<T> {
+    const BATCH: usize = T::BATCH;
+
+    async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
+        self.inner.open(limit).await
+    }
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
+        if self.sent == 0 {
+            defmt::info!("EXCHANGE first at {=u64} ms", Instant::now().as_millis());
+        }
+        self.sent = self.sent.saturating_add(messages.len() as u32);
+        self.inner.send(messages, answers, limit).await;
+        if self.armed {
+            let answered = answers.first().is_some_and(|a| a.is_ok());
+            defmt::info!(
+                "RESET crash-loop: first exchange over at {=u64} ms (answered {=bool}) requests={=u32}",
+                Instant::now().as_millis(),
+                answered,
+                self.sent
+            );
+            flash::reset()
         }
     }
 

@@ -2,7 +2,8 @@
 //! an outcome; the round pause; how a verdict settles a reading; and the uplink loop over the
 //! durable outbox (on the emulated flash) against a scripted transport: the same key on every
 //! attempt, a 400 settled as failed, a Retry-After too long to wait holding the outbox for that
-//! long, and each attempt's time limit capped to the time left before the call's deadline; and
+//! long, each attempt's time limit capped to the time left before the call's deadline, a kept
+//! round's backoff mark on flash and the wait it makes the next run resume with; and
 //! the device credential in the request head of every attempt, in no `Debug` form, and absent
 //! when the device has none.
 
@@ -341,7 +342,7 @@ async fn main(_spawner: Spawner) {
     };
     static TIMEOUTS: [Outcome; 1] = [Outcome::Failure(Failure::ResponseTimeout)];
     let mut t = Scripted::new(&TIMEOUTS, embassy_time::Duration::from_millis(600));
-    let _ = store.push(Reading { milli_celsius: 21_004 }).await;
+    let kept = store.push(Reading { milli_celsius: 21_004 }).await;
     let mut one_round = config;
     one_round.max_rounds = 1;
     let s = uplink(&one_round, &policy, &fleet, Delay, SplitMix64::new(4), &mut t, &store, &mut ledger).await;
@@ -351,6 +352,27 @@ async fn main(_spawner: Spawner) {
     defmt::info!("deadline 1.5 s: {=usize} attempts; {}", sent.len(), s);
     tally.check("attempt limits: the first is the whole 1.5 s, each later one what is left", limits_ok);
     tally.check("attempt limits: the call gave up and kept the reading", s.gave_up == 1 && s.left == 1);
+
+    // That round kept the reading: its backoff is on flash, where the next boot finds it.
+    let mark = store.backoff().await;
+    tally.check(
+        "a kept round marks its backoff on flash: the kept reading, step 1",
+        matches!((mark, kept), (Some(m), Ok(id)) if m.id == id && m.step == 1),
+    );
+    // The next run, as after a reset, resumes: its first send waits at least the floor of the
+    // next step's pause (step 2: half of 2 × 500 ms), never zero.
+    static LANDS: [Outcome; 1] = [Outcome::Ok];
+    let mut t = Scripted::new(&LANDS, embassy_time::Duration::from_millis(1));
+    let started = Instant::now();
+    let s = uplink(&one_round, &POLICY, &fleet, Delay, SplitMix64::new(5), &mut t, &store, &mut ledger).await;
+    let waited = t.sent().first().map_or(0, |a| a.at.duration_since(started).as_millis());
+    defmt::info!("resumed backoff: first send after {=u64} ms; {}", waited, s);
+    tally.check("resumed backoff: the first send waits step 2's floor (500 ms) at least", waited >= 500);
+    tally.check("resumed backoff: the reading landed, and the mark is cleared", s.landed == 1 && s.left == 0);
+    tally.check(
+        "resumed backoff: a round that keeps nothing clears the mark",
+        store.backoff().await.is_none(),
+    );
 
     tally.finish()
 }
