@@ -308,7 +308,7 @@ impl Policy {
     /// A 32-bit fingerprint of every setting, recorded in ledgers so a replay can tell that a
     /// record was made under another policy (FNV-1a over the settings in a fixed, explicit
     /// encoding, so a device and a laptop agree; not cryptographic). It starts with the version
-    /// of that encoding ([`POLICY_ENCODING`]), which changes when a setting is added or encoded
+    /// of that encoding (`POLICY_ENCODING`), which changes when a setting is added or encoded
     /// otherwise; a change of the ledger's line format that leaves the settings alone (version
     /// 3's key layout) keeps every fingerprint. Worked out once, when the policy is built:
     /// reading it costs nothing per record.

@@ -12,7 +12,7 @@
 ///   is now the whole device id: a version 2 key read as a version 3 one would name a device
 ///   that does not exist.
 ///
-/// The policy's fingerprint does not hash this version but [`POLICY_ENCODING`]: a policy's
+/// The policy's fingerprint does not hash this version but `POLICY_ENCODING`: a policy's
 /// settings are encoded as they were in version 2, so the same policy keeps its fingerprint
 /// across line versions.
 pub const LEDGER_VERSION: u32 = 3;
