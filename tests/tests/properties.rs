@@ -250,6 +250,7 @@ proptest! {
                 Jitter::Full => prop_assert!(w < c),
                 Jitter::None => prop_assert_eq!(w, c),
                 Jitter::Decorrelated => prop_assert!(base <= w && w <= cap),
+                Jitter::Coap => prop_assert!(c <= w && w <= c + c / 2),
             }
             previous = wait;
         }
