@@ -212,6 +212,12 @@ fn grid() -> Vec<Case> {
             policy: Policy::builder(Preset::Strict).build().unwrap(),
             ra_ms: 1000,
         },
+        Case {
+            name: "coap",
+            kind: Kind::Invariants(Preset::Coap),
+            policy: Policy::builder(Preset::Coap).build().unwrap(),
+            ra_ms: 1000,
+        },
     ]
 }
 
@@ -234,6 +240,13 @@ fn preset_retries(preset: Preset, s: Sym, op: Operation) -> bool {
             _ => false,
         },
         Preset::Basic => model_classify(s, op) == ModelClass::Retry,
+        // CoAP's table: 4.29 (and a connection never made) for any operation; 5.00, 5.02,
+        // 5.03, 5.04, no ACK and a reset when idempotent.
+        Preset::Coap => match (s, code) {
+            (_, Some(429)) | (Sym::ConnectTimeout, _) => true,
+            (_, Some(500 | 502 | 503 | 504)) | (Sym::Timeout | Sym::Reset, _) => idempotent,
+            _ => false,
+        },
     }
 }
 
@@ -269,17 +282,20 @@ fn check_invariants(
             assert!(!ambiguous, "unkeyed write resent: {}", ctx());
         }
         let c = cap.min(base.saturating_mul(1 << i));
+        // CoAP's timeouts lie in [c, c + c/2]; every other jitter's under the ceiling.
+        let top = if preset == Preset::Coap { c + c / 2 } else { c };
         match retry_after(o) {
             None => {
-                assert!(w <= c, "wait above its ceiling {c}: {}", ctx());
-                // Equal jitter keeps a fixed half; strict has no jitter at all.
-                let floor = if preset == Preset::Strict { c } else { c / 2 };
+                assert!(w <= top, "wait above its ceiling {c}: {}", ctx());
+                // Equal jitter keeps a fixed half; strict has no jitter at all, CoAP's starts at
+                // the ceiling.
+                let floor = if matches!(preset, Preset::Strict | Preset::Coap) { c } else { c / 2 };
                 assert!(w >= floor, "wait below {floor}: {}", ctx());
             }
             Some(ra) => {
                 let asked = ra * ra_ms;
                 assert!(w >= asked, "Retry-After lowered the wait: {}", ctx());
-                assert!(w <= c.max(asked + c), "wait above ceiling and Retry-After: {}", ctx());
+                assert!(w <= top.max(asked + c), "wait above ceiling and Retry-After: {}", ctx());
                 assert!(asked <= budget - spent, "waited on a Retry-After past the budget: {}", ctx());
             }
         }

@@ -49,7 +49,7 @@ impl Settings {
 
 fn settings() -> impl Strategy<Value = Settings> {
     (
-        prop_oneof![Just(Preset::Default), Just(Preset::Basic), Just(Preset::Strict)],
+        prop_oneof![Just(Preset::Default), Just(Preset::Basic), Just(Preset::Strict), Just(Preset::Coap)],
         1u64..=2_000,
         0u64..=60_000,
         1u64..=200_000,
@@ -59,6 +59,7 @@ fn settings() -> impl Strategy<Value = Settings> {
             Just(Some(Jitter::Full)),
             Just(Some(Jitter::Decorrelated)),
             Just(Some(Jitter::None)),
+            Just(Some(Jitter::Coap)),
         ],
         prop_oneof![Just(None), (1u32..=12).prop_map(Some)],
     )
@@ -177,8 +178,13 @@ proptest! {
         for (i, w) in r.waits.iter().enumerate() {
             let w = millis(*w);
             let c = ceiling(base, cap, i + 1);
-            // Decorrelated waits grow from the last one, bounded by the cap.
-            let limit = if b.jitter == Jitter::Decorrelated { cap } else { c };
+            // Decorrelated waits grow from the last one, bounded by the cap; CoAP's timeouts may
+            // pass the ceiling by half.
+            let limit = match b.jitter {
+                Jitter::Decorrelated => cap,
+                Jitter::Coap => c + c / 2,
+                _ => c,
+            };
             match outcomes[i].retry_after() {
                 None => prop_assert!(w <= limit, "wait {} of retry {} above {}", w, i + 1, limit),
                 Some(asked) => {
@@ -250,6 +256,7 @@ proptest! {
                 Jitter::Full => prop_assert!(w < c),
                 Jitter::None => prop_assert_eq!(w, c),
                 Jitter::Decorrelated => prop_assert!(base <= w && w <= cap),
+                Jitter::Coap => prop_assert!(c <= w && w <= c + c / 2),
             }
             previous = wait;
         }

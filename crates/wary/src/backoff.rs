@@ -33,6 +33,15 @@ named_enum! {
         /// Exactly the ceiling: a synchronised herd if many clients fail together. For tests and
         /// comparisons.
         None => "none",
+        /// RFC 7252's CON retransmission timeout: the first wait is drawn once, in
+        /// `[base, base + base/2]` (both ends included: ACK_TIMEOUT to ACK_TIMEOUT ×
+        /// ACK_RANDOM_FACTOR 1.5), and each later wait doubles the previous one while the ceiling
+        /// doubles. Only the first retry's draw counts: later draws are not used, so a call's
+        /// whole schedule follows from one draw. Waits lie in `[c, c + c/2]`, half as much again
+        /// above the ceiling at most, as the RFC's random factor allows. Once the ceiling stops
+        /// growing (the cap), the wait stays where it was; a previous wait outside the range
+        /// (one a Retry-After raised) is brought back into it.
+        Coap => "coap",
     }
 }
 
@@ -158,6 +167,7 @@ impl Backoff {
         // (or the cap), so a wait takes one scaling whatever the jitter and the sum cannot
         // overflow (no jitter is a span of 0, which every draw scales to 0).
         let (floor, span) = match self.jitter {
+            Jitter::Coap => return coap_wait(c, previous, draw),
             Jitter::Decorrelated => {
                 let prev = previous.max(self.base);
                 let hi = prev.saturating_mul(3).min(self.cap).max(self.base).as_millis();
@@ -187,6 +197,33 @@ impl Backoff {
     pub const fn max_wait(&self, k: u32, previous: Duration) -> Duration {
         self.wait(k, previous, Draw::TOP)
     }
+}
+
+/// [`Jitter::Coap`]'s wait under the ceiling `c`: drawn in `[c, c + c/2]` when there is no
+/// previous wait, else the previous one doubled (or, past the range, held and brought into it).
+#[inline]
+const fn coap_wait(c: Duration, previous: Duration, draw: Draw) -> Duration {
+    let c = c.as_millis();
+    let half = c >> 1;
+    let top = c.saturating_add(half);
+    let prev = previous.as_millis();
+    let wait = if prev == 0 {
+        // The one draw of the call. A draw is below 1, so `half + 1` lets the top draw reach
+        // `c + c/2` itself, as the RFC's closed interval does.
+        c.saturating_add(draw.scale(Duration::from_millis((half as u64).saturating_add(1))).as_millis())
+    } else {
+        let doubled = prev.saturating_mul(2);
+        let next = if doubled <= top { doubled } else { prev };
+        // Brought into the range: a doubled drawn wait is already in it.
+        if next < c {
+            c
+        } else if next > top {
+            top
+        } else {
+            next
+        }
+    };
+    Duration::from_millis(wait as u64)
 }
 
 #[cfg(test)]
@@ -332,13 +369,55 @@ mod tests {
         assert_eq!((n.min_wait(2, z), n.max_wait(2, z)), (ms(14), ms(14)));
     }
 
+    /// The waits of retries 1..=n, each from the wait before it, as a call makes them.
+    fn chained(b: &Backoff, n: u32, draws: &[Draw]) -> Vec<u32> {
+        let mut previous = Duration::ZERO;
+        (1..=n)
+            .map(|k| {
+                previous = b.wait(k, previous, draws[(k - 1) as usize]);
+                previous.as_millis()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn coap_draws_the_first_timeout_once_and_doubles_it() {
+        let c = b(2_000, 16_000, Jitter::Coap);
+        // Both ends of [ACK_TIMEOUT, ACK_TIMEOUT · 1.5] are reached.
+        assert_eq!(chained(&c, 4, &[Draw::ZERO; 4]), [2_000, 4_000, 8_000, 16_000]);
+        assert_eq!(chained(&c, 4, &[Draw::TOP; 4]), [3_000, 6_000, 12_000, 24_000]);
+        assert_eq!(chained(&c, 4, &[pct(50); 4]), [2_500, 5_000, 10_000, 20_000]);
+        // Only the first draw counts: later ones change nothing.
+        assert_eq!(
+            chained(&c, 4, &[Draw::TOP, Draw::ZERO, pct(7), Draw::ZERO]),
+            [3_000, 6_000, 12_000, 24_000]
+        );
+        assert_eq!(
+            chained(&c, 4, &[Draw::ZERO, Draw::TOP, Draw::TOP, Draw::TOP]),
+            [2_000, 4_000, 8_000, 16_000]
+        );
+        // At the cap the wait holds where the draw put it (no herd at either end).
+        assert_eq!(chained(&c, 7, &[pct(50); 7]), [2_500, 5_000, 10_000, 20_000, 20_000, 20_000, 20_000]);
+        // A previous wait raised past the range (a Retry-After) is brought back to its top, one
+        // below it to its floor.
+        assert_eq!(c.wait(2, ms(60_000), Draw::ZERO), ms(6_000));
+        assert_eq!(c.wait(3, ms(1), Draw::TOP), ms(8_000));
+        // With no previous wait any retry draws: the shortest and longest of the range.
+        assert_eq!((c.min_wait(3, Duration::ZERO), c.max_wait(3, Duration::ZERO)), (ms(8_000), ms(12_000)));
+        // A base of 0 stays 0; a huge ceiling saturates instead of wrapping.
+        assert_eq!(b(0, 100, Jitter::Coap).wait(1, Duration::ZERO, Draw::TOP), ms(0));
+        let huge = b(u64::from(u32::MAX - 1), u64::MAX, Jitter::Coap);
+        assert_eq!(huge.wait(1, Duration::ZERO, Draw::TOP), Duration::MAX);
+        assert_eq!(huge.wait(2, Duration::MAX, Draw::TOP), Duration::MAX);
+    }
+
     #[test]
     fn jitter_names_round_trip_and_nothing_else_parses() {
         for j in Jitter::ALL {
             assert_eq!(Jitter::from_name(j.name()), Some(j));
         }
         let names: Vec<&str> = Jitter::ALL.iter().map(|j| j.name()).collect();
-        assert_eq!(names, ["equal", "full", "decorrelated", "none"]);
+        assert_eq!(names, ["equal", "full", "decorrelated", "none", "coap"]);
         for other in ["", "Equal", "FULL", "decorrelated ", "exponential"] {
             assert_eq!(Jitter::from_name(other), None, "{other:?}");
         }

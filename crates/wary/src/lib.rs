@@ -21,6 +21,7 @@
 mod backoff;
 mod breaker;
 mod classify;
+pub mod coap;
 mod decide;
 mod deprecated;
 mod error;

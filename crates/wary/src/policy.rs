@@ -38,6 +38,11 @@ named_enum! {
         /// Strict: only reads retried, integer-second Retry-After only, duplicates refused, three
         /// attempts, no jitter. Base 100 ms, cap 400 ms, budget 300 ms.
         Strict => "strict",
+        /// A CoAP confirmable message's retransmission schedule (RFC 7252 section 4.8): the CoAP
+        /// table ([`crate::coap::TABLE`]), the first timeout drawn once in [2, 3] s and doubled
+        /// ([`Jitter::Coap`]), five transmissions (MAX_RETRANSMIT 4), MAX_TRANSMIT_SPAN (45 s)
+        /// of waiting, a Max-Age waited exactly. Base 2 s, cap 16 s, budget 45 s.
+        Coap => "coap",
     }
 }
 
@@ -181,6 +186,23 @@ impl Policy {
                 fingerprint: 0,
                 retry_after_rules: Rules::STRICT,
             },
+            Preset::Coap => {
+                let rfc = crate::coap::Parameters::RFC7252;
+                Policy {
+                    table: crate::coap::TABLE,
+                    backoff: Backoff::new(rfc.ack_timeout, rfc.last_ceiling(), Jitter::Coap),
+                    budget: rfc.max_transmit_span(),
+                    deadline: Duration::MAX,
+                    max_attempts: rfc.transmissions(),
+                    min_attempt: Duration::ZERO,
+                    max_retry_after: Duration::MAX,
+                    retry_after_mode: RetryAfterMode::Max,
+                    cap_shift: 0,
+                    fingerprint: 0,
+                    // Max-Age is whole seconds; an HTTP Retry-After read under this policy is too.
+                    retry_after_rules: Rules::STRICT,
+                }
+            }
         };
         PolicyBuilder { p, deadline_set: false, max_retry_after_set: false }
     }
@@ -749,6 +771,34 @@ mod tests {
     }
 
     #[test]
+    fn existing_fingerprints_are_pinned_and_the_coap_jitter_has_its_own_code() {
+        // Ledgers made under these policies must keep matching: a new preset or jitter adds
+        // codes, it changes no existing one.
+        let print = |p: Preset| Policy::builder(p).build().unwrap().fingerprint();
+        assert_eq!(print(Preset::Default), 0xc9bb_14b3);
+        assert_eq!(print(Preset::Basic), 0xa7b1_3755);
+        assert_eq!(print(Preset::Strict), 0xf434_c351);
+        assert_eq!(
+            Policy::builder(Preset::Basic).jitter(Jitter::Decorrelated).build().unwrap().fingerprint(),
+            0xa665_921b
+        );
+        assert_eq!(Jitter::Coap as u8, 4);
+        let coap = basic().jitter(Jitter::Coap).build().unwrap().fingerprint();
+        let others: Vec<u32> = [Jitter::Equal, Jitter::Full, Jitter::Decorrelated, Jitter::None]
+            .into_iter()
+            .map(|j| basic().jitter(j).max_attempts(3).build().unwrap().fingerprint())
+            .collect();
+        assert!(
+            !others.contains(&basic().jitter(Jitter::Coap).max_attempts(3).build().unwrap().fingerprint())
+        );
+        assert_ne!(coap, print(Preset::Basic));
+        assert!(
+            ![print(Preset::Default), print(Preset::Basic), print(Preset::Strict)]
+                .contains(&print(Preset::Coap))
+        );
+    }
+
+    #[test]
     fn every_setting_changes_the_fingerprint() {
         use crate::retry_after::Ambiguous;
         let variants = [
@@ -761,6 +811,7 @@ mod tests {
             basic().cap(ms(61)),
             basic().jitter(Jitter::None),
             basic().jitter(Jitter::Decorrelated),
+            basic().jitter(Jitter::Coap),
             basic().jitter(Jitter::Full).max_attempts(3),
             basic().budget(ms(121)),
             basic().deadline(ms(120)),

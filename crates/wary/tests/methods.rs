@@ -55,7 +55,7 @@ fn every_method_under_every_preset_keyed_or_not_and_a_503() {
             }
         }
     }
-    assert_eq!(rows, 3 * 9 * 2);
+    assert_eq!(rows, 4 * 9 * 2);
 }
 
 #[test]
