@@ -224,6 +224,7 @@ async fn main(spawner: Spawner) {
             .await;
     let counts: Counts = transport.inner.counts();
     s.log(&store.counters().await, &counts);
+    counts.log();
     if s.all_landed() {
         exit(exit_code::PASS)
     } else {
