@@ -74,6 +74,17 @@ pub const RESETS: Scenario = Scenario {
     resets: &[("flash-write", 1), ("reply", 2), ("backoff", 3)],
 };
 
+/// Runs the scenario called `name` and prints its report.
+pub fn run_named(root: &Path, name: &str) -> Result<()> {
+    let Some(scenario) = [&STORM, &RESETS].into_iter().find(|s| s.name == name) else {
+        bail!("no device scenario `{name}` (storm, resets)");
+    };
+    let summary = run(root, scenario)?;
+    step(&format!("device scenario `{}` passed", scenario.name));
+    println!("{summary}");
+    Ok(())
+}
+
 /// Runs `scenario` and returns its report; the first line is `uplink: key=value …` (readings,
 /// landed, gave_up, mean, p95, resets), which the demo shows.
 pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {

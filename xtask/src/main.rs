@@ -74,6 +74,11 @@ enum Verb {
     Net,
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
+    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`).
+    Device {
+        /// The scenario's name.
+        name: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -93,6 +98,7 @@ fn main() -> Result<()> {
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),
         Verb::Tls => tls::tls_probe(&root),
+        Verb::Device { name } => device::run_named(&root, &name),
     }
 }
 

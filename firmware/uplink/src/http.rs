@@ -479,7 +479,7 @@ pub async fn send_and_read_framed<C: Read + Write>(
     let result = exchange(conn, head_len, body, head, deadline).await;
     match result {
         Ok((response, framed, close)) => {
-            let keep = reusable(head.starts_with(b"HTTP/1.1 "), framed, close, response.body_complete);
+            let keep = reusable(framed, close, response.body_complete);
             (Ok(response), keep)
         }
         Err(err) => (Err(err), false),
@@ -491,8 +491,8 @@ pub async fn send_and_read_framed<C: Read + Write>(
 /// `Content-Length` or chunks (or had none by its status) and was read to its end, so the
 /// next reply starts at the next byte. A body that runs to the connection's end, an HTTP/1.0
 /// reply, a body cut short or not read in time, and every failure end the connection.
-pub const fn reusable(http11: bool, framed: bool, close: bool, body_complete: bool) -> bool {
-    http11 && framed && !close && body_complete
+pub const fn reusable(framed_http11: bool, close: bool, body_complete: bool) -> bool {
+    framed_http11 && !close && body_complete
 }
 
 async fn exchange<C: Read + Write>(
@@ -514,7 +514,7 @@ async fn exchange<C: Read + Write>(
     }
 
     // From here on the server may hold the whole request.
-    let mut counted = Counted { conn, bytes: 0 };
+    let mut counted = Counted { conn, bytes: 0, first: [0; VERSION.len()] };
     let reply = match with_deadline(deadline, RawResponse::read(&mut counted, Method::POST, head)).await {
         Err(_) => return Err(HttpError::ResponseTimeout),
         Ok(Err(err)) => return Err(reply_failure(&err, counted.bytes)),
@@ -530,7 +530,7 @@ async fn exchange<C: Read + Write>(
     let reader = reply.body().reader();
     let framed = !matches!(reader, BodyReader::ToEnd(_));
     response.body_complete = drain(reader, body_deadline).await;
-    Ok((response, framed, close))
+    Ok((response, framed && counted.first == *VERSION, close))
 }
 
 /// Whether a `Connection` value lists `close` (a comma-separated list of tokens, any case).
@@ -608,11 +608,17 @@ async fn drain<R: Read>(mut body: BodyReader<R>, deadline: Instant) -> bool {
     false
 }
 
-/// The connection, counting the reply bytes read, so a reply cut short can be told from none.
+/// The connection, counting the reply bytes read, so a reply cut short can be told from none,
+/// and keeping the first bytes of the reply (its protocol version: reqwless moves the body over
+/// the status line once the header block is read).
 struct Counted<'c, C> {
     conn: &'c mut C,
     bytes: usize,
+    first: [u8; VERSION.len()],
 }
+
+/// The status line's start that lets a connection persist (RFC 9112 9.3).
+const VERSION: &[u8; 9] = b"HTTP/1.1 ";
 
 impl<C: ErrorType> ErrorType for Counted<'_, C> {
     type Error = C::Error;
@@ -621,6 +627,10 @@ impl<C: ErrorType> ErrorType for Counted<'_, C> {
 impl<C: Read> Read for Counted<'_, C> {
     async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
         let n = self.conn.read(buf).await?;
+        let read = buf.get(..n).unwrap_or(&[]);
+        for (slot, byte) in self.first.iter_mut().skip(self.bytes).zip(read) {
+            *slot = *byte;
+        }
         self.bytes = self.bytes.saturating_add(n);
         Ok(n)
     }
