@@ -21,6 +21,10 @@
 //! at most [`BODY_GRACE`], only to see whether it ended cleanly ([`Response::body_complete`]).
 //! The status line proves the server answered, so a body cut short still returns the status.
 //!
+//! **Kept connections**: [`encode_head_for`] leaves `Connection: close` out, and
+//! [`send_and_read_framed`] says whether the reply leaves the connection at a known byte
+//! ([`reusable`]); `transport::HttpTransport` keeps its connection on that.
+//!
 //! **One exchange for every connection**: [`send_and_read`] sends an encoded request and reads
 //! the reply over any `embedded-io-async` connection: plain TCP ([`Handed`]) here, TLS in
 //! `tls::post_tls`. [`encode_head`], [`connect`] and [`finish`] are the other steps, public so a
