@@ -76,8 +76,18 @@ pub const RESETS: Scenario = Scenario {
 
 /// Runs the scenario called `name` and prints its report.
 pub fn run_named(root: &Path, name: &str) -> Result<()> {
+    let keepalive = match name {
+        "idle-close" => Some(crate::keepalive::idle_close(root)?),
+        "drain" => Some(crate::keepalive::drain(root)?),
+        _ => None,
+    };
+    if let Some(text) = keepalive {
+        step(&format!("device scenario `{name}` passed"));
+        println!("{text}");
+        return Ok(());
+    }
     let Some(scenario) = [&STORM, &RESETS].into_iter().find(|s| s.name == name) else {
-        bail!("no device scenario `{name}` (storm, resets)");
+        bail!("no device scenario `{name}` (storm, resets, idle-close, drain)");
     };
     let summary = run(root, scenario)?;
     step(&format!("device scenario `{}` passed", scenario.name));
@@ -88,6 +98,30 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
 /// Runs `scenario` and returns its report; the first line is `uplink: key=value …` (readings,
 /// landed, gave_up, mean, p95, resets), which the demo shows.
 pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
+    Ok(run_with(root, scenario, &Extra::default())?.report)
+}
+
+/// What a run adds to a [`Scenario`].
+#[derive(Default)]
+pub struct Extra<'a> {
+    /// Appended to the firmware's command line.
+    pub append: &'a str,
+    /// Dumps the guest's wire here (QEMU's `filter-dump`, a classic pcap).
+    pub pcap: Option<&'a Path>,
+    /// After this long from the start of QEMU, puts this fault script in force.
+    pub switch: Option<(Duration, &'a str)>,
+}
+
+/// A run's report, the device's log lines, and when the fault script was switched.
+pub struct Run {
+    pub report: String,
+    pub lines: Vec<String>,
+    pub switched_at: Option<std::time::SystemTime>,
+}
+
+/// [`run`] with [`Extra`].
+pub fn run_with(root: &Path, scenario: &Scenario, more: &Extra<'_>) -> Result<Run> {
+    let pcap = more.pcap;
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
@@ -116,8 +150,33 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     let elf = elf_path(&firmware, "uplink");
     let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
     let started = Instant::now();
-    let extra = ["-nic", "user,model=lan9118", "-serial", "none", "-append", append.trim()];
+    let append = format!("{} {}", append.trim(), more.append);
+    let dump = match pcap {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            Some(format!(
+                "filter-dump,id=f0,netdev=n0,file={}",
+                path.to_str().context("pcap path is not UTF-8")?
+            ))
+        }
+        None => None,
+    };
+    let mut extra = match &dump {
+        Some(dump) => {
+            vec!["-netdev", "user,id=n0", "-net", "nic,netdev=n0,model=lan9118", "-object", dump.as_str()]
+        }
+        None => vec!["-nic", "user,model=lan9118"],
+    };
+    extra.extend(["-serial", "none", "-append", append.trim()]);
     let (mut qemu, mut printer) = start_qemu(elf_arg, &extra, Stdio::inherit(), Stdio::piped())?;
+    let switcher = more.switch.map(|(after, faults)| {
+        let (port, faults) = (cloud.port, faults.to_owned());
+        thread::spawn(move || {
+            thread::sleep(after);
+            let at = std::time::SystemTime::now();
+            put_faults(port, &faults).map(|()| at)
+        })
+    });
     let log = printer.stdout.take().context("defmt-print stdout")?;
     let reader = thread::spawn(move || {
         let mut lines = vec![];
@@ -149,9 +208,29 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
             line.replace(TOKEN, "…")
         );
     }
+    let switched_at = match switcher {
+        Some(handle) => Some(handle.join().map_err(|_| anyhow::anyhow!("the fault switch panicked"))??),
+        None => None,
+    };
     let log = Log::read(&lines);
     let text = check(scenario, &log, &report)?;
-    Ok(format!("{text}\nwall time {elapsed:.1} s"))
+    Ok(Run { report: format!("{text}\nwall time {elapsed:.1} s"), lines, switched_at })
+}
+
+/// Puts `faults` in force on the cloud at 127.0.0.1:`port` (`POST /admin/faults`).
+fn put_faults(port: u16, faults: &str) -> Result<()> {
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).context("connecting to the cloud")?;
+    let request = format!(
+        "POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{faults}",
+        faults.len()
+    );
+    conn.write_all(request.as_bytes())?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    if !reply.starts_with("HTTP/1.1 200") {
+        bail!("the cloud refused the fault script `{faults}`: {}", reply.lines().next().unwrap_or_default());
+    }
+    Ok(())
 }
 
 /// The test cloud as a child process: its address from its first line, its report (one JSON

@@ -8,6 +8,7 @@ mod device;
 mod flash;
 mod fuzz;
 mod harness;
+mod keepalive;
 mod msrv;
 mod mutants;
 mod net;
@@ -74,7 +75,7 @@ enum Verb {
     Net,
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
-    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`).
+    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`).
     Device {
         /// The scenario's name.
         name: String,

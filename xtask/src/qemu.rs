@@ -53,7 +53,19 @@ pub fn qemu(root: &Path) -> Result<()> {
         step(&format!("device scenario `{}` passed", scenario.name));
         println!("{summary}");
     }
+    keep_alive_scenarios(root)?;
     board(root)
+}
+
+/// The kept connections' scenarios: `idle-close` and `drain` (see xtask/src/keepalive.rs).
+fn keep_alive_scenarios(root: &Path) -> Result<()> {
+    for (name, text) in
+        [("idle-close", crate::keepalive::idle_close(root)?), ("drain", crate::keepalive::drain(root)?)]
+    {
+        step(&format!("device scenario `{name}` passed"));
+        println!("{text}");
+    }
+    Ok(())
 }
 
 /// Builds the nRF52840-DK application (release, `--locked`) in its own workspace, plain and

@@ -99,6 +99,10 @@ struct Args {
     cut_write: Option<(u32, u32)>,
     reset_in_reply: Option<u32>,
     reset_in_backoff: Option<u32>,
+    /// `keepalive=off`: one connection per request (`Connection: close`), for comparisons.
+    keepalive: bool,
+    /// `idle_ms=`: how long a kept connection may idle (the transport's default otherwise).
+    idle_ms: Option<u64>,
 }
 
 /// The command line, or why it cannot be used.
@@ -114,6 +118,8 @@ fn args() -> Result<Args, &'static str> {
         cut_write: None,
         reset_in_reply: None,
         reset_in_backoff: None,
+        keepalive: true,
+        idle_ms: None,
     };
     let (mut device, mut port, mut seed) = (None, None, None);
     for arg in &all {
@@ -146,6 +152,8 @@ fn args() -> Result<Args, &'static str> {
                 a.reset_in_backoff =
                     Some(value.parse().map_err(|_| "reset_in_backoff= is not a boot number")?);
             }
+            "keepalive" => a.keepalive = value != "off",
+            "idle_ms" => a.idle_ms = Some(value.parse().map_err(|_| "idle_ms= is not a number")?),
             _ => {}
         }
     }
@@ -213,8 +221,14 @@ async fn main(spawner: Spawner) {
     defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
 
     let server = SocketAddrV4::new(HOST, args.port);
-    let http =
+    let mut http =
         HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
+    if let Some(ms) = args.idle_ms {
+        http = http.idle_limit(Duration::from_millis(ms));
+    }
+    if !args.keepalive {
+        http = http.connection_per_request();
+    }
     let mut transport = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
