@@ -21,9 +21,9 @@
 //! [`HttpTransport`] is HTTP per reading: one HTTP/1.1 `POST` per message through an
 //! `embassy-net` stack, whatever link is under the stack (Ethernet, PPP over a cellular modem,
 //! Wi-Fi), over one connection kept across attempts and readings (see [`HttpTransport`] for
-//! when it ends and how a write onto a connection the server closed is classified); `BATCH` is
-//! 1. A failed exchange maps ([`failure`]) by what it says about whether the request may
-//! have reached the server:
+//! when it ends and how a write onto a connection the server closed is classified), one
+//! message per exchange (`BATCH` 1). A failed exchange maps ([`failure`]) by what it says about
+//! whether the request may have reached the server:
 //!
 //! | exchange result | answer | why |
 //! |---|---|---|
