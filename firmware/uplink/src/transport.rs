@@ -336,7 +336,12 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     /// Whether the kept connection can carry a request now; ends it (counted) when it cannot.
     async fn check_kept(&mut self) {
         let Some(kept) = self.kept else { return };
-        let idle_past = self.idle_limit.is_none_or(|limit| kept.last_reply.elapsed() > limit);
+        // One connection per request: a connection that carried one is not reused (it was
+        // ended after its reply); a fresh one is the request's own.
+        let idle_past = match self.idle_limit {
+            Some(limit) => kept.last_reply.elapsed() > limit,
+            None => kept.requests > 0,
+        };
         // Anything but a clean, quiet, established connection: the server's FIN (close-wait),
         // its RST (closed), or bytes nobody asked for.
         let usable =
