@@ -13,12 +13,13 @@ use anyhow::{Context, Result, bail};
 use crate::device::{self, Extra, Scenario};
 use crate::util::step;
 
-/// The cloud closes idle connections at random: after 70% of replies, once the connection has
-/// idled 20 to 70 ms (the sensor makes a reading every 60 ms, so closes fall before, during
-/// and after the device's next write).
+/// The cloud closes every idle connection after a reply: 30 to 120 ms of idling (the sensor
+/// makes a reading every 60 ms, so many closes come before the device's next write), and half
+/// of the closes that the next request would beat fire as it arrives instead, resetting the
+/// connection with the request unread (the race of a write meeting the server's idle timer).
 pub const IDLE_CLOSE: Scenario = Scenario {
     name: "idle-close",
-    faults: "idle_close=1:min=44:max=60,seed=5",
+    faults: "idle_close=1:min=30:max=120:race=0.5,seed=5",
     readings: 40,
     plan: "",
     resets: &[],

@@ -323,6 +323,7 @@ async fn accept_loop(
 async fn serve(shared: Arc<Shared>, stream: TcpStream, number: u64) {
     let stream = Arc::new(stream);
     let conn = stream.clone();
+    let watched = stream.clone();
     // Requests started and replies returned on this connection.
     let (activity_tx, mut activity) = tokio::sync::watch::channel((0u64, 0u64));
     let activity_tx = Arc::new(activity_tx);
@@ -340,9 +341,22 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, number: u64) {
     tokio::pin!(serving);
     // When to close the connection if no request starts before: set after a reply.
     let mut close_at: Option<(Instant, u64)> = None;
+    let mut racing = false;
     let mut closing = false;
     loop {
         tokio::select! {
+            // Before hyper reads it: the next request's bytes met a close that races them.
+            biased;
+            ready = watched.readable(), if close_at.is_some() && racing && !closing => {
+                if ready.is_ok() && activity.borrow().0 == close_at.map_or(0, |(_, started)| started) {
+                    shared.state().count_fault("idle_close_race");
+                    // Dropping every handle with a zero linger sends RST; the request stays unread.
+                    let _ = watched.set_zero_linger();
+                    break;
+                }
+                // Served already (or a spurious wake-up): this close no longer races anything.
+                racing = false;
+            }
             // Errors here are clients going away or deliberately broken replies.
             _ = serving.as_mut() => break,
             changed = activity.changed(), if !closing => {
@@ -354,8 +368,12 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, number: u64) {
                 close_at = None;
                 if started == replied && replied > 0 {
                     let faults = shared.faults().clone();
-                    let idle = faults.idle_close.and_then(|idle| idle.after(&faults, number, replied - 1));
-                    close_at = idle.map(|ms| (Instant::now() + Duration::from_millis(ms), started));
+                    if let Some(idle) = faults.idle_close {
+                        close_at = idle
+                            .after(&faults, number, replied - 1)
+                            .map(|ms| (Instant::now() + Duration::from_millis(ms), started));
+                        racing = idle.races(&faults, number, replied - 1);
+                    }
                 }
             }
             () = sleep_until(close_at.map(|(at, _)| at)), if close_at.is_some() && !closing => {

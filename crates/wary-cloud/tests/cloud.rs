@@ -503,3 +503,23 @@ async fn keeps_connections_and_closes_idle_ones_when_scripted() {
     assert!(matches!(n, Ok(0)) || n.is_err(), "the idle connection was closed without a byte");
     assert_eq!(cloud.stats().faults_injected.get("idle_close"), Some(&1));
 }
+
+#[tokio::test]
+async fn a_racing_idle_close_resets_the_connection_with_the_request_unread() {
+    // Every close races the next request (the idle time is long, so the request comes first).
+    let faults: Faults = "seed=2,idle_close=1:min=5000:max=5000:race=1".parse().unwrap();
+    let cloud = Cloud::start(LOOPBACK, faults).await.unwrap();
+    let mut conn = BufReader::new(TcpStream::connect(cloud.addr()).await.unwrap());
+    conn.get_mut().write_all(&keyed_request("race0")).await.unwrap();
+    assert_eq!(read_framed(&mut conn).await.expect("a reply").status, 201);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    conn.get_mut().write_all(&keyed_request("race1")).await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(IO_TIMEOUT, conn.read_to_end(&mut rest)).await.expect("closed in time");
+    assert!(rest.is_empty(), "no byte of reply");
+    assert!(read.is_err() || matches!(read, Ok(0)));
+    let stats = cloud.stats();
+    assert_eq!(stats.faults_injected.get("idle_close_race"), Some(&1));
+    // The second request was never read: one request served, one key applied.
+    assert_eq!(stats.requests, 1, "{stats:?}");
+}
