@@ -113,10 +113,32 @@ const WRONG_TOKEN: &str = "00000000000000000000000000000000000000000000000000000
 /// Readings of the wrong-token run: each must be refused (401, never retried) and reach nobody.
 const WRONG_TOKEN_READINGS: u32 = 2;
 
+/// Runs the device scenario called `name` alone and prints its report (`cargo xtask device
+/// <name>`, `cargo xtask qemu --scenario <name>`).
+pub fn run_named(root: &Path, name: &str) -> Result<()> {
+    let text = match name {
+        "idle-close" => crate::keepalive::idle_close(root)?,
+        "drain" => crate::keepalive::drain(root)?,
+        "crash-loop" => crate::crash_loop::run(root)?,
+        _ => {
+            let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
+                bail!(
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain)"
+                );
+            };
+            run(root, scenario)?
+        }
+    };
+    step(&format!("device scenario `{name}` passed"));
+    println!("{text}");
+    Ok(())
+}
+
 /// Runs `scenario` and returns its report; the first line is `uplink: key=value …` (readings,
 /// landed, gave_up, mean, p95, resets), which the demo shows.
 pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
-    let RouteRun { lines, report, elapsed, gateway_seen, tls, bins } = run_route(root, scenario)?;
+    let RouteRun { lines, report, elapsed, gateway_seen, tls, bins, .. } =
+        run_route(root, scenario, &Extra::default())?;
     let log = Log::read(&lines);
     let text = check(scenario, &log, &report)?;
     let mut out = vec![text];
@@ -137,16 +159,46 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     Ok(out.join("\n"))
 }
 
+/// What a run adds to a [`Scenario`].
+#[derive(Default)]
+pub struct Extra<'a> {
+    /// Appended to the firmware's command line.
+    pub append: &'a str,
+    /// Dumps the guest's wire here (QEMU's `filter-dump`, a classic pcap).
+    pub pcap: Option<&'a Path>,
+    /// After this long from the start of QEMU, puts this fault script in force.
+    pub switch: Option<(Duration, &'a str)>,
+}
+
+/// A run's report, the device's log lines, and when the fault script was switched.
+pub struct Run {
+    pub report: String,
+    pub lines: Vec<String>,
+    pub switched_at: Option<std::time::SystemTime>,
+}
+
+/// [`run`] with [`Extra`], on the scenario's route: the checked report and what the run saw.
+pub fn run_with(root: &Path, scenario: &Scenario, more: &Extra<'_>) -> Result<Run> {
+    let run = run_route(root, scenario, more)?;
+    let log = Log::read(&run.lines);
+    let text = check(scenario, &log, &run.report)?;
+    Ok(Run {
+        report: format!("{text}\nwall time {:.1} s", run.elapsed),
+        lines: run.lines,
+        switched_at: run.switched_at,
+    })
+}
+
 /// Builds and runs `scenario` to its end: the device's log lines (credential checked), the
 /// cloud's report and the host's seconds.
 pub(crate) fn run_device(root: &Path, scenario: &Scenario) -> Result<(Vec<String>, serde_json::Value, f64)> {
-    let run = run_route(root, scenario)?;
+    let run = run_route(root, scenario, &Extra::default())?;
     Ok((run.lines, run.report, run.elapsed))
 }
 
 /// Builds and runs `scenario`'s route to its end (cloud, gateway where the route has one, the
 /// uplink under QEMU), checking that no log line shows the credential.
-fn run_route(root: &Path, scenario: &Scenario) -> Result<RouteRun> {
+fn run_route(root: &Path, scenario: &Scenario, more: &Extra<'_>) -> Result<RouteRun> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
@@ -169,7 +221,19 @@ fn run_route(root: &Path, scenario: &Scenario) -> Result<RouteRun> {
     };
     let port = gateway.as_ref().map_or(cloud.port, |g| g.port);
     let started = Instant::now();
-    let (status, lines) = run_uplink(&elf, port, TOKEN, scenario.readings, scenario.plan, TIMEOUT)?;
+    let switcher = more.switch.map(|(after, faults)| {
+        let (port, faults) = (cloud.port, faults.to_owned());
+        thread::spawn(move || {
+            thread::sleep(after);
+            let at = std::time::SystemTime::now();
+            put_faults(port, &faults).map(|()| at)
+        })
+    });
+    let (status, lines) = run_uplink(&elf, port, TOKEN, scenario.readings, scenario.plan, TIMEOUT, more)?;
+    let switched_at = match switcher {
+        Some(handle) => Some(handle.join().map_err(|_| anyhow::anyhow!("the fault switch panicked"))??),
+        None => None,
+    };
     let gateway_seen = gateway.map(GatewayProc::stop).transpose()?;
     let report = cloud.stop()?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -196,7 +260,7 @@ fn run_route(root: &Path, scenario: &Scenario) -> Result<RouteRun> {
             line.replace(TOKEN, "…")
         );
     }
-    Ok(RouteRun { lines, report, elapsed, gateway_seen, tls, bins })
+    Ok(RouteRun { lines, report, elapsed, gateway_seen, tls, bins, switched_at })
 }
 
 /// What one run of a scenario's route left: the device's log lines (credential checked), the
@@ -209,6 +273,8 @@ struct RouteRun {
     gateway_seen: Option<GatewaySeen>,
     tls: Option<TlsRun>,
     bins: HostBins,
+    /// When [`Extra::switch`] put its fault script in force.
+    switched_at: Option<std::time::SystemTime>,
 }
 
 /// The host programs a route needs, built (debug) in the root workspace.
@@ -251,12 +317,31 @@ fn run_uplink(
     readings: u32,
     plan: &str,
     timeout: Duration,
+    more: &Extra<'_>,
 ) -> Result<(Option<std::process::ExitStatus>, Vec<String>)> {
     let seed = std::process::id();
-    let append =
-        format!("device={DEVICE:016x} token={token} port={port} seed={seed} readings={readings} {plan}");
+    let append = format!(
+        "device={DEVICE:016x} token={token} port={port} seed={seed} readings={readings} {plan} {}",
+        more.append
+    );
     let elf_arg = elf.to_str().context("firmware path is not UTF-8")?;
-    let extra = ["-nic", "user,model=lan9118", "-serial", "none", "-append", append.trim()];
+    let dump = match more.pcap {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            Some(format!(
+                "filter-dump,id=f0,netdev=n0,file={}",
+                path.to_str().context("pcap path is not UTF-8")?
+            ))
+        }
+        None => None,
+    };
+    let mut extra = match &dump {
+        Some(dump) => {
+            vec!["-netdev", "user,id=n0", "-net", "nic,netdev=n0,model=lan9118", "-object", dump.as_str()]
+        }
+        None => vec!["-nic", "user,model=lan9118"],
+    };
+    extra.extend(["-serial", "none", "-append", append.trim()]);
     let (mut qemu, mut printer) = start_qemu(elf_arg, &extra, Stdio::inherit(), Stdio::piped())?;
     let log = printer.stdout.take().context("defmt-print stdout")?;
     let reader = thread::spawn(move || {
@@ -473,8 +558,15 @@ fn wrong_token(bins: &HostBins, tls: &TlsRun) -> Result<String> {
     ));
     let mut cloud = Cloud::start(&bins.cloud, "seed=1")?;
     let gateway = GatewayProc::start(&bins.gateway, tls, cloud.port)?;
-    let (status, lines) =
-        run_uplink(&tls.elf, gateway.port, WRONG_TOKEN, WRONG_TOKEN_READINGS, "", Duration::from_secs(120))?;
+    let (status, lines) = run_uplink(
+        &tls.elf,
+        gateway.port,
+        WRONG_TOKEN,
+        WRONG_TOKEN_READINGS,
+        "",
+        Duration::from_secs(120),
+        &Extra::default(),
+    )?;
     let seen = gateway.stop()?;
     let report = cloud.stop()?;
     let summary = Log::read(&lines).summary.unwrap_or_default();
@@ -516,6 +608,22 @@ fn wrong_token(bins: &HostBins, tls: &TlsRun) -> Result<String> {
         statuses.join(", "),
         seen.metrics_line()
     ))
+}
+
+/// Puts `faults` in force on the cloud at 127.0.0.1:`port` (`POST /admin/faults`).
+fn put_faults(port: u16, faults: &str) -> Result<()> {
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).context("connecting to the cloud")?;
+    let request = format!(
+        "POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{faults}",
+        faults.len()
+    );
+    conn.write_all(request.as_bytes())?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    if !reply.starts_with("HTTP/1.1 200") {
+        bail!("the cloud refused the fault script `{faults}`: {}", reply.lines().next().unwrap_or_default());
+    }
+    Ok(())
 }
 
 /// The test cloud as a child process: its address from its first line, its report (one JSON

@@ -9,6 +9,7 @@ mod device;
 mod flash;
 mod fuzz;
 mod harness;
+mod keepalive;
 mod msrv;
 mod mutants;
 mod net;
@@ -82,6 +83,11 @@ enum Verb {
     Net,
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
+    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`).
+    Device {
+        /// The scenario's name.
+        name: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -103,6 +109,7 @@ fn main() -> Result<()> {
         Verb::Size => qemu::size(&root),
         Verb::Net => net::nettest(&root),
         Verb::Tls => tls::tls_probe(&root),
+        Verb::Device { name } => device::run_named(&root, &name),
     }
 }
 

@@ -55,20 +55,29 @@ pub fn qemu(root: &Path) -> Result<()> {
     let crash_loop = crate::crash_loop::run(root)?;
     step("device scenario `crash-loop` passed");
     println!("{crash_loop}");
+    keep_alive_scenarios(root)?;
     board(root)
 }
 
-/// The device scenarios, in the order `qemu` runs them.
+/// The kept connections' scenarios: `idle-close` and `drain` (see xtask/src/keepalive.rs).
+fn keep_alive_scenarios(root: &Path) -> Result<()> {
+    for (name, text) in
+        [("idle-close", crate::keepalive::idle_close(root)?), ("drain", crate::keepalive::drain(root)?)]
+    {
+        step(&format!("device scenario `{name}` passed"));
+        println!("{text}");
+    }
+    Ok(())
+}
+
+/// The device scenarios with a [`crate::device::Scenario`] of their own, in the order `qemu`
+/// runs them.
 const SCENARIOS: [&crate::device::Scenario; 3] =
     [&crate::device::STORM, &crate::device::RESETS, &crate::device::GATEWAY_TLS];
 
 /// `cargo xtask qemu --scenario <name>`: one device scenario alone.
 pub fn scenario(root: &Path, name: &str) -> Result<()> {
-    let Some(scenario) = SCENARIOS.iter().find(|s| s.name == name) else {
-        let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-        bail!("no device scenario `{name}`; there are: {}", names.join(", "));
-    };
-    run_scenario(root, scenario)
+    crate::device::run_named(root, name)
 }
 
 fn run_scenario(root: &Path, scenario: &crate::device::Scenario) -> Result<()> {

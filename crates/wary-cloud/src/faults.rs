@@ -31,6 +31,16 @@
 //! script was put in force), so new
 //! connections are refused (RST on connect) until it is reopened on the same port; that request
 //! and connections already open are served as usual. A script may hold several.
+//!
+//! Idle keep-alive connections are closed at random with `idle_close=P:min=A:max=B`: after
+//! each reply on a connection, with probability `P`, the server closes the connection (a
+//! graceful HTTP/1.1 shutdown: a FIN, or an RST if request bytes already wait unread) once it
+//! has idled a time drawn uniformly in `A..=B` ms, unless the next request started before. Each
+//! close is counted as the fault `idle_close`. With `race=R`, a share `R` of those closes fire
+//! instead as the next request arrives, if it comes before the idle time: the connection is
+//! reset with the request unread, as when a client writes just as the server's idle timer fires
+//! (counted as `idle_close_race`). The draws come from `(seed, connection number, reply
+//! number)`, so a run repeats.
 
 use std::fmt;
 use std::str::FromStr;
@@ -57,6 +67,53 @@ pub struct Faults {
     /// Refusal windows, each started by the request with its number.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refusals: Vec<Refusal>,
+    /// Idle keep-alive connections closed at random (none by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_close: Option<IdleClose>,
+}
+
+/// Closing idle keep-alive connections at random: after a reply, with probability `p`, the
+/// connection is closed once it has idled a time drawn uniformly in `min_ms..=max_ms`.
+///
+/// JSON: `{"p": 0.5, "min_ms": 20, "max_ms": 80, "race": 0.2}`; compact:
+/// `idle_close=0.5:min=20:max=80:race=0.2`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleClose {
+    /// Share of replies after which the connection is closed when it idles.
+    pub p: f64,
+    /// The shortest idle time before the close, in milliseconds.
+    pub min_ms: u64,
+    /// The longest idle time before the close, in milliseconds.
+    pub max_ms: u64,
+    /// Share of those closes that fire as the next request arrives, if it comes first: the
+    /// server resets the connection with the request unread (the race of a client writing
+    /// as the server's idle timer fires).
+    #[serde(default)]
+    pub race: f64,
+}
+
+impl IdleClose {
+    /// After the `reply`-th reply (from 0) on connection number `conn`: the idle time after
+    /// which the server closes the connection, or `None` to keep it.
+    pub fn after(&self, faults: &Faults, conn: u64, reply: u64) -> Option<u64> {
+        let stream = format!("c:{conn}");
+        let ordinal = reply.saturating_mul(3);
+        if faults.draw(&stream, ordinal) >= self.p {
+            return None;
+        }
+        let span = self.max_ms.saturating_sub(self.min_ms);
+        let offset = (faults.draw(&stream, ordinal.saturating_add(1)) * (span as f64 + 1.0)) as u64;
+        Some(self.min_ms.saturating_add(offset.min(span)))
+    }
+
+    /// Whether the close after the `reply`-th reply on connection `conn` (when [`after`]
+    /// gives one) also fires as the next request arrives.
+    ///
+    /// [`after`]: IdleClose::after
+    pub fn races(&self, faults: &Faults, conn: u64, reply: u64) -> bool {
+        faults.draw(&format!("c:{conn}"), reply.saturating_mul(3).saturating_add(2)) < self.race
+    }
 }
 
 /// A refusal window: when the `at`-th request on an endpoint in scope arrives (counted from 1
@@ -444,6 +501,20 @@ impl Faults {
                 return Err(format!("refusal of {} ms is outside 1..={MAX_DELAY_MS}", refusal.ms));
             }
         }
+        if let Some(idle) = &self.idle_close {
+            if !(0.0..=1.0).contains(&idle.p) || !(0.0..=1.0).contains(&idle.race) {
+                return Err(format!(
+                    "a share of `idle_close` ({}, race {}) is outside 0..=1",
+                    idle.p, idle.race
+                ));
+            }
+            if idle.min_ms > idle.max_ms || idle.max_ms > MAX_DELAY_MS {
+                return Err(format!(
+                    "idle_close min {} ms and max {} ms are not ordered within an hour",
+                    idle.min_ms, idle.max_ms
+                ));
+            }
+        }
         // A little slack for decimal shares such as 0.7 + 0.2 + 0.1.
         if sum > 1.0 + 1e-9 {
             return Err(format!("shares add up to {sum}, more than 1"));
@@ -501,6 +572,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// - `seed=N`
 /// - `scope=keyed+legacy+read` (any non-empty subset, `+`-separated)
 /// - `refuse_at=N[:ms=M]`: a [`Refusal`] window of `M` ms (default 1000) at request `N`
+/// - `idle_close=P[:min=A][:max=B][:race=R]`: [`IdleClose`] (`A` 0 and `B` 1000 ms, `R` 0 by
+///   default)
 /// - `NAME=SHARE[:OPT=VAL]...` with NAME one of `503`, `429`, `400`, `500`,
 ///   `drop_before_effect`, `drop_after_effect` (alias `drop`), `reset_after_effect` (alias
 ///   `reset`), `slow`, `stall`, `truncated_reply` (alias `truncated`), `garbage_status`,
@@ -538,6 +611,19 @@ impl FromStr for Faults {
                         }
                     }
                     faults.refusals.push(refusal);
+                }
+                "idle_close" => {
+                    let p = value.parse().map_err(|_| format!("bad share `{value}` for `idle_close`"))?;
+                    let mut idle = IdleClose { p, min_ms: 0, max_ms: 1000, race: 0.0 };
+                    for &(k, v) in &opts {
+                        match k {
+                            "min" => idle.min_ms = v.parse().map_err(|_| format!("bad ms `{v}`"))?,
+                            "max" => idle.max_ms = v.parse().map_err(|_| format!("bad ms `{v}`"))?,
+                            "race" => idle.race = v.parse().map_err(|_| format!("bad share `{v}`"))?,
+                            _ => return Err(format!("`idle_close` takes no option `{k}`")),
+                        }
+                    }
+                    faults.idle_close = Some(idle);
                 }
                 "scope" => {
                     let mut scope = Scope { keyed: false, legacy: false, read: false };
@@ -686,6 +772,9 @@ impl fmt::Display for Faults {
         for refusal in &self.refusals {
             write!(f, ",refuse_at={}:ms={}", refusal.at, refusal.ms)?;
         }
+        if let Some(idle) = &self.idle_close {
+            write!(f, ",idle_close={}:min={}:max={}:race={}", idle.p, idle.min_ms, idle.max_ms, idle.race)?;
+        }
         Ok(())
     }
 }
@@ -704,6 +793,23 @@ mod tests {
     }
 
     #[test]
+    fn idle_close_draws_within_its_bounds_and_share() {
+        let f: Faults = "seed=3,idle_close=0.5:min=20:max=80".parse().unwrap();
+        let idle = f.idle_close.unwrap();
+        let draws: Vec<Option<u64>> = (0..400).map(|reply| idle.after(&f, reply % 7, reply)).collect();
+        let closes: Vec<u64> = draws.iter().flatten().copied().collect();
+        assert!(closes.iter().all(|ms| (20..=80).contains(ms)), "{closes:?}");
+        // About half the replies close, and the times spread over the range.
+        assert!((140..=260).contains(&closes.len()), "{} of 400", closes.len());
+        assert!(closes.iter().any(|ms| *ms < 35) && closes.iter().any(|ms| *ms > 65));
+        // The same script gives the same draws.
+        assert_eq!(draws, (0..400).map(|reply| idle.after(&f, reply % 7, reply)).collect::<Vec<_>>());
+        for bad in ["idle_close=2", "idle_close=0.5:min=9:max=3", "idle_close=0.5:every=3"] {
+            assert!(bad.parse::<Faults>().is_err(), "{bad} parsed");
+        }
+    }
+
+    #[test]
     fn compact_round_trips_through_display_and_json() {
         let text = "seed=9,scope=keyed+read,503=0.1:ra=date+3,429=0.1:ra=year,400=0.05,500=0.05,\
                     drop=0.05,drop_before_effect=0.05,slow=0.1:ms=20:before=true,\
@@ -711,10 +817,11 @@ mod tests {
                     429=0.01:ra=garbage,429=0.01:ra=garbage_date,429=0.01:ra=dup,503=0.01:ra=date-30,\
                     reset=0.05,stall=0.05:ms=20:effect=false:then=close,truncated=0.05,\
                     garbage_status=0.05:form=binary:effect=false,huge_header=0.05:bytes=100,\
-                    refuse_at=3:ms=50,refuse_at=9";
+                    refuse_at=3:ms=50,refuse_at=9,idle_close=0.5:min=20:max=80:race=0.25";
         let f: Faults = text.parse().unwrap();
         let again: Faults = f.to_string().parse().unwrap();
         assert_eq!(f, again);
+        assert_eq!(f.idle_close, Some(IdleClose { p: 0.5, min_ms: 20, max_ms: 80, race: 0.25 }));
         let json = serde_json::to_string(&f).unwrap();
         let from_json = Faults::parse_any(&json).unwrap();
         assert_eq!(f, from_json);

@@ -49,7 +49,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 pub use faults::{
-    BadBodyForm, Fault, Faults, GarbageForm, MAX_PADDING, Refusal, RetryAfter, Rule, Scope, StallEnd,
+    BadBodyForm, Fault, Faults, GarbageForm, IdleClose, MAX_PADDING, Refusal, RetryAfter, Rule, Scope,
+    StallEnd,
 };
 use state::{Claim, State, Stored};
 pub use state::{Duplicates, KeyStats, Report, Stats};
@@ -275,6 +276,7 @@ async fn accept_loop(
     // When the listener is closed: when to reopen it.
     let mut reopen_at: Option<Instant> = None;
     let mut reopen_failed = false;
+    let mut conn_number = 0u64;
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -305,21 +307,86 @@ async fn accept_loop(
             accepted = accept(listener.as_ref()) => {
                 let Ok((stream, _)) = accepted else { continue };
                 let shared = shared.clone();
-                conns.spawn(async move {
-                    let stream = Arc::new(stream);
-                    let conn = stream.clone();
-                    let svc = service_fn(move |req| handle(shared.clone(), conn.clone(), req));
-                    // Errors here are clients going away or deliberately broken replies.
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(SharedIo(stream)), svc)
-                        .await;
-                });
+                let number = conn_number;
+                conn_number += 1;
+                conns.spawn(serve(shared, stream, number));
             }
             // Reap finished connections so the set does not grow.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
     conns.shutdown().await;
+}
+
+/// Serves one connection (HTTP/1.1, kept alive as long as the client keeps it), closing it
+/// when it idles if the script's `idle_close` says so.
+async fn serve(shared: Arc<Shared>, stream: TcpStream, number: u64) {
+    let stream = Arc::new(stream);
+    let conn = stream.clone();
+    let watched = stream.clone();
+    // Requests started and replies returned on this connection.
+    let (activity_tx, mut activity) = tokio::sync::watch::channel((0u64, 0u64));
+    let activity_tx = Arc::new(activity_tx);
+    let handler_shared = shared.clone();
+    let svc = service_fn(move |req| {
+        let (shared, conn, activity) = (handler_shared.clone(), conn.clone(), activity_tx.clone());
+        async move {
+            activity.send_modify(|(started, _)| *started += 1);
+            let reply = handle(shared, conn, req).await;
+            activity.send_modify(|(_, replied)| *replied += 1);
+            reply
+        }
+    });
+    let serving = http1::Builder::new().serve_connection(TokioIo::new(SharedIo(stream)), svc);
+    tokio::pin!(serving);
+    // When to close the connection if no request starts before: set after a reply.
+    let mut close_at: Option<(Instant, u64)> = None;
+    let mut racing = false;
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            // Before hyper reads it: the next request's bytes met a close that races them.
+            biased;
+            ready = watched.readable(), if close_at.is_some() && racing && !closing => {
+                if ready.is_ok() && activity.borrow().0 == close_at.map_or(0, |(_, started)| started) {
+                    shared.state().count_fault("idle_close_race");
+                    // Dropping every handle with a zero linger sends RST; the request stays unread.
+                    let _ = watched.set_zero_linger();
+                    break;
+                }
+                // Served already (or a spurious wake-up): this close no longer races anything.
+                racing = false;
+            }
+            // Errors here are clients going away or deliberately broken replies.
+            _ = serving.as_mut() => break,
+            changed = activity.changed(), if !closing => {
+                if changed.is_err() {
+                    close_at = None;
+                    continue;
+                }
+                let (started, replied) = *activity.borrow_and_update();
+                close_at = None;
+                if started == replied && replied > 0 {
+                    let faults = shared.faults().clone();
+                    if let Some(idle) = faults.idle_close {
+                        close_at = idle
+                            .after(&faults, number, replied - 1)
+                            .map(|ms| (Instant::now() + Duration::from_millis(ms), started));
+                        racing = idle.races(&faults, number, replied - 1);
+                    }
+                }
+            }
+            () = sleep_until(close_at.map(|(at, _)| at)), if close_at.is_some() && !closing => {
+                let started_then = close_at.map_or(0, |(_, started)| started);
+                close_at = None;
+                if activity.borrow().0 == started_then {
+                    shared.state().count_fault("idle_close");
+                    serving.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
 }
 
 async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {

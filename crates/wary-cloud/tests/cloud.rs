@@ -444,3 +444,82 @@ async fn binary_rejects_bad_fault_spec() {
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
 }
+
+/// Reads one response with a `Content-Length` body off a kept connection.
+async fn read_framed(stream: &mut BufReader<TcpStream>) -> Option<Resp> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = tokio::time::timeout(IO_TIMEOUT, stream.read_line(&mut line)).await.expect("in time").ok()?;
+        if n == 0 {
+            return None;
+        }
+        head.extend_from_slice(line.as_bytes());
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let resp = parse(&head);
+    let len: usize = resp.header("content-length").and_then(|v| v.parse().ok()).expect("framed");
+    let mut body = vec![0; len];
+    stream.read_exact(&mut body).await.expect("body");
+    Some(Resp { body, ..resp })
+}
+
+fn keyed_request(key: &str) -> Vec<u8> {
+    let body = br#"{"v":1}"#;
+    let mut req = format!(
+        "POST /readings HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nIdempotency-Key: {key}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    req
+}
+
+#[tokio::test]
+async fn keeps_connections_and_closes_idle_ones_when_scripted() {
+    // Without the fault, one connection carries several requests.
+    let cloud = Cloud::start(LOOPBACK, Faults::none()).await.unwrap();
+    let mut kept = BufReader::new(TcpStream::connect(cloud.addr()).await.unwrap());
+    for n in 0..3 {
+        kept.get_mut().write_all(&keyed_request(&format!("keep{n}"))).await.unwrap();
+        assert_eq!(read_framed(&mut kept).await.expect("a reply").status, 201);
+    }
+    assert_eq!(cloud.stats().faults_injected.get("idle_close"), None);
+
+    // With every reply followed by an idle close after 20..=40 ms: a request sent at once is
+    // answered on the same connection, and one sent after the idle time finds it closed.
+    let faults: Faults = "seed=1,idle_close=1:min=20:max=40".parse().unwrap();
+    let cloud = Cloud::start(LOOPBACK, faults).await.unwrap();
+    let mut conn = BufReader::new(TcpStream::connect(cloud.addr()).await.unwrap());
+    conn.get_mut().write_all(&keyed_request("idle0")).await.unwrap();
+    assert_eq!(read_framed(&mut conn).await.expect("a reply").status, 201);
+    conn.get_mut().write_all(&keyed_request("idle1")).await.unwrap();
+    assert_eq!(read_framed(&mut conn).await.expect("a reply on the kept connection").status, 201);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(IO_TIMEOUT, conn.read_to_end(&mut rest)).await.expect("closed in time");
+    assert!(matches!(n, Ok(0)) || n.is_err(), "the idle connection was closed without a byte");
+    assert_eq!(cloud.stats().faults_injected.get("idle_close"), Some(&1));
+}
+
+#[tokio::test]
+async fn a_racing_idle_close_resets_the_connection_with_the_request_unread() {
+    // Every close races the next request (the idle time is long, so the request comes first).
+    let faults: Faults = "seed=2,idle_close=1:min=5000:max=5000:race=1".parse().unwrap();
+    let cloud = Cloud::start(LOOPBACK, faults).await.unwrap();
+    let mut conn = BufReader::new(TcpStream::connect(cloud.addr()).await.unwrap());
+    conn.get_mut().write_all(&keyed_request("race0")).await.unwrap();
+    assert_eq!(read_framed(&mut conn).await.expect("a reply").status, 201);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    conn.get_mut().write_all(&keyed_request("race1")).await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(IO_TIMEOUT, conn.read_to_end(&mut rest)).await.expect("closed in time");
+    assert!(rest.is_empty(), "no byte of reply");
+    assert!(read.is_err() || matches!(read, Ok(0)));
+    let stats = cloud.stats();
+    assert_eq!(stats.faults_injected.get("idle_close_race"), Some(&1));
+    // The second request was never read: one request served, one key applied.
+    assert_eq!(stats.requests, 1, "{stats:?}");
+}

@@ -21,6 +21,10 @@
 //! at most [`BODY_GRACE`], only to see whether it ended cleanly ([`Response::body_complete`]).
 //! The status line proves the server answered, so a body cut short still returns the status.
 //!
+//! **Kept connections**: [`encode_head_for`] leaves `Connection: close` out, and
+//! [`send_and_read_framed`] says whether the reply leaves the connection at a known byte
+//! ([`reusable`]); `transport::HttpTransport` keeps its connection on that.
+//!
 //! **One exchange for every connection**: [`send_and_read`] sends an encoded request and reads
 //! the reply over any `embedded-io-async` connection: plain TCP ([`Handed`]) here, TLS in
 //! `tls::post_tls`. [`encode_head`], [`connect`] and [`finish`] are the other steps, public so a
@@ -72,7 +76,7 @@ pub const BODY_LIMIT: usize = 4096;
 /// status is known by then, so a slow body must not eat the caller's deadline.
 pub const BODY_GRACE: Duration = Duration::from_millis(500);
 /// How long, within the exchange's limit, closing may wait for our FIN or RST to leave.
-const CLOSE_GRACE: Duration = Duration::from_millis(200);
+pub const CLOSE_GRACE: Duration = Duration::from_millis(200);
 /// The longest `Host` value: `255.255.255.255:65535`.
 const HOST_LEN: usize = 21;
 
@@ -366,6 +370,22 @@ pub async fn finish(socket: &mut TcpSocket<'_>, answered: bool, deadline: Instan
 /// [`HttpError::BadRequest`] for a path, key or host that is not visible ASCII, or a head
 /// longer than `buf`.
 pub async fn encode_head(request: &Post<'_>, host: &str, buf: &mut [u8]) -> Result<usize, HttpError> {
+    encode_head_for(request, host, true, buf).await
+}
+
+/// [`encode_head`] for a connection that is kept (`close` false: no `Connection` header, so
+/// HTTP/1.1's persistent connection applies) or ends with this exchange (`close` true:
+/// `Connection: close`).
+///
+/// # Errors
+///
+/// As [`encode_head`].
+pub async fn encode_head_for(
+    request: &Post<'_>,
+    host: &str,
+    close: bool,
+    buf: &mut [u8],
+) -> Result<usize, HttpError> {
     // reqwless writes header text as given: a CR or LF here would let a path or key inject
     // headers, and a space would break the request line.
     if !request.path.starts_with('/')
@@ -375,19 +395,15 @@ pub async fn encode_head(request: &Post<'_>, host: &str, buf: &mut [u8]) -> Resu
     {
         return Err(HttpError::BadRequest);
     }
-    let authorized;
-    let anonymous = [("Idempotency-Key", request.idempotency_key), ("Connection", "close")];
-    let headers: &[(&str, &str)] = match request.credential {
-        Some(credential) => {
-            authorized = [
-                ("Authorization", credential.header_value()),
-                ("Idempotency-Key", request.idempotency_key),
-                ("Connection", "close"),
-            ];
-            &authorized
-        }
-        None => &anonymous,
-    };
+    let mut all =
+        [("Authorization", ""), ("Idempotency-Key", request.idempotency_key), ("Connection", "close")];
+    let mut from = 1;
+    if let (Some(credential), Some(slot)) = (request.credential, all.first_mut()) {
+        slot.1 = credential.header_value();
+        from = 0;
+    }
+    let to = if close { all.len() } else { all.len().saturating_sub(1) };
+    let headers: &[(&str, &str)] = all.get(from..to).unwrap_or(&[]);
     let head = Request::post(request.path)
         .host(host)
         .content_type(ContentType::ApplicationJson)
@@ -448,6 +464,48 @@ pub async fn send_and_read<C: Read + Write>(
     head: &mut [u8],
     deadline: Instant,
 ) -> Result<Response, HttpError> {
+    send_and_read_framed(conn, head_len, body, head, deadline).await.0
+}
+
+/// [`send_and_read`], and whether the connection may carry another request after this reply
+/// ([`reusable`]): `false` after any failure.
+///
+/// # Errors
+///
+/// As [`send_and_read`].
+pub async fn send_and_read_framed<C: Read + Write>(
+    conn: &mut C,
+    head_len: usize,
+    body: &[u8],
+    head: &mut [u8],
+    deadline: Instant,
+) -> (Result<Response, HttpError>, bool) {
+    let result = exchange(conn, head_len, body, head, deadline).await;
+    match result {
+        Ok((response, framed, close)) => {
+            let keep = reusable(framed, close, response.body_complete);
+            (Ok(response), keep)
+        }
+        Err(err) => (Err(err), false),
+    }
+}
+
+/// Whether a reply leaves the connection able to carry the next request (RFC 9112 9.3 and
+/// 6.3): the reply is HTTP/1.1, has no `Connection: close`, its body was framed by
+/// `Content-Length` or chunks (or had none by its status) and was read to its end, so the
+/// next reply starts at the next byte. A body that runs to the connection's end, an HTTP/1.0
+/// reply, a body cut short or not read in time, and every failure end the connection.
+pub const fn reusable(framed_http11: bool, close: bool, body_complete: bool) -> bool {
+    framed_http11 && !close && body_complete
+}
+
+async fn exchange<C: Read + Write>(
+    conn: &mut C,
+    head_len: usize,
+    body: &[u8],
+    head: &mut [u8],
+    deadline: Instant,
+) -> Result<(Response, bool, bool), HttpError> {
     let request_head = head.get(..head_len).ok_or(HttpError::BadRequest)?;
     let sent = with_deadline(deadline, async {
         conn.write_all(request_head).await?;
@@ -460,7 +518,7 @@ pub async fn send_and_read<C: Read + Write>(
     }
 
     // From here on the server may hold the whole request.
-    let mut counted = Counted { conn, bytes: 0 };
+    let mut counted = Counted { conn, bytes: 0, first: [0; VERSION.len()] };
     let reply = match with_deadline(deadline, RawResponse::read(&mut counted, Method::POST, head)).await {
         Err(_) => return Err(HttpError::ResponseTimeout),
         Ok(Err(err)) => return Err(reply_failure(&err, counted.bytes)),
@@ -471,9 +529,17 @@ pub async fn send_and_read<C: Read + Write>(
         return Err(HttpError::Malformed);
     }
     let mut response = collect_headers(status, reply.headers());
+    let close = reply.headers().any(|(name, value)| name.eq_ignore_ascii_case("connection") && closes(value));
     let body_deadline = Instant::now().checked_add(BODY_GRACE).unwrap_or(Instant::MAX).min(deadline);
-    response.body_complete = drain(reply.body().reader(), body_deadline).await;
-    Ok(response)
+    let reader = reply.body().reader();
+    let framed = !matches!(reader, BodyReader::ToEnd(_));
+    response.body_complete = drain(reader, body_deadline).await;
+    Ok((response, framed && counted.first == *VERSION, close))
+}
+
+/// Whether a `Connection` value lists `close` (a comma-separated list of tokens, any case).
+pub fn closes(value: &[u8]) -> bool {
+    value.split(|b| *b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
 }
 
 /// A failure while reading the reply's head: every one may have landed.
@@ -546,11 +612,17 @@ async fn drain<R: Read>(mut body: BodyReader<R>, deadline: Instant) -> bool {
     false
 }
 
-/// The connection, counting the reply bytes read, so a reply cut short can be told from none.
+/// The connection, counting the reply bytes read, so a reply cut short can be told from none,
+/// and keeping the first bytes of the reply (its protocol version: reqwless moves the body over
+/// the status line once the header block is read).
 struct Counted<'c, C> {
     conn: &'c mut C,
     bytes: usize,
+    first: [u8; VERSION.len()],
 }
+
+/// The status line's start that lets a connection persist (RFC 9112 9.3).
+const VERSION: &[u8; 9] = b"HTTP/1.1 ";
 
 impl<C: ErrorType> ErrorType for Counted<'_, C> {
     type Error = C::Error;
@@ -559,6 +631,10 @@ impl<C: ErrorType> ErrorType for Counted<'_, C> {
 impl<C: Read> Read for Counted<'_, C> {
     async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
         let n = self.conn.read(buf).await?;
+        let read = buf.get(..n).unwrap_or(&[]);
+        for (slot, byte) in self.first.iter_mut().skip(self.bytes).zip(read) {
+            *slot = *byte;
+        }
         self.bytes = self.bytes.saturating_add(n);
         Ok(n)
     }

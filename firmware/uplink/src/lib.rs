@@ -329,7 +329,8 @@ impl Summary {
 /// `config.max_rounds` rounds have passed. Each reading is one keyed write through the wary
 /// runner (waits on `delay`, draws from `rng`), sharing `fleet` with any other runner of the
 /// device, one [`Transport::send`] of one message per attempt, after [`Transport::open`]; the
-/// transport is closed at the end of every round. Replies are classified here, under the
+/// transport is closed at the end of every round that kept a reading (a pause follows), and
+/// otherwise keeps its connection for the next reading. Replies are classified here, under the
 /// policy's Retry-After rules: the one place a device reads them.
 ///
 /// Between rounds that kept a reading the uplink pauses with [`RoundBackoff`]; a call that gave
@@ -485,8 +486,12 @@ where
                 break;
             }
         }
-        // The connection's life ends with the round: a pause may be long.
-        transport.lock().await.close().await;
+        // A round that kept a reading pauses, perhaps for long: the connection ends with it. A
+        // round that emptied the outbox keeps it for the next reading (the transport ends it
+        // when it idles past its limit).
+        if kept > 0 {
+            transport.lock().await.close().await;
+        }
         if landed > 0 {
             pause.reset();
         }

@@ -18,11 +18,12 @@
 //! a failed exchange is a wary [`Failure`] named by whether the message may have reached the
 //! server.
 //!
-//! [`HttpTransport`] is HTTP per reading: one HTTP/1.1 `POST` per message and per connection
-//! through an `embassy-net` stack ([`crate::http::post`]), whatever link is under the stack
-//! (Ethernet, PPP over a cellular modem, Wi-Fi); `BATCH` is 1 and `open`/`close` have nothing
-//! to keep. A failed exchange maps ([`failure`]) by what it says about whether the request may
-//! have reached the server:
+//! [`HttpTransport`] is HTTP per reading: one HTTP/1.1 `POST` per message through an
+//! `embassy-net` stack, whatever link is under the stack (Ethernet, PPP over a cellular modem,
+//! Wi-Fi), over one connection kept across attempts and readings (see [`HttpTransport`] for
+//! when it ends and how a write onto a connection the server closed is classified), one
+//! message per exchange (`BATCH` 1). A failed exchange maps ([`failure`]) by what it says about
+//! whether the request may have reached the server:
 //!
 //! | exchange result | answer | why |
 //! |---|---|---|
@@ -41,6 +42,8 @@
 use core::net::SocketAddrV4;
 
 use embassy_net::Stack;
+use embassy_net::tcp::{State, TcpSocket};
+use embassy_time::Instant;
 use wary::{
     Duration, Failure, Outcome,
     retry_after::{Reading, Rules},
@@ -150,14 +153,54 @@ pub fn answer(result: Result<Response, HttpError>) -> Answer {
     result.map_err(failure)
 }
 
-/// Keyed writes as HTTP/1.1 `POST`s to one server through an `embassy-net` stack.
+/// How long a kept connection may idle before the transport closes it and opens a new one for
+/// the next request: 4 s, under the idle timeouts of common servers (Node's 5 s, nginx's 75 s,
+/// Apache's 5 s), so the device does not write onto a connection the server is about to close.
+pub const IDLE_LIMIT: embassy_time::Duration = embassy_time::Duration::from_secs(4);
+
+/// Keyed writes as HTTP/1.1 `POST`s to one server through an `embassy-net` stack, over one
+/// connection kept across attempts and readings (HTTP/1.1 persistent connections), or one
+/// connection per request ([`HttpTransport::connection_per_request`]).
+///
+/// The connection is opened by [`Transport::open`] when there is none, and ends (and the next
+/// `open` makes a new one) when: the server's reply says so (`Connection: close`, HTTP/1.0, or
+/// a body that runs to the connection's end), the reply's body was not read to its framed end,
+/// an exchange failed, the server's FIN or RST was seen, unread bytes wait on it, it idled past
+/// the limit ([`IDLE_LIMIT`] by default), or the uplink closed it ([`Transport::close`]).
+///
+/// **A request written on a kept connection the server had already closed** (the
+/// reused-connection race) is classified by what left:
+///
+/// | what the device saw | counted as | answer | a keyed write | an unkeyed write |
+/// |---|---|---|---|---|
+/// | the server's FIN or RST before writing | [`Counts::stale_before_write`] | none: a new connection carries the request in the same attempt | sent once, on the new connection | the same |
+/// | the write failed (RST) before the whole request was handed to TCP | [`Counts::stale_unsent`] | `Refused` | resent: never sent whole | resent |
+/// | the request left, then FIN or RST with no byte of reply | [`Counts::stale_maybe_landed`] | `Reset` | resent with its key: may have landed | ends `unknown`: may have landed |
+///
+/// The device does not try to prove that the server closed before reading (an ACK of the FIN
+/// that does not cover the request would prove it, but embassy-net does not expose it), so the
+/// third row stays "may have landed", as RFC 9112 9.3.1 requires for a request that is not
+/// idempotent.
 pub struct HttpTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> {
     stack: Stack<'s>,
     server: SocketAddrV4,
     path: &'a str,
-    buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
+    socket: TcpSocket<'a>,
+    head: &'a mut [u8],
     credential: Option<&'a Credential>,
     counts: Counts,
+    /// `None`: one connection per request (`Connection: close`).
+    idle_limit: Option<embassy_time::Duration>,
+    /// The kept connection: when its last reply ended, and how many requests it carried.
+    kept: Option<Kept>,
+    /// The end of the attempt `open` was called for, which `send` shares.
+    deadline: Option<Instant>,
+}
+
+#[derive(Clone, Copy)]
+struct Kept {
+    last_reply: Instant,
+    requests: u32,
 }
 
 /// What the transport saw, for the summary: counts only, never header text or payloads.
@@ -175,6 +218,18 @@ pub struct Counts {
     pub bodies_cut: u32,
     /// Replies with `Retry-After` values too long or too many to keep.
     pub retry_after_dropped: u32,
+    /// TCP connections opened (SYNs that got an answer or not).
+    pub connects: u32,
+    /// Requests sent on a connection that had carried one before.
+    pub reused: u32,
+    /// Kept connections closed by the device for idling past the limit.
+    pub idle_closed: u32,
+    /// Kept connections the server had closed, seen before a request was written on them.
+    pub stale_before_write: u32,
+    /// Requests on a kept connection whose write failed before the whole request left.
+    pub stale_unsent: u32,
+    /// Requests that left on a kept connection that then closed with no byte of reply.
+    pub stale_maybe_landed: u32,
 }
 
 impl Counts {
@@ -195,19 +250,59 @@ impl Counts {
             Err(_) => self.never_sent = self.never_sent.saturating_add(1),
         }
     }
+
+    /// Counts a request written on a kept connection that failed with `err`, by the
+    /// reused-connection table of [`HttpTransport`]. Other failures are not the race.
+    pub fn record_stale(&mut self, err: HttpError) {
+        match err {
+            HttpError::SendFailed => self.stale_unsent = self.stale_unsent.saturating_add(1),
+            HttpError::Closed | HttpError::Reset => {
+                self.stale_maybe_landed = self.stale_maybe_landed.saturating_add(1);
+            }
+            _ => {}
+        }
+    }
+
+    /// Logs the `HTTP` line the host-side scenarios read: connection counts only.
+    pub fn log(&self) {
+        defmt::info!(
+            "HTTP connects={=u32} exchanges={=u32} reused={=u32} idle_closed={=u32} stale_before_write={=u32} stale_unsent={=u32} stale_maybe_landed={=u32}",
+            self.connects,
+            self.exchanges,
+            self.reused,
+            self.idle_closed,
+            self.stale_before_write,
+            self.stale_unsent,
+            self.stale_maybe_landed
+        );
+    }
 }
 
-impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
+impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
     HttpTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
 {
-    /// Posts to `path` on `server` through `stack`.
+    /// Posts to `path` on `server` through `stack`, keeping the connection for at most
+    /// [`IDLE_LIMIT`] between requests. The transport holds one of the stack's sockets for its
+    /// whole life.
     pub fn new(
         stack: Stack<'s>,
         server: SocketAddrV4,
         path: &'a str,
         buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
     ) -> Self {
-        HttpTransport { stack, server, path, buffers, credential: None, counts: Counts::default() }
+        let (rx, tx, head) = buffers.parts();
+        HttpTransport {
+            stack,
+            server,
+            path,
+            socket: TcpSocket::new(stack, rx, tx),
+            head,
+            credential: None,
+            counts: Counts::default(),
+            idle_limit: Some(IDLE_LIMIT),
+            kept: None,
+            deadline: None,
+        }
     }
 
     /// Sends `credential` as `Authorization: Bearer <token>` on every attempt (without this,
@@ -218,29 +313,168 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
         self
     }
 
+    /// Keeps a connection for at most `limit` between requests (keep it under the server's
+    /// own idle timeout).
+    #[must_use]
+    pub fn idle_limit(mut self, limit: embassy_time::Duration) -> Self {
+        self.idle_limit = Some(limit);
+        self
+    }
+
+    /// One connection per request, each with `Connection: close` (no keep-alive).
+    #[must_use]
+    pub fn connection_per_request(mut self) -> Self {
+        self.idle_limit = None;
+        self
+    }
+
     /// What the transport saw so far.
     pub fn counts(&self) -> Counts {
         self.counts
     }
+
+    /// Whether the kept connection can carry a request now; ends it (counted) when it cannot.
+    async fn check_kept(&mut self) {
+        let Some(kept) = self.kept else { return };
+        // One connection per request: a connection that carried one is not reused (it was
+        // ended after its reply); a fresh one is the request's own.
+        let idle_past = match self.idle_limit {
+            Some(limit) => kept.last_reply.elapsed() > limit,
+            None => kept.requests > 0,
+        };
+        // Anything but a clean, quiet, established connection: the server's FIN (close-wait),
+        // its RST (closed), or bytes nobody asked for.
+        let usable =
+            self.socket.state() == State::Established && self.socket.may_send() && !self.socket.can_recv();
+        if !usable {
+            self.counts.stale_before_write = self.counts.stale_before_write.saturating_add(1);
+            defmt::info!("http: the kept connection was closed by the server; a new one");
+            self.end(false).await;
+        } else if idle_past {
+            self.counts.idle_closed = self.counts.idle_closed.saturating_add(1);
+            self.end(true).await;
+        }
+    }
+
+    /// Ends the connection: a FIN after a clean answer, an RST otherwise.
+    async fn end(&mut self, clean: bool) {
+        self.kept = None;
+        let deadline = Instant::now().saturating_add(http::CLOSE_GRACE);
+        http::finish(&mut self.socket, clean, deadline).await;
+    }
+
+    /// Makes sure a connection is open by `deadline`.
+    async fn ensure_open(&mut self, deadline: Instant) -> Result<(), HttpError> {
+        self.check_kept().await;
+        if self.kept.is_some() {
+            return Ok(());
+        }
+        if !self.stack.is_link_up() || self.stack.config_v4().is_none() {
+            return Err(HttpError::NoNetwork);
+        }
+        // A socket left closing (FIN sent, TIME-WAIT) must be closed before it connects again.
+        if self.socket.state() != State::Closed {
+            self.socket.abort();
+            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
+            let _ = embassy_time::with_timeout(grace, self.socket.flush()).await;
+        }
+        self.counts.connects = self.counts.connects.saturating_add(1);
+        match http::connect(&mut self.socket, self.server, deadline).await {
+            Ok(()) => {
+                self.kept = Some(Kept { last_reply: Instant::now(), requests: 0 });
+                Ok(())
+            }
+            Err(err) => {
+                http::finish(&mut self.socket, false, deadline).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// One request on the open connection (opening one if there is none).
+    async fn exchange(&mut self, message: &Message<'_>, deadline: Instant) -> Result<Response, HttpError> {
+        self.ensure_open(deadline).await?;
+        let reused = self.kept.is_some_and(|kept| kept.requests > 0);
+        let request = Post {
+            path: self.path,
+            idempotency_key: message.key,
+            body: message.body,
+            credential: self.credential,
+        };
+        let mut host = heapless::String::<21>::new();
+        if core::fmt::Write::write_fmt(&mut host, format_args!("{}", self.server)).is_err() {
+            return Err(HttpError::BadRequest);
+        }
+        let keep = self.idle_limit.is_some();
+        let head_len = match http::encode_head_for(&request, &host, !keep, self.head).await {
+            Ok(len) => len,
+            Err(err) => {
+                // Nothing was written: the connection stays as it was.
+                return Err(err);
+            }
+        };
+        if reused {
+            self.counts.reused = self.counts.reused.saturating_add(1);
+        }
+        let (result, reusable) = http::send_and_read_framed(
+            &mut http::Handed(&mut self.socket),
+            head_len,
+            message.body,
+            self.head,
+            deadline,
+        )
+        .await;
+        if let (Err(err), true) = (&result, reused) {
+            self.counts.record_stale(*err);
+        }
+        match (&result, self.kept.as_mut()) {
+            (Ok(_), Some(kept)) if keep && reusable => {
+                kept.last_reply = Instant::now();
+                kept.requests = kept.requests.saturating_add(1);
+            }
+            _ => {
+                self.kept = None;
+                http::finish(&mut self.socket, result.is_ok(), deadline).await;
+            }
+        }
+        match &result {
+            Ok(reply) => defmt::debug!("http: {} ({=bool} reused)", reply, reused),
+            Err(err) => defmt::debug!("http: {} in phase {} ({=bool} reused)", err, err.phase(), reused),
+        }
+        result
+    }
 }
 
-impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
-    for HttpTransport<'_, '_, SOCKET_RX, SOCKET_TX, HEAD>
+impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
+    for HttpTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
 {
+    async fn open(&mut self, limit: Duration) -> Result<(), Failure> {
+        let deadline = Instant::now().saturating_add(limit.into());
+        self.deadline = Some(deadline);
+        match self.ensure_open(deadline).await {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                let result = Err(err);
+                self.counts.record(&result);
+                defmt::debug!("http: {} in phase {}", err, err.phase());
+                Err(failure(err))
+            }
+        }
+    }
+
     async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: Duration) {
-        // One connection per message: a second message would wait for the first's close.
-        let deadline = embassy_time::Instant::now().saturating_add(limit.into());
+        let by_limit = Instant::now().saturating_add(limit.into());
+        let deadline = self.deadline.take().map_or(by_limit, |open| open.min(by_limit));
         for (message, slot) in messages.iter().zip(answers.iter_mut()) {
-            let request = Post {
-                path: self.path,
-                idempotency_key: message.key,
-                body: message.body,
-                credential: self.credential,
-            };
-            let left = deadline.saturating_duration_since(embassy_time::Instant::now());
-            let result = http::post(self.stack, self.server, &request, left, self.buffers).await;
+            let result = self.exchange(message, deadline).await;
             self.counts.record(&result);
             *slot = answer(result);
+        }
+    }
+
+    async fn close(&mut self) {
+        if self.kept.is_some() {
+            self.end(true).await;
         }
     }
 }

@@ -124,6 +124,13 @@ struct Args {
     crash_loop: u32,
     boot_base: Option<u64>,
     boot_cap: Option<u64>,
+    /// `keepalive=off`: one connection per request (`Connection: close`), for comparisons.
+    /// Plain HTTP only: the TLS transport opens a connection per request.
+    #[cfg_attr(feature = "tls", allow(dead_code))]
+    keepalive: bool,
+    /// `idle_ms=`: how long a kept connection may idle (the transport's default otherwise).
+    #[cfg_attr(feature = "tls", allow(dead_code))]
+    idle_ms: Option<u64>,
 }
 
 /// The command line, or why it cannot be used.
@@ -142,6 +149,8 @@ fn args() -> Result<Args, &'static str> {
         crash_loop: 0,
         boot_base: None,
         boot_cap: None,
+        keepalive: true,
+        idle_ms: None,
     };
     let (mut device, mut port, mut seed) = (None, None, None);
     for arg in &all {
@@ -179,6 +188,8 @@ fn args() -> Result<Args, &'static str> {
             }
             "boot_base" => a.boot_base = Some(value.parse().map_err(|_| "boot_base= is not milliseconds")?),
             "boot_cap" => a.boot_cap = Some(value.parse().map_err(|_| "boot_cap= is not milliseconds")?),
+            "keepalive" => a.keepalive = value != "off",
+            "idle_ms" => a.idle_ms = Some(value.parse().map_err(|_| "idle_ms= is not a number")?),
             _ => {}
         }
     }
@@ -260,8 +271,17 @@ async fn main(spawner: Spawner) {
 
     let server = SocketAddrV4::new(HOST, args.port);
     #[cfg(not(feature = "tls"))]
-    let http =
-        HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
+    let http = {
+        let mut http =
+            HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
+        if let Some(ms) = args.idle_ms {
+            http = http.idle_limit(Duration::from_millis(ms));
+        }
+        if !args.keepalive {
+            http = http.connection_per_request();
+        }
+        http
+    };
     #[cfg(feature = "tls")]
     let http = {
         use rand_chacha::rand_core::SeedableRng;
@@ -293,6 +313,7 @@ async fn main(spawner: Spawner) {
             .await;
     let counts: Counts = transport.inner.inner.counts();
     s.log(&store.counters().await, &counts);
+    counts.log();
     if s.all_landed() {
         exit(exit_code::PASS)
     } else {
