@@ -12,6 +12,11 @@
 //!   the wait at once, and the next request is never sent. A cancel cannot roll back a request
 //!   already sent.
 //! - A retry refused by the fleet budget ends `gave_up` (throttled).
+//! - With a [`Pace`] (off unless given), every attempt, the first included, waits for the send
+//!   rate's token, through the same delay and cancel checks as a backoff wait; a pace wait that
+//!   would pass the wait budget or the deadline ends the call `gave_up` (budget or deadline).
+//!   With a [`Breaker`], a call that meets it open ends at once `gave_up` (circuit_open),
+//!   with no attempt. Every attempt's outcome is reported to both ([`Attempts::report`]).
 //! - An `unknown` (a write that may have landed) goes to the caller's [`Probe`]: landed → ok
 //!   with no resend; not landed → one resend, counted as a retry; still unknown → `unknown`.
 //!   Never a blind resend.
@@ -27,12 +32,14 @@ use portable_atomic::{AtomicBool, Ordering};
 use rand_core::RngCore;
 
 use crate::backoff::Draw;
+use crate::breaker::Breaker;
 use crate::classify::{Failure, Operation, Outcome};
 use crate::decide::{Decision, Verdict};
 use crate::key::Key;
 use crate::ledger::Sink;
+use crate::pace::Pace;
 use crate::policy::Policy;
-use crate::step::Attempts;
+use crate::step::{Attempts, Gate};
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
 
@@ -227,21 +234,33 @@ pub struct Runner<'a, D, C, R, X = Never, L = ()> {
     rng: R,
     cancel: X,
     fleet: Option<&'a FleetBudget>,
+    pace: Option<&'a mut Pace>,
+    breaker: Option<&'a mut Breaker>,
     ledger: L,
 }
 
 impl<'a, D: DelayNs, C: Clock, R: RngCore> Runner<'a, D, C, R> {
     /// A runner with no cancel signal, no fleet budget and no ledger.
     pub fn new(policy: &'a Policy, delay: D, clock: C, rng: R) -> Self {
-        Runner { policy, delay, clock, rng, cancel: Never, fleet: None, ledger: () }
+        Runner {
+            policy,
+            delay,
+            clock,
+            rng,
+            cancel: Never,
+            fleet: None,
+            pace: None,
+            breaker: None,
+            ledger: (),
+        }
     }
 }
 
 impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, R, X, L> {
     /// With a cancel signal.
     pub fn cancel<X2: Cancel>(self, cancel: X2) -> Runner<'a, D, C, R, X2, L> {
-        let Runner { policy, delay, clock, rng, fleet, ledger, .. } = self;
-        Runner { policy, delay, clock, rng, cancel, fleet, ledger }
+        let Runner { policy, delay, clock, rng, fleet, pace, breaker, ledger, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, pace, breaker, ledger }
     }
 
     /// With a fleet retry budget shared with other runners.
@@ -250,10 +269,34 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
         self
     }
 
+    /// With the endpoint's adaptive send rate: asked before every attempt, told every outcome.
+    /// The runner holds it for its lifetime; read it back with [`Runner::pace_ref`].
+    pub fn pace(mut self, pace: &'a mut Pace) -> Self {
+        self.pace = Some(pace);
+        self
+    }
+
+    /// With the endpoint's circuit breaker: a call that meets it open ends at once, `gave_up`
+    /// (circuit_open), with no attempt; every outcome is reported to it.
+    pub fn breaker(mut self, breaker: &'a mut Breaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// The pace, if the runner has one.
+    pub fn pace_ref(&self) -> Option<&Pace> {
+        self.pace.as_deref()
+    }
+
+    /// The breaker, if the runner has one.
+    pub fn breaker_ref(&self) -> Option<&Breaker> {
+        self.breaker.as_deref()
+    }
+
     /// With a ledger.
     pub fn ledger<L2: Sink>(self, ledger: L2) -> Runner<'a, D, C, R, X, L2> {
-        let Runner { policy, delay, clock, rng, cancel, fleet, .. } = self;
-        Runner { policy, delay, clock, rng, cancel, fleet, ledger }
+        let Runner { policy, delay, clock, rng, cancel, fleet, pace, breaker, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, pace, breaker, ledger }
     }
 
     /// The ledger, to read it back.
@@ -298,6 +341,25 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             if self.cancel.is_cancelled() {
                 return Err(self.cancelled_call(key, op, &call, last));
             }
+            // The breaker and the send rate, before every attempt.
+            loop {
+                let now = self.clock.now();
+                match call.admit(policy, self.pace.as_deref_mut(), self.breaker.as_deref_mut(), now) {
+                    Gate::Go => break,
+                    Gate::Wait(wait) => {
+                        let sleep = self.delay.delay_ms(wait.as_millis());
+                        let woke = select(pin!(sleep), pin!(self.cancel.cancelled())).await;
+                        if let Either::Second(()) = woke {
+                            return Err(self.cancelled_call(key, op, &call, last));
+                        }
+                    }
+                    // Nothing sent: no record (see docs/pacing.md).
+                    Gate::Stop(why) => return Err(stopped(Verdict::GaveUp(why), &call, last)),
+                }
+                if self.cancel.is_cancelled() {
+                    return Err(self.cancelled_call(key, op, &call, last));
+                }
+            }
             let number = call.number();
             let remaining = call.start(policy, self.clock.now());
             let result = attempt(Attempt { number, key, remaining }).await;
@@ -310,6 +372,11 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             };
             last = outcome.failure().copied();
             let draw = Draw::from_rng(&mut self.rng);
+            if self.pace.is_some() || self.breaker.is_some() {
+                // A draw of their own: a plain call's draws stay as they were.
+                let draw = Draw::from_rng(&mut self.rng);
+                Attempts::report(self.pace.as_deref_mut(), self.breaker.as_deref_mut(), &outcome, draw, t1);
+            }
             let (decision, record) = call.end(policy, fleet, op, key, outcome, draw, t1);
             match decision {
                 Decision::Retry { wait } => {

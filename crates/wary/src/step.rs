@@ -22,13 +22,28 @@
 //! ```
 
 use crate::backoff::Draw;
-use crate::classify::{Operation, Outcome};
+use crate::breaker::Breaker;
+use crate::classify::{Failure, Operation, Outcome};
 use crate::decide::{CallState, Decision, GiveUp, Verdict};
 use crate::key::Key;
+use crate::pace::{Pace, Signal};
 use crate::policy::Policy;
 use crate::record::Record;
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
+
+/// What the send rate and the circuit breaker say before an attempt ([`Attempts::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Gate {
+    /// Send the attempt now.
+    Go,
+    /// Wait this long (charged to the call's wait budget), then ask again.
+    Wait(Duration),
+    /// The call ends here, before the attempt: the breaker is open
+    /// ([`GiveUp::CircuitOpen`]), or the pace's wait would pass the wait budget or the deadline.
+    Stop(GiveUp),
+}
 
 /// One call's attempts: its [`CallState`], when it started and when its current attempt
 /// started (as the call's time then, 4 bytes). `Copy`, no allocation.
@@ -79,6 +94,87 @@ impl Attempts {
         let elapsed = self.elapsed(now);
         self.attempt_started = elapsed;
         policy.deadline().map(|d| d.saturating_sub(elapsed))
+    }
+
+    /// Asks the endpoint's breaker and pace, when the call has them, whether the next attempt
+    /// may go at `now`; call it before every attempt, the first included, and again after a
+    /// [`Gate::Wait`].
+    ///
+    /// An open breaker ends the call at once ([`Gate::Stop`] with [`GiveUp::CircuitOpen`]):
+    /// waiting out its open time inside one call would hold the caller for minutes with
+    /// nothing sent; the caller (an outbox) keeps the work for later. The pace's wait is a wait
+    /// like a backoff's: it counts toward the wait budget, and one that would pass the budget
+    /// or the deadline ends the call ([`GiveUp::Budget`], [`GiveUp::Deadline`]) instead of
+    /// sleeping past it. The breaker is asked again once the pace lets the attempt go, so a
+    /// half-open breaker's one probe is taken only by an attempt that is sent.
+    pub fn admit(
+        &mut self,
+        policy: &Policy,
+        pace: Option<&mut Pace>,
+        breaker: Option<&mut Breaker>,
+        now: Instant,
+    ) -> Gate {
+        // A copy is asked first: a half-open breaker's probe is not taken yet.
+        if let Some(mut peek) = breaker.as_deref().copied()
+            && peek.admit(now).is_err()
+        {
+            return Gate::Stop(GiveUp::CircuitOpen);
+        }
+        if let Some(pace) = pace
+            && let Err(wait) = pace.acquire(now)
+        {
+            let elapsed = self.elapsed(now);
+            return match policy.charge_wait(&mut self.state, wait, Some(elapsed)) {
+                Ok(()) => Gate::Wait(wait),
+                Err(why) => Gate::Stop(why),
+            };
+        }
+        match breaker.map(|b| b.admit(now)) {
+            Some(Err(_)) => Gate::Stop(GiveUp::CircuitOpen),
+            Some(Ok(_)) | None => Gate::Go,
+        }
+    }
+
+    /// Tells the endpoint's pace and breaker how an attempt that ended at `now` went: the pace
+    /// hears its [`Signal`] (`draw` places the next request after a cut, and draws the
+    /// breaker's open time); the breaker counts refused connections, timeouts, resets, TLS
+    /// failures and 5xx other than 503 as the endpoint being down, and any answer it served,
+    /// a 4xx included, as up. A throttle (429, 503) leaves the breaker as it is (the endpoint
+    /// is there, only loaded: the pace's business), as do a cancel and a broken body. When a
+    /// success closes a breaker that was not closed, the pace starts slowly
+    /// ([`Pace::slow_start`]) rather than let the whole backlog go at once.
+    pub fn report(
+        pace: Option<&mut Pace>,
+        breaker: Option<&mut Breaker>,
+        outcome: &Outcome,
+        draw: Draw,
+        now: Instant,
+    ) {
+        let signal = Signal::of(outcome);
+        let mut came_back = false;
+        if let Some(b) = breaker {
+            match (signal, outcome) {
+                (Signal::Served, _) => came_back = b.on_success(now),
+                (
+                    Signal::Neither,
+                    Outcome::Failure(
+                        Failure::Refused
+                        | Failure::ConnectTimeout
+                        | Failure::ResponseTimeout
+                        | Failure::Reset
+                        | Failure::Tls
+                        | Failure::Status { code: 500..=599, .. },
+                    ),
+                ) => b.on_failure(now, draw),
+                _ => {}
+            }
+        }
+        if let Some(p) = pace {
+            p.report(now, signal, draw);
+            if came_back {
+                p.slow_start(now);
+            }
+        }
     }
 
     /// Decides after the attempt that ended at `now` with `outcome`: the decision (through the
