@@ -12,11 +12,12 @@
 //!   the wait at once, and the next request is never sent. A cancel cannot roll back a request
 //!   already sent.
 //! - A retry refused by the fleet budget ends `gave_up` (throttled).
-//! - With a [`Pace`] (off unless given), every attempt, the first included, waits for the send
+//! - With an [`Endpoint`]'s [`Pace`] (off unless given: [`Runner::endpoint`]), every attempt, the first included, waits for the send
 //!   rate's token, through the same delay and cancel checks as a backoff wait; a pace wait that
 //!   would pass the wait budget or the deadline ends the call `gave_up` (budget or deadline).
-//!   With a [`Breaker`], a call that meets it open ends at once `gave_up` (circuit_open),
+//!   With its [`Breaker`], a call that meets it open ends at once `gave_up` (circuit_open),
 //!   with no attempt. Every attempt's outcome is reported to both ([`Attempts::report`]).
+//!   A call that they end before an attempt writes no ledger record (see docs/pacing.md).
 //! - An `unknown` (a write that may have landed) goes to the caller's [`Probe`]: landed → ok
 //!   with no resend; not landed → one resend, counted as a retry; still unknown → `unknown`.
 //!   Never a blind resend.
@@ -32,14 +33,16 @@ use portable_atomic::{AtomicBool, Ordering};
 use rand_core::RngCore;
 
 use crate::backoff::Draw;
+#[cfg(doc)]
 use crate::breaker::Breaker;
 use crate::classify::{Failure, Operation, Outcome};
 use crate::decide::{Decision, Verdict};
 use crate::key::Key;
 use crate::ledger::Sink;
+#[cfg(doc)]
 use crate::pace::Pace;
 use crate::policy::Policy;
-use crate::step::{Attempts, Gate};
+use crate::step::{Attempts, Endpoint, Gate};
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
 
@@ -227,40 +230,29 @@ impl core::fmt::Display for Stopped {
 impl core::error::Error for Stopped {}
 
 /// The retry loop, holding its effects.
-pub struct Runner<'a, D, C, R, X = Never, L = ()> {
+pub struct Runner<'a, D, C, R, X = Never, L = (), E = ()> {
     policy: &'a Policy,
     delay: D,
     clock: C,
     rng: R,
     cancel: X,
     fleet: Option<&'a FleetBudget>,
-    pace: Option<&'a mut Pace>,
-    breaker: Option<&'a mut Breaker>,
     ledger: L,
+    endpoint: E,
 }
 
 impl<'a, D: DelayNs, C: Clock, R: RngCore> Runner<'a, D, C, R> {
-    /// A runner with no cancel signal, no fleet budget and no ledger.
+    /// A runner with no cancel signal, no fleet budget, no ledger, no pace and no breaker.
     pub fn new(policy: &'a Policy, delay: D, clock: C, rng: R) -> Self {
-        Runner {
-            policy,
-            delay,
-            clock,
-            rng,
-            cancel: Never,
-            fleet: None,
-            pace: None,
-            breaker: None,
-            ledger: (),
-        }
+        Runner { policy, delay, clock, rng, cancel: Never, fleet: None, ledger: (), endpoint: () }
     }
 }
 
-impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, R, X, L> {
+impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runner<'a, D, C, R, X, L, E> {
     /// With a cancel signal.
-    pub fn cancel<X2: Cancel>(self, cancel: X2) -> Runner<'a, D, C, R, X2, L> {
-        let Runner { policy, delay, clock, rng, fleet, pace, breaker, ledger, .. } = self;
-        Runner { policy, delay, clock, rng, cancel, fleet, pace, breaker, ledger }
+    pub fn cancel<X2: Cancel>(self, cancel: X2) -> Runner<'a, D, C, R, X2, L, E> {
+        let Runner { policy, delay, clock, rng, fleet, ledger, endpoint, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger, endpoint }
     }
 
     /// With a fleet retry budget shared with other runners.
@@ -269,34 +261,23 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
         self
     }
 
-    /// With the endpoint's adaptive send rate: asked before every attempt, told every outcome.
-    /// The runner holds it for its lifetime; read it back with [`Runner::pace_ref`].
-    pub fn pace(mut self, pace: &'a mut Pace) -> Self {
-        self.pace = Some(pace);
-        self
+    /// With the endpoint's send rate and circuit breaker ([`Guards`](crate::Guards) for ones
+    /// this task owns): the pace is asked before every attempt and the breaker before every
+    /// call's attempts, and both are told every outcome.
+    pub fn endpoint<E2: Endpoint>(self, endpoint: E2) -> Runner<'a, D, C, R, X, L, E2> {
+        let Runner { policy, delay, clock, rng, cancel, fleet, ledger, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger, endpoint }
     }
 
-    /// With the endpoint's circuit breaker: a call that meets it open ends at once, `gave_up`
-    /// (circuit_open), with no attempt; every outcome is reported to it.
-    pub fn breaker(mut self, breaker: &'a mut Breaker) -> Self {
-        self.breaker = Some(breaker);
-        self
-    }
-
-    /// The pace, if the runner has one.
-    pub fn pace_ref(&self) -> Option<&Pace> {
-        self.pace.as_deref()
-    }
-
-    /// The breaker, if the runner has one.
-    pub fn breaker_ref(&self) -> Option<&Breaker> {
-        self.breaker.as_deref()
+    /// The endpoint, to read its pace and breaker back.
+    pub fn endpoint_ref(&self) -> &E {
+        &self.endpoint
     }
 
     /// With a ledger.
-    pub fn ledger<L2: Sink>(self, ledger: L2) -> Runner<'a, D, C, R, X, L2> {
-        let Runner { policy, delay, clock, rng, cancel, fleet, pace, breaker, .. } = self;
-        Runner { policy, delay, clock, rng, cancel, fleet, pace, breaker, ledger }
+    pub fn ledger<L2: Sink>(self, ledger: L2) -> Runner<'a, D, C, R, X, L2, E> {
+        let Runner { policy, delay, clock, rng, cancel, fleet, endpoint, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger, endpoint }
     }
 
     /// The ledger, to read it back.
@@ -344,7 +325,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             // The breaker and the send rate, before every attempt.
             loop {
                 let now = self.clock.now();
-                match call.admit(policy, self.pace.as_deref_mut(), self.breaker.as_deref_mut(), now) {
+                match self.endpoint.admit(&mut call, policy, now) {
                     Gate::Go => break,
                     Gate::Wait(wait) => {
                         let sleep = self.delay.delay_ms(wait.as_millis());
@@ -372,10 +353,10 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             };
             last = outcome.failure().copied();
             let draw = Draw::from_rng(&mut self.rng);
-            if self.pace.is_some() || self.breaker.is_some() {
+            if self.endpoint.is_active() {
                 // A draw of their own: a plain call's draws stay as they were.
                 let draw = Draw::from_rng(&mut self.rng);
-                Attempts::report(self.pace.as_deref_mut(), self.breaker.as_deref_mut(), &outcome, draw, t1);
+                self.endpoint.report(&outcome, draw, t1);
             }
             let (decision, record) = call.end(policy, fleet, op, key, outcome, draw, t1);
             match decision {
@@ -435,7 +416,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
     }
 }
 
-impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'_, D, C, R, X, L> {
+impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runner<'_, D, C, R, X, L, E> {
     /// Ends a cancelled call: its last ledger record says so, carrying the attempts sent.
     fn cancelled_call(&mut self, key: Key, op: Operation, call: &Attempts, last: Option<Failure>) -> Stopped {
         self.ledger.record(&call.cancelled(self.policy, op, key, self.clock.now()));

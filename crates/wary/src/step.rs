@@ -45,6 +45,58 @@ pub enum Gate {
     Stop(GiveUp),
 }
 
+/// What a runner asks of the endpoint it sends to: its send rate and its circuit breaker, if it
+/// has them. `()` has neither (a plain call, which pays nothing for them); [`Guards`] borrows a
+/// [`Pace`] and a [`Breaker`] owned by the task; a host shares them across tasks behind its own
+/// lock by implementing this on its handle.
+pub trait Endpoint {
+    /// [`Attempts::admit`] with this endpoint's pace and breaker.
+    fn admit(&mut self, call: &mut Attempts, policy: &Policy, now: Instant) -> Gate;
+    /// [`Attempts::report`] to this endpoint's pace and breaker.
+    fn report(&mut self, outcome: &Outcome, draw: Draw, now: Instant);
+    /// False when there is nothing to ask or tell (the runner then takes no extra draw).
+    fn is_active(&self) -> bool;
+}
+
+impl Endpoint for () {
+    fn admit(&mut self, _: &mut Attempts, _: &Policy, _: Instant) -> Gate {
+        Gate::Go
+    }
+    fn report(&mut self, _: &Outcome, _: Draw, _: Instant) {}
+    fn is_active(&self) -> bool {
+        false
+    }
+}
+
+/// A pace and a breaker owned by the task that sends to their endpoint, each optional.
+#[derive(Debug, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Guards<'a> {
+    /// The endpoint's send rate.
+    pub pace: Option<&'a mut Pace>,
+    /// The endpoint's circuit breaker.
+    pub breaker: Option<&'a mut Breaker>,
+}
+
+impl<'a> Guards<'a> {
+    /// Both, borrowed for the runner's life.
+    pub fn new(pace: &'a mut Pace, breaker: &'a mut Breaker) -> Self {
+        Guards { pace: Some(pace), breaker: Some(breaker) }
+    }
+}
+
+impl Endpoint for Guards<'_> {
+    fn admit(&mut self, call: &mut Attempts, policy: &Policy, now: Instant) -> Gate {
+        call.admit(policy, self.pace.as_deref_mut(), self.breaker.as_deref_mut(), now)
+    }
+    fn report(&mut self, outcome: &Outcome, draw: Draw, now: Instant) {
+        Attempts::report(self.pace.as_deref_mut(), self.breaker.as_deref_mut(), outcome, draw, now);
+    }
+    fn is_active(&self) -> bool {
+        self.pace.is_some() || self.breaker.is_some()
+    }
+}
+
 /// One call's attempts: its [`CallState`], when it started and when its current attempt
 /// started (as the call's time then, 4 bytes). `Copy`, no allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -13,8 +13,8 @@ use embassy_futures::join::join;
 use embedded_hal_async::delay::DelayNs;
 use wary::{
     Attempt, Breaker, BreakerSettings, BreakerState, CancelToken, Clock, Duration, Failure, FleetBudget,
-    GiveUp, Instant, Jitter, Key, Landed, Operation, Outcome, Pace, PaceSettings, Policy, Preset, Probe,
-    Runner, Verdict, ledger::Ledger,
+    GiveUp, Guards, Instant, Jitter, Key, Landed, Operation, Outcome, Pace, PaceSettings, Policy, Preset,
+    Probe, Runner, Verdict, ledger::Ledger,
 };
 
 fn ms(n: u64) -> Duration {
@@ -728,7 +728,7 @@ impl Paced {
 
     fn call(
         &self,
-        runner: &mut Runner<'_, Sleeps<'_>, &FakeClock, Xorshift>,
+        runner: &mut Runner<'_, Sleeps<'_>, &FakeClock, Xorshift, wary::Never, (), impl wary::Endpoint>,
         outcomes: &[Outcome],
     ) -> Result<u32, wary::Stopped> {
         let attempt = |a: Attempt| {
@@ -754,7 +754,8 @@ fn a_paced_runner_paces_first_attempts_and_a_plain_one_does_not() {
     // Throttled before these calls: 0.5/s, the next request placed 1 s ahead (lowest draw).
     pace.on_throttled(Instant::from_millis(0), wary::Draw::ZERO);
     let h = Paced::new();
-    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(1)).pace(&mut pace);
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(1))
+        .endpoint(Guards { pace: Some(&mut pace), breaker: None });
     for _ in 0..4 {
         assert_eq!(h.call(&mut runner, &[Outcome::Ok]), Ok(1));
     }
@@ -765,7 +766,7 @@ fn a_paced_runner_paces_first_attempts_and_a_plain_one_does_not() {
     assert!(sent.windows(2).all(|w| w[1] - w[0] >= 1_000), "{sent:?}");
     assert_eq!(h.sleeps().len(), 4, "one pace wait before each call's attempt");
     assert_eq!(h.sleeps().iter().sum::<u64>(), sent[3], "the clock moved only by the sleeps");
-    assert!(!runner.pace_ref().unwrap().is_open());
+    assert!(!runner.endpoint_ref().pace.as_deref().unwrap().is_open());
     // The same calls without a pace go at once.
     let plain = Paced::new();
     let mut runner = Runner::new(&p, plain.delay(), &plain.clock, Xorshift(1));
@@ -787,7 +788,8 @@ fn a_throttle_cuts_the_rate_and_the_retry_waits_for_the_pace_after_its_backoff()
     let p = Policy::builder(Preset::Default).build().unwrap();
     let mut pace = Pace::new(pace_settings()).unwrap();
     let h = Paced::new();
-    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(7)).pace(&mut pace);
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(7))
+        .endpoint(Guards { pace: Some(&mut pace), breaker: None });
     // Open: the first attempt goes at once; its 429 cuts the rate to 0.5/s.
     assert_eq!(h.call(&mut runner, &[Outcome::status(429), Outcome::Ok]), Ok(2));
     let sent = h.sent_at.borrow().clone();
@@ -799,7 +801,7 @@ fn a_throttle_cuts_the_rate_and_the_retry_waits_for_the_pace_after_its_backoff()
     assert!((50..=100).contains(&sleeps[0]), "{sleeps:?}");
     assert!((1_000..=3_000).contains(&sent[1]), "{sent:?}");
     assert_eq!(sent[1], sleeps[0] + sleeps[1]);
-    let pace = runner.pace_ref().unwrap();
+    let pace = runner.endpoint_ref().pace.as_deref().unwrap();
     assert!(!pace.is_open());
     assert!(pace.rate_milli(Instant::from_millis(sent[1])).unwrap() < 1_000);
 }
@@ -810,14 +812,17 @@ fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
     let mut breaker = Breaker::new(BreakerSettings::DEVICE).unwrap();
     let mut pace = Pace::new(pace_settings()).unwrap();
     let h = Paced::new();
-    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(3)).breaker(&mut breaker).pace(&mut pace);
+    let mut runner =
+        Runner::new(&p, h.delay(), &h.clock, Xorshift(3)).endpoint(Guards::new(&mut pace, &mut breaker));
     let refused = Outcome::Failure(Failure::Refused);
     // Two refused connections open it; the call's third attempt meets it open.
     let r = h.call(&mut runner, &[refused, refused, refused]).unwrap_err();
     assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 2));
     assert_eq!(h.sent_at.borrow().len(), 2);
-    let Some(BreakerState::Open { until, trips: 1 }) = runner.breaker_ref().map(Breaker::state) else {
-        panic!("{:?}", runner.breaker_ref())
+    let Some(BreakerState::Open { until, trips: 1 }) =
+        runner.endpoint_ref().breaker.as_deref().map(Breaker::state)
+    else {
+        panic!("{:?}", runner.endpoint_ref())
     };
     // The next call ends at once: no attempt, no sleep.
     let before = h.sleeps().len();
@@ -828,15 +833,20 @@ fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
     h.clock.0.set(until.as_millis());
     let r = h.call(&mut runner, &[refused, Outcome::Ok]).unwrap_err();
     assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 1));
-    let Some(BreakerState::Open { until, trips: 2 }) = runner.breaker_ref().map(Breaker::state) else {
-        panic!("{:?}", runner.breaker_ref())
+    let Some(BreakerState::Open { until, trips: 2 }) =
+        runner.endpoint_ref().breaker.as_deref().map(Breaker::state)
+    else {
+        panic!("{:?}", runner.endpoint_ref())
     };
     // The next probe succeeds: closed, and the pace starts slowly instead of staying open.
-    assert!(runner.pace_ref().unwrap().is_open());
+    assert!(runner.endpoint_ref().pace.as_deref().unwrap().is_open());
     h.clock.0.set(until.as_millis());
     assert_eq!(h.call(&mut runner, &[Outcome::Ok]), Ok(1));
-    assert_eq!(runner.breaker_ref().unwrap().state(), BreakerState::Closed { failures: 0 });
-    assert!(!runner.pace_ref().unwrap().is_open());
+    assert_eq!(
+        runner.endpoint_ref().breaker.as_deref().unwrap().state(),
+        BreakerState::Closed { failures: 0 }
+    );
+    assert!(!runner.endpoint_ref().pace.as_deref().unwrap().is_open());
     assert_eq!(h.sent_at.borrow().len(), 4);
 }
 
@@ -845,11 +855,15 @@ fn a_throttle_does_not_open_the_breaker() {
     let p = Policy::builder(Preset::Default).max_attempts(5).build().unwrap();
     let mut breaker = Breaker::new(BreakerSettings::DEVICE).unwrap();
     let h = Paced::new();
-    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(5)).breaker(&mut breaker);
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(5))
+        .endpoint(Guards { pace: None, breaker: Some(&mut breaker) });
     let busy = Outcome::status(503);
     let r = h.call(&mut runner, &[busy, busy, busy, busy, busy]).unwrap_err();
     assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::Attempts), 5));
-    assert_eq!(runner.breaker_ref().unwrap().state(), BreakerState::Closed { failures: 0 });
+    assert_eq!(
+        runner.endpoint_ref().breaker.as_deref().unwrap().state(),
+        BreakerState::Closed { failures: 0 }
+    );
 }
 
 #[test]
@@ -868,7 +882,8 @@ fn a_pace_wait_the_budget_or_the_deadline_cannot_pay_ends_the_call_unsent() {
     for (p, why) in cases {
         let mut pace = slow;
         let h = Paced::new();
-        let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(9)).pace(&mut pace);
+        let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(9))
+            .endpoint(Guards { pace: Some(&mut pace), breaker: None });
         let r = h.call(&mut runner, &[Outcome::Ok]).unwrap_err();
         assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(why), 0));
         assert!(h.sleeps().is_empty(), "no sleep past what the call may spend");
@@ -879,7 +894,8 @@ fn a_pace_wait_the_budget_or_the_deadline_cannot_pay_ends_the_call_unsent() {
     let p = Policy::builder(Preset::Default).budget(ms(60_000)).build().unwrap();
     let mut pace = slow;
     let h = Paced::new();
-    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(9)).pace(&mut pace);
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(9))
+        .endpoint(Guards { pace: Some(&mut pace), breaker: None });
     let asked = Outcome::status_after(503, Duration::from_secs(20));
     let r = h.call(&mut runner, &[asked, Outcome::Ok]).unwrap_err();
     assert_eq!(h.sleeps(), vec![50_000]);
