@@ -306,17 +306,7 @@ impl Call {
     /// each of the pace's waits: the time from `at` until the attempt may go.
     fn gate(&mut self, adapter: &Adapter, at: Instant) -> Result<Duration, GiveUp> {
         let Some(endpoint) = &adapter.endpoint else { return Ok(Duration::ZERO) };
-        let mut endpoint = endpoint.clone();
-        let mut t = at;
-        loop {
-            match endpoint.admit(&mut self.attempts, &adapter.policy, t) {
-                Gate::Go => return Ok(t.duration_since(at)),
-                Gate::Wait(w) => {
-                    t = Instant::from_millis(t.as_millis().saturating_add(u64::from(w.as_millis())))
-                }
-                Gate::Stop(why) => return Err(why),
-            }
-        }
+        self.attempts.admit_at(&mut endpoint.clone(), &adapter.policy, at)
     }
 
     /// Decides after one attempt with the core's attempt step and writes its ledger record.
@@ -347,17 +337,26 @@ impl Call {
         }
         let step = self.attempts.end(&adapter.policy, adapter.fleet.as_deref(), op, key, outcome, draw, now);
         let (decision, record) = if last { Attempts::unrepeatable(step) } else { step };
-        adapter.record(&record);
         match decision {
-            // The retry goes when its backoff wait is over, if the endpoint lets it.
+            // The retry goes when its backoff wait is over, if the endpoint lets it; a retry it
+            // refuses ends the call, and the record says so.
             Decision::Retry { wait } => {
                 let at = Instant::from_millis(now.as_millis().saturating_add(u64::from(wait.as_millis())));
                 match self.gate(adapter, at) {
-                    Ok(more) => Step::Retry { wait: wait.saturating_add(more) },
-                    Err(why) => Step::Done(Verdict::GaveUp(why)),
+                    Ok(more) => {
+                        adapter.record(&record);
+                        Step::Retry { wait: wait.saturating_add(more) }
+                    }
+                    Err(why) => {
+                        adapter.record(&Attempts::refused(record, why));
+                        Step::Done(Verdict::GaveUp(why))
+                    }
                 }
             }
-            Decision::Done(v) => Step::Done(v),
+            Decision::Done(v) => {
+                adapter.record(&record);
+                Step::Done(v)
+            }
         }
     }
 }
@@ -459,8 +458,11 @@ mod tests {
         assert_eq!(step, Step::Done(Verdict::GaveUp(GiveUp::CircuitOpen)));
         assert_eq!(endpoint.breaker().unwrap().state().name(), "open");
         assert_eq!(a.begin().before_first(&a), Err(GiveUp::CircuitOpen));
-        // One record per attempt sent, none for the refusals.
-        assert_eq!(ledger.lock().unwrap().records().count(), 2);
+        // One record per attempt sent, the last with the verdict; none for the unsent call.
+        let records: Vec<_> = ledger.lock().unwrap().records().copied().collect();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[1].verdict, Some(Verdict::GaveUp(GiveUp::CircuitOpen)));
+        assert_eq!(records[0].verdict, None);
         // A throttle leaves a closed breaker closed.
         let b = Breaker::new(wary::BreakerSettings::DEVICE).unwrap();
         let e2 = SharedEndpoint::new(None, Some(b));

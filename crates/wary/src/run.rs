@@ -17,7 +17,9 @@
 //!   would pass the wait budget or the deadline ends the call `gave_up` (budget or deadline).
 //!   With its [`Breaker`], a call that meets it open ends at once `gave_up` (circuit_open),
 //!   with no attempt. Every attempt's outcome is reported to both ([`Attempts::report`]).
-//!   A call that they end before an attempt writes no ledger record (see docs/pacing.md).
+//!   A retry is asked about at the instant its backoff wait ends, before its record is written:
+//!   one they refuse ends the call there, and that record carries the verdict. A call they end
+//!   before its first attempt writes no record (see docs/pacing.md).
 //! - An `unknown` (a write that may have landed) goes to the caller's [`Probe`]: landed → ok
 //!   with no resend; not landed → one resend, counted as a retry; still unknown → `unknown`.
 //!   Never a blind resend.
@@ -42,7 +44,7 @@ use crate::ledger::Sink;
 #[cfg(doc)]
 use crate::pace::Pace;
 use crate::policy::Policy;
-use crate::step::{Attempts, Endpoint, Gate};
+use crate::step::{Attempts, Endpoint};
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
 
@@ -315,6 +317,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runn
     {
         let mut call = Attempts::new(self.clock.now());
         let mut resent = false;
+        let mut admitted = false;
         let mut last: Option<Failure> = None;
         let (policy, fleet) = (self.policy, self.fleet);
         loop {
@@ -322,25 +325,26 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runn
             if self.cancel.is_cancelled() {
                 return Err(self.cancelled_call(key, op, &call, last));
             }
-            // The breaker and the send rate, before every attempt.
-            loop {
-                let now = self.clock.now();
-                match self.endpoint.admit(&mut call, policy, now) {
-                    Gate::Go => break,
-                    Gate::Wait(wait) => {
+            // The breaker and the send rate, before every attempt: here before the first (and a
+            // resend after a probe), at the instant its wait ends for a retry (below).
+            if !admitted && self.endpoint.is_active() {
+                match call.admit_at(&mut self.endpoint, policy, self.clock.now()) {
+                    Ok(Duration::ZERO) => {}
+                    Ok(wait) => {
                         let sleep = self.delay.delay_ms(wait.as_millis());
                         let woke = select(pin!(sleep), pin!(self.cancel.cancelled())).await;
                         if let Either::Second(()) = woke {
                             return Err(self.cancelled_call(key, op, &call, last));
                         }
+                        if self.cancel.is_cancelled() {
+                            return Err(self.cancelled_call(key, op, &call, last));
+                        }
                     }
                     // Nothing sent: no record (see docs/pacing.md).
-                    Gate::Stop(why) => return Err(stopped(Verdict::GaveUp(why), &call, last)),
-                }
-                if self.cancel.is_cancelled() {
-                    return Err(self.cancelled_call(key, op, &call, last));
+                    Err(why) => return Err(stopped(Verdict::GaveUp(why), &call, last)),
                 }
             }
+            admitted = false;
             let number = call.number();
             let remaining = call.start(policy, self.clock.now());
             let result = attempt(Attempt { number, key, remaining }).await;
@@ -360,7 +364,21 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runn
             }
             let (decision, record) = call.end(policy, fleet, op, key, outcome, draw, t1);
             match decision {
-                Decision::Retry { wait } => {
+                Decision::Retry { mut wait } => {
+                    if self.endpoint.is_active() {
+                        // Asked for the instant the backoff wait ends: a retry it refuses ends
+                        // the call here, and the record says so.
+                        let at =
+                            Instant::from_millis(t1.as_millis().saturating_add(u64::from(wait.as_millis())));
+                        match call.admit_at(&mut self.endpoint, policy, at) {
+                            Ok(more) => wait = wait.saturating_add(more),
+                            Err(why) => {
+                                self.ledger.record(&Attempts::refused(record, why));
+                                return Err(stopped(Verdict::GaveUp(why), &call, last));
+                            }
+                        }
+                        admitted = true;
+                    }
                     self.ledger.record(&record);
                     // Before sleeping.
                     if self.cancel.is_cancelled() {

@@ -187,6 +187,34 @@ impl Attempts {
         }
     }
 
+    /// [`Attempts::admit`] through `endpoint` at `at` (now, or the instant a retry's backoff
+    /// wait ends), again after each of the pace's waits: the time from `at` until the attempt
+    /// may go (its token is taken for then), or why the call ends there. The pace's waits are
+    /// charged as they are granted.
+    pub fn admit_at<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        policy: &Policy,
+        at: Instant,
+    ) -> Result<Duration, GiveUp> {
+        let mut t = at;
+        loop {
+            match endpoint.admit(self, policy, t) {
+                Gate::Go => return Ok(t.duration_since(at)),
+                Gate::Wait(w) => {
+                    t = Instant::from_millis(t.as_millis().saturating_add(u64::from(w.as_millis())))
+                }
+                Gate::Stop(why) => return Err(why),
+            }
+        }
+    }
+
+    /// The record of an attempt after which the endpoint refused the retry the policy chose:
+    /// the call ends there, `gave_up` with `why`, and waits for nothing.
+    pub fn refused(record: Record, why: GiveUp) -> Record {
+        Record { wait: Duration::ZERO, verdict: Some(Verdict::GaveUp(why)), ..record }
+    }
+
     /// Tells the endpoint's pace and breaker how an attempt that ended at `now` went: the pace
     /// hears its [`Signal`] (`draw` places the next request after a cut, and draws the
     /// breaker's open time); the breaker counts refused connections, timeouts, resets, TLS
