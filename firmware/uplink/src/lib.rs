@@ -46,8 +46,8 @@ use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use rand_core::RngCore;
 use wary::{
-    Backoff, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Jitter, Key, Operation, Policy,
-    Preset, Runner, Verdict, ledger::Ledger,
+    Backoff, Breaker, BreakerSettings, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Guards, Jitter,
+    Key, Operation, Pace, PaceSettings, Policy, Preset, Runner, Verdict, ledger::Ledger,
 };
 use wary_outbox::Settlement;
 
@@ -330,7 +330,15 @@ where
     // The round pauses draw from their own stream, seeded from the device's generator.
     let mut pause_rng = SplitMix64::new(rng.next_u64());
     let mut pause = RoundBackoff::new(config.round_base, config.round_cap);
-    let mut runner = Runner::new(policy, delay, EmbassyClock, rng).fleet(fleet).ledger(&mut *ledger);
+    // The cloud's send rate and circuit breaker, on by default on a device (docs/pacing.md):
+    // every attempt, first ones included, waits for the pace; an open breaker ends a call at
+    // once and the outbox keeps its reading for a later round.
+    let mut pace = Pace::new(PaceSettings::DEVICE).ok();
+    let mut breaker = Breaker::new(BreakerSettings::DEVICE).ok();
+    let mut runner = Runner::new(policy, delay, EmbassyClock, rng)
+        .fleet(fleet)
+        .ledger(&mut *ledger)
+        .endpoint(Guards { pace: pace.as_mut(), breaker: breaker.as_mut() });
     let transport = Mutex::<NoopRawMutex, _>::new(transport);
     let attempt_limit = config.attempt_limit;
     // The one source of the Retry-After rules: the policy's.
