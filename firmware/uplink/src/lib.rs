@@ -46,8 +46,8 @@ use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use rand_core::RngCore;
 use wary::{
-    Backoff, Breaker, BreakerSettings, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Guards, Jitter,
-    Key, Operation, Pace, PaceSettings, Policy, Preset, Runner, Verdict, ledger::Ledger,
+    Backoff, Breaker, BreakerSettings, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Guards,
+    Jitter, Key, Operation, Pace, PaceSettings, Policy, Preset, Runner, Verdict, ledger::Ledger,
 };
 use wary_outbox::Settlement;
 
@@ -111,11 +111,15 @@ pub struct Config {
     /// Rounds after which the uplink stops even if readings remain (a safety stop for tests;
     /// `u32::MAX` on a device that runs for ever).
     pub max_rounds: u32,
+    /// Pace every attempt with [`PaceSettings::DEVICE`] and break the circuit with
+    /// [`BreakerSettings::DEVICE`] (docs/pacing.md). On by default.
+    pub pacing: bool,
 }
 
 impl Config {
     /// Readings from `device`: 5 s per exchange at most; between rounds that kept a reading a
-    /// jittered pause doubling from 500 ms up to 30 s; a stop after 60 rounds.
+    /// jittered pause doubling from 500 ms up to 30 s; a stop after 60 rounds; paced, behind a
+    /// circuit breaker.
     pub const fn new(device: u64) -> Self {
         Config {
             device,
@@ -123,6 +127,7 @@ impl Config {
             round_base: Duration::from_millis(500),
             round_cap: Duration::from_secs(30),
             max_rounds: 60,
+            pacing: true,
         }
     }
 }
@@ -333,8 +338,8 @@ where
     // The cloud's send rate and circuit breaker, on by default on a device (docs/pacing.md):
     // every attempt, first ones included, waits for the pace; an open breaker ends a call at
     // once and the outbox keeps its reading for a later round.
-    let mut pace = Pace::new(PaceSettings::DEVICE).ok();
-    let mut breaker = Breaker::new(BreakerSettings::DEVICE).ok();
+    let mut pace = Pace::new(PaceSettings::DEVICE).ok().filter(|_| config.pacing);
+    let mut breaker = Breaker::new(BreakerSettings::DEVICE).ok().filter(|_| config.pacing);
     let mut runner = Runner::new(policy, delay, EmbassyClock, rng)
         .fleet(fleet)
         .ledger(&mut *ledger)
