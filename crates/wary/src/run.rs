@@ -276,6 +276,12 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runn
         &self.endpoint
     }
 
+    /// The endpoint, to consult its pace between calls (an outbox that waits for the pace
+    /// before a call, so the call's wait budget is left for its retries).
+    pub fn endpoint_mut(&mut self) -> &mut E {
+        &mut self.endpoint
+    }
+
     /// With a ledger.
     pub fn ledger<L2: Sink>(self, ledger: L2) -> Runner<'a, D, C, R, X, L2, E> {
         let Runner { policy, delay, clock, rng, cancel, fleet, endpoint, .. } = self;

@@ -381,6 +381,13 @@ where
             after = Some(record.id);
             let key = Key::from_parts(config.device, record.id.boot, record.id.seq);
             let body = payload(&record);
+            // The drain honours the pace: the wait for the next token is spent here, between
+            // calls, not out of the call's wait budget (asked on a copy: the call takes the token).
+            if let Some(pace) = runner.endpoint_mut().pace.as_deref_mut()
+                && let Err(wait) = { *pace }.acquire(Instant::now().into())
+            {
+                Timer::after(wait.into()).await;
+            }
             let (transport, body, unreadable) = (&transport, &body, &unreadable);
             let result = runner
                 .call(Operation::KeyedWrite, key, |attempt| async move {
