@@ -31,6 +31,10 @@ fn config(cloud: &Cloud) -> Config {
     c.workers = 16;
     c.queue = 256;
     c.seed = Some(99);
+    // These tests check the retry path's guarantees under faults, attempt by attempt; the
+    // upstream's pace and breaker (on by default) change when and whether attempts go, and
+    // have their own test below.
+    c.upstream_pacing = false;
     c
 }
 
@@ -280,4 +284,28 @@ async fn the_probe_never_runs_past_the_call_deadline() {
     assert_eq!(cloud.stats().requests, 1, "{:?}", cloud.stats());
     assert_eq!(gw.metrics().surfaced_total, 1);
     cloud.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_pace_sends_fewer_requests_into_an_overloaded_cloud() {
+    let mut requests = Vec::new();
+    for pacing in [false, true] {
+        let cloud = Cloud::start("127.0.0.1:0", "503=1.0,seed=1".parse().unwrap()).await.unwrap();
+        let mut c = config(&cloud);
+        c.upstream_pacing = pacing;
+        let (gw, base) = start(c).await;
+        let acks = drive(&client(), &base, &readings(10, 10)).await;
+        assert!(acks.iter().all(|a| a.verdict == "gave_up"), "{acks:?}");
+        requests.push(cloud.stats().requests);
+        if pacing {
+            // The waits the pace asked for that the calls' 2 s budget could not pay ended them.
+            let m = gw.metrics();
+            assert!(m.gave_up.get("budget").copied().unwrap_or(0) > 0, "{m:?}");
+        }
+        cloud.shutdown().await;
+    }
+    // The same 100 calls into a cloud answering 503 to everything: without the pace they retry
+    // as the policy and the fleet budget allow; with it, every worker's attempt waits for the
+    // one shared pace, which each 503 holds back (for its Retry-After) or cuts.
+    assert!(requests[1] * 2 < requests[0], "{requests:?}");
 }

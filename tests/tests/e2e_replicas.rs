@@ -54,6 +54,8 @@ fn replica_config(upstream: &str) -> Config {
     c.fleet_ratio_milli = RATIO_MILLI;
     c.workers = 16;
     c.queue = 256;
+    // The replicas' shared fleet budget is what this measures: no upstream pace or breaker.
+    c.upstream_pacing = false;
     c
 }
 

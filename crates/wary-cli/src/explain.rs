@@ -59,6 +59,12 @@ pub struct Explanation {
     /// The fleet retry budget, when one is given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetExplained>,
+    /// The endpoint's send rate, when one is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pace: Option<PaceExplained>,
+    /// The endpoint's circuit breaker, when one is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerExplained>,
     /// Risky settings.
     pub warnings: Vec<String>,
 }
@@ -90,6 +96,120 @@ pub fn fleet(tokens: u32, ratio_milli: u32) -> Option<FleetExplained> {
         failures_before_throttle: failures + 1,
         successes_per_failure: 1000u32.div_ceil(ratio_milli),
     })
+}
+
+/// What a send rate does, computed by running the real [`wary::Pace`].
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PaceExplained {
+    /// The settings as given, rates in thousandths of a request a second.
+    pub start_milli: u32,
+    /// The lowest rate.
+    pub floor_milli: u32,
+    /// The rate at which the pace opens again.
+    pub ceiling_milli: u32,
+    /// Share of the rate a throttle keeps, percent.
+    pub keep_percent: u8,
+    /// Time to climb back to the rate cut from.
+    #[serde(rename = "regrow_ms")]
+    pub regrow: Duration,
+    /// Requests that may go at once.
+    pub burst: u8,
+    /// The rate after the first throttle.
+    pub after_first_throttle_milli: u32,
+    /// Throttles in a row that bring the rate to the floor.
+    pub throttles_to_floor: u32,
+    /// The shortest and longest wait before the first request after the first throttle.
+    #[serde(rename = "first_wait_min_ms")]
+    pub first_wait_min: Duration,
+    /// See `first_wait_min`.
+    #[serde(rename = "first_wait_max_ms")]
+    pub first_wait_max: Duration,
+}
+
+/// The send rate's consequences; `None` if the settings are refused.
+pub fn pace(settings: wary::PaceSettings) -> Option<PaceExplained> {
+    let at = wary::Instant::from_millis(0);
+    let fresh = wary::Pace::new(settings).ok()?;
+    let first_wait = |draw| {
+        let mut p = fresh;
+        p.on_throttled(at, draw);
+        p.acquire(at).err().unwrap_or(Duration::ZERO)
+    };
+    let mut p = fresh;
+    p.on_throttled(at, wary::Draw::ZERO);
+    let after = p.rate_milli(at).unwrap_or(settings.floor_milli);
+    let mut throttles = 1;
+    while p.rate_milli(at).is_some_and(|r| r > settings.floor_milli) && throttles < 1_000 {
+        p.on_throttled(at, wary::Draw::ZERO);
+        throttles += 1;
+    }
+    Some(PaceExplained {
+        start_milli: settings.start_milli,
+        floor_milli: settings.floor_milli,
+        ceiling_milli: settings.ceiling_milli,
+        keep_percent: settings.keep_percent,
+        regrow: settings.regrow,
+        burst: settings.burst,
+        after_first_throttle_milli: after,
+        throttles_to_floor: throttles,
+        first_wait_min: first_wait(wary::Draw::ZERO),
+        first_wait_max: first_wait(wary::Draw::TOP),
+    })
+}
+
+/// What a circuit breaker does, computed by running the real [`wary::Breaker`].
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct BreakerExplained {
+    /// Failures in a row that open it.
+    pub threshold: u8,
+    /// The first open time, shortest and longest (equal jitter).
+    #[serde(rename = "first_open_min_ms")]
+    pub first_open_min: Duration,
+    /// See `first_open_min`.
+    #[serde(rename = "first_open_max_ms")]
+    pub first_open_max: Duration,
+    /// The longest open time, shortest and longest, after failed probes.
+    #[serde(rename = "longest_open_min_ms")]
+    pub longest_open_min: Duration,
+    /// See `longest_open_min`.
+    #[serde(rename = "longest_open_max_ms")]
+    pub longest_open_max: Duration,
+}
+
+/// The breaker's consequences; `None` if the settings are refused.
+pub fn breaker(settings: wary::BreakerSettings) -> Option<BreakerExplained> {
+    let fresh = wary::Breaker::new(settings).ok()?;
+    // Open time after `trips` openings in a row, at a draw.
+    let open = |trips: u32, draw| {
+        let mut b = fresh;
+        let mut t = 0u64;
+        for _ in 0..settings.threshold {
+            b.on_failure(wary::Instant::from_millis(t), draw);
+        }
+        for _ in 1..trips {
+            if let wary::BreakerState::Open { until, .. } = b.state() {
+                t = until.as_millis();
+            }
+            let _ = b.admit(wary::Instant::from_millis(t));
+            b.on_failure(wary::Instant::from_millis(t), draw);
+        }
+        match b.state() {
+            wary::BreakerState::Open { until, .. } => Duration::from_millis(until.as_millis() - t),
+            _ => Duration::ZERO,
+        }
+    };
+    Some(BreakerExplained {
+        threshold: settings.threshold,
+        first_open_min: open(1, wary::Draw::ZERO),
+        first_open_max: open(1, wary::Draw::TOP),
+        longest_open_min: open(64, wary::Draw::ZERO),
+        longest_open_max: open(64, wary::Draw::TOP),
+    })
+}
+
+/// A rate in thousandths a second, as requests a second.
+fn rate(milli: u32) -> String {
+    format!("{}.{:03}/s", milli / 1000, milli % 1000)
 }
 
 /// One row of the classification grid.
@@ -235,6 +355,8 @@ pub fn explain(policy: &Policy, known_retry_after: Option<Duration>) -> Explanat
         longest_call,
         table,
         fleet: None,
+        pace: None,
+        breaker: None,
         warnings,
     }
 }
@@ -309,6 +431,37 @@ pub fn render(e: &Explanation, policy: &Policy) -> String {
             f.successes_per_failure
         );
     }
+    if let Some(p) = &e.pace {
+        let _ = writeln!(
+            s,
+            "\npace (asked before every attempt, first ones too): open until the server throttles (429, 503); \
+             the first throttle sets {} ({}% of the start {}), each further one keeps {}% down to the floor {} \
+             ({} throttles in a row reach it); the first request after a cut waits {} to {} (drawn, so devices \
+             cut together do not come back together); the rate climbs back to where it was cut from in {}, \
+             then on with served answers, and opens again at {}; {} request(s) may go at once; a Retry-After \
+             holds the requests until it is over without a cut; pace waits count toward the wait budget",
+            rate(p.after_first_throttle_milli),
+            p.keep_percent,
+            rate(p.start_milli),
+            p.keep_percent,
+            rate(p.floor_milli),
+            p.throttles_to_floor,
+            p.first_wait_min,
+            p.first_wait_max,
+            p.regrow,
+            rate(p.ceiling_milli),
+            p.burst
+        );
+    }
+    if let Some(b) = &e.breaker {
+        let _ = writeln!(
+            s,
+            "\nbreaker: opens after {} failures in a row (refused connections, timeouts, resets, TLS, 5xx but 503; \
+             throttles do not count); while open a call ends at once, gave_up (circuit_open), with nothing sent; \
+             open {} to {} the first time, one probe then, each failed probe doubling it up to {} to {}",
+            b.threshold, b.first_open_min, b.first_open_max, b.longest_open_min, b.longest_open_max
+        );
+    }
     for w in &e.warnings {
         let _ = writeln!(s, "\nwarning: {w}");
     }
@@ -380,6 +533,37 @@ mod tests {
             assert!(why.contains("wary plan"), "{why}");
         }
         assert_eq!(why_refused(&PolicyError::ZeroAttempts), None);
+    }
+
+    #[test]
+    fn pace_and_breaker_consequences_come_from_the_real_types() {
+        let p = pace(wary::PaceSettings::DEVICE).unwrap();
+        // 0.1/s halved to 0.05/s; 0.05 → 0.025 → 0.0125 → floor 0.01: four throttles.
+        assert_eq!((p.after_first_throttle_milli, p.throttles_to_floor), (50, 4));
+        // A 20 s interval with a burst of 2: the first request waits 10 s to 30 s.
+        assert_eq!((p.first_wait_min, p.first_wait_max), (Duration::from_secs(10), Duration::from_secs(30)));
+        let b = breaker(wary::BreakerSettings::DEVICE).unwrap();
+        assert_eq!(
+            (b.first_open_min, b.first_open_max),
+            (Duration::from_secs(15), Duration::from_millis(29_999))
+        );
+        assert_eq!(b.longest_open_min, Duration::from_secs(300));
+        assert!(
+            b.longest_open_max > Duration::from_secs(599) && b.longest_open_max <= Duration::from_secs(600)
+        );
+        assert!(pace(wary::PaceSettings { burst: 0, ..wary::PaceSettings::DEVICE }).is_none());
+        let policy = Policy::builder(wary::Preset::Default).build().unwrap();
+        let mut e = explain(&policy, None);
+        e.pace = Some(p);
+        e.breaker = Some(b);
+        let text = render(&e, &policy);
+        assert!(text.contains("the first throttle sets 0.050/s (50% of the start 0.100/s)"), "{text}");
+        assert!(text.contains("opens after 2 failures in a row"), "{text}");
+        let json = serde_json::to_string(&e).unwrap();
+        assert!(
+            json.contains("\"regrow_ms\":60000") && json.contains("\"first_open_min_ms\":15000"),
+            "{json}"
+        );
     }
 
     #[test]

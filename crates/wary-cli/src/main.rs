@@ -261,6 +261,15 @@ fn run_explain(a: ExplainArgs) -> Result<ExitCode> {
     };
     let mut e = explain::explain(&policy, a.known_retry_after.map(Duration::from_secs));
     e.fleet = spec.fleet.and_then(|f| explain::fleet(f.tokens, f.ratio_milli));
+    // The device's defaults under the settings given (a gateway states its own in its config).
+    if let Some(p) = &spec.pace {
+        p.build(wary::PaceSettings::DEVICE).map_err(|e| anyhow::anyhow!("{e}"))?;
+        e.pace = explain::pace(p.settings(wary::PaceSettings::DEVICE));
+    }
+    if let Some(b) = &spec.breaker {
+        b.build(wary::BreakerSettings::DEVICE).map_err(|e| anyhow::anyhow!("{e}"))?;
+        e.breaker = explain::breaker(b.settings(wary::BreakerSettings::DEVICE));
+    }
     if a.json {
         println!("{}", serde_json::to_string(&e)?);
     } else {

@@ -13,6 +13,7 @@ use wary::{
     Attempt, Backoff, Draw, Duration, FleetBudget, FleetBudgetError, GiveUp, Instant, Jitter, Key, Operation,
     Policy, Runner, Sink, Stopped, Verdict, ledger::Record,
 };
+use wary_host::call::SharedEndpoint;
 use wary_host::ledger::JsonLedger;
 use wary_host::spec::PolicySpec;
 use wary_host::time::{MonotonicClock, TokioDelay};
@@ -59,7 +60,33 @@ pub struct Config {
     /// the key need not start with the device id. Off by default; needs [`Auth::Bearer`] (an
     /// open gateway knows no device to prefix).
     pub device_prefix: bool,
+    /// Pace the upstream calls and break the circuit when the upstream is down: one
+    /// [`wary::Pace`] and one [`wary::Breaker`] shared by every worker, asked before every
+    /// attempt. On by default ([`UPSTREAM_PACE`], [`UPSTREAM_BREAKER`], each field overridable
+    /// in the policy's `[pace]` and `[breaker]`); `--no-upstream-pacing` turns both off.
+    pub upstream_pacing: bool,
 }
+
+/// The upstream's send rate by default: a gateway speaks for many devices, so it assumes 200
+/// requests a second when first throttled (100 after the cut), halves on each throttle down to 5
+/// a second, climbs back in 10 s, and lets 20 go at once.
+pub const UPSTREAM_PACE: wary::PaceSettings = wary::PaceSettings {
+    start_milli: 200_000,
+    floor_milli: 5_000,
+    ceiling_milli: 10_000_000,
+    keep_percent: 50,
+    regrow: wary::Duration::from_millis(10_000),
+    burst: 20,
+};
+
+/// The upstream's circuit breaker by default: open after 5 failures in a row (refused
+/// connections, timeouts, 5xx but 503) for 1–2 s, doubling to 15–30 s: short, because a
+/// gateway's calls stand for devices that are waiting for an answer.
+pub const UPSTREAM_BREAKER: wary::BreakerSettings = wary::BreakerSettings {
+    threshold: 5,
+    open: wary::Duration::from_millis(2_000),
+    max_open: wary::Duration::from_millis(30_000),
+};
 
 /// Who may post readings.
 #[derive(Debug, Clone)]
@@ -99,6 +126,7 @@ impl Config {
             header_timeout: crate::ingress::HEADER_TIMEOUT,
             body_timeout: StdDuration::from_secs(10),
             device_prefix: false,
+            upstream_pacing: true,
         }
     }
 }
@@ -192,6 +220,8 @@ struct Shared {
     /// The credentials in force (`None`: open), swapped whole on reload.
     credentials: RwLock<Option<Arc<Credentials>>>,
     admission: Mutex<Admission>,
+    /// The upstream's pace and breaker (neither when pacing is off).
+    endpoint: SharedEndpoint,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -226,6 +256,13 @@ impl Gateway {
             None => (config.fleet_max_tokens, config.fleet_ratio_milli),
         };
         let fleet = FleetBudget::new(tokens, ratio)?;
+        let endpoint = if config.upstream_pacing {
+            let pace = config.policy.pace.unwrap_or_default().build(UPSTREAM_PACE)?;
+            let breaker = config.policy.breaker.unwrap_or_default().build(UPSTREAM_BREAKER)?;
+            SharedEndpoint::new(Some(pace), Some(breaker))
+        } else {
+            SharedEndpoint::default()
+        };
         let mut json = JsonLedger::new(ledger);
         // A ledger that cannot be written never stops the gateway; it counts the failures.
         let _ = json.policy(&policy);
@@ -250,6 +287,7 @@ impl Gateway {
                 Auth::Open => None,
             }),
             admission: Mutex::new(Admission::new(config.admission)),
+            endpoint,
             config,
         });
         let workers = (0..shared.config.workers.max(1))
@@ -493,7 +531,8 @@ async fn worker(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<J
     let upstream = shared.config.upstream.clone();
     let mut runner = Runner::new(&policy, TokioDelay, shared.clock, rng)
         .fleet(&shared.fleet)
-        .ledger(GatewaySink(shared.clone()));
+        .ledger(GatewaySink(shared.clone()))
+        .endpoint(shared.endpoint.clone());
     loop {
         let job = rx.lock().await.recv().await;
         let Some(job) = job else { break };

@@ -5,6 +5,13 @@
 //! ([`Attempts`]), the same the core's runner drives: it numbers and times the attempts, asks
 //! the decision and builds the ledger record. There is one decision and one step, the core's;
 //! this module reads the clock and the draw, and writes the record.
+//!
+//! An adapter may also carry its endpoint's send rate and circuit breaker ([`SharedEndpoint`],
+//! off unless given): [`Call::before_first`] asks them before the first attempt, and
+//! [`Call::after`] tells them every outcome and asks them before each retry, at the instant
+//! the retry would go (after its backoff wait), through the core's attempt step
+//! ([`Attempts::admit`]). A retry they refuse ends the call `gave_up` (circuit_open, budget or
+//! deadline) with no further attempt.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, StatusCode};
 use rand::rngs::StdRng;
 use wary::{
-    Attempts, Decision, Draw, Duration, FleetBudget, Instant, Key, Operation, Outcome, Policy, Sink, Verdict,
-    ledger::Record,
+    Attempts, Breaker, Decision, Draw, Duration, Endpoint, FleetBudget, Gate, GiveUp, Instant, Key,
+    Operation, Outcome, Pace, Policy, Sink, Verdict, ledger::Record,
 };
 
 use crate::ratelimit::Signals;
@@ -55,6 +62,56 @@ impl From<&'static FleetBudget> for Fleet {
     }
 }
 
+/// One endpoint's send rate and circuit breaker, each optional, shared by every call and task
+/// that sends to it (clones share them). The lock is held for the few instructions of one
+/// question or one report, never across an await.
+#[derive(Debug, Clone, Default)]
+pub struct SharedEndpoint(Arc<Mutex<Guarded>>);
+
+#[derive(Debug, Default)]
+struct Guarded {
+    pace: Option<Pace>,
+    breaker: Option<Breaker>,
+}
+
+impl SharedEndpoint {
+    /// An endpoint with this pace and breaker.
+    pub fn new(pace: Option<Pace>, breaker: Option<Breaker>) -> Self {
+        SharedEndpoint(Arc::new(Mutex::new(Guarded { pace, breaker })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Guarded> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pace as it stands (a copy).
+    pub fn pace(&self) -> Option<Pace> {
+        self.lock().pace
+    }
+
+    /// The breaker as it stands (a copy).
+    pub fn breaker(&self) -> Option<Breaker> {
+        self.lock().breaker
+    }
+}
+
+impl Endpoint for SharedEndpoint {
+    fn admit(&mut self, call: &mut Attempts, policy: &Policy, now: Instant) -> Gate {
+        let mut g = self.lock();
+        let Guarded { pace, breaker } = &mut *g;
+        call.admit(policy, pace.as_mut(), breaker.as_mut(), now)
+    }
+    fn report(&mut self, outcome: &Outcome, draw: Draw, now: Instant) {
+        let mut g = self.lock();
+        let Guarded { pace, breaker } = &mut *g;
+        Attempts::report(pace.as_mut(), breaker.as_mut(), outcome, draw, now);
+    }
+    fn is_active(&self) -> bool {
+        let g = self.lock();
+        g.pace.is_some() || g.breaker.is_some()
+    }
+}
+
 /// The operation of a request under `policy` ([`Policy::operation`]: its method and whether it
 /// carries an idempotency key), and its ledger key: a keyed write's own key (hex keys as is,
 /// others hashed); for other requests a key from method and path, never from the body.
@@ -79,6 +136,7 @@ pub struct Adapter {
     signals: Signals,
     fleet: Option<Fleet>,
     ledger: Option<SharedSink>,
+    endpoint: Option<SharedEndpoint>,
     rng: Arc<Mutex<StdRng>>,
     clock: MonotonicClock,
     unreadable: Arc<AtomicU64>,
@@ -91,6 +149,7 @@ impl std::fmt::Debug for Adapter {
             .field("signals", &self.signals)
             .field("fleet", &self.fleet)
             .field("ledger", &self.ledger.is_some())
+            .field("endpoint", &self.endpoint)
             .finish()
     }
 }
@@ -108,6 +167,7 @@ impl Adapter {
             signals: Signals::NONE,
             fleet: None,
             ledger: None,
+            endpoint: None,
             rng: Arc::new(Mutex::new(rng)),
             clock: MonotonicClock::new(),
             unreadable: Arc::new(AtomicU64::new(0)),
@@ -130,6 +190,17 @@ impl Adapter {
     pub fn signals(mut self, signals: Signals) -> Self {
         self.signals = signals;
         self
+    }
+
+    /// Asks this endpoint's pace and breaker before every attempt and tells them every outcome.
+    pub fn endpoint(mut self, endpoint: SharedEndpoint) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// The endpoint's pace and breaker, if any.
+    pub fn endpoint_ref(&self) -> Option<&SharedEndpoint> {
+        self.endpoint.as_ref()
     }
 
     /// The policy.
@@ -157,7 +228,7 @@ impl Adapter {
 
     /// A call starting now.
     pub fn begin(&self) -> Call {
-        Call { attempts: Attempts::new(self.now()) }
+        Call { attempts: Attempts::new(self.now()), gated: false }
     }
 
     fn now(&self) -> Instant {
@@ -194,11 +265,13 @@ pub enum Step {
 #[derive(Debug, Clone, Copy)]
 pub struct Call {
     attempts: Attempts,
+    /// The clock was started by [`Call::before_first`].
+    gated: bool,
 }
 
 impl Default for Call {
     fn default() -> Self {
-        Call { attempts: Attempts::new(Instant::from_millis(0)) }
+        Call { attempts: Attempts::new(Instant::from_millis(0)), gated: false }
     }
 }
 
@@ -208,14 +281,32 @@ impl Call {
         self.attempts.attempts()
     }
 
-    /// Marks an attempt's start (restarting the call's clock before the first); returns the
-    /// time left before the call's deadline, `None` without one.
+    /// Marks an attempt's start (restarting the call's clock before the first, unless
+    /// [`Call::before_first`] started it); returns the time left before the call's deadline,
+    /// `None` without one.
     pub fn start_attempt(&mut self, adapter: &Adapter) -> Option<Duration> {
         let now = adapter.now();
-        if self.attempts.attempts() == 0 {
+        if self.attempts.attempts() == 0 && !self.gated {
             self.attempts = Attempts::new(now);
         }
         self.attempts.start(&adapter.policy, now)
+    }
+
+    /// Asks the adapter's endpoint, if any, whether the first attempt may go: the wait before
+    /// it (zero without a pace, or with a token at hand), or why the call ends unsent (an open
+    /// breaker, or a pace wait the budget or the deadline cannot pay). Starts the call's clock.
+    pub fn before_first(&mut self, adapter: &Adapter) -> Result<Duration, GiveUp> {
+        let now = adapter.now();
+        self.attempts = Attempts::new(now);
+        self.gated = true;
+        self.gate(adapter, now)
+    }
+
+    /// Asks the endpoint at `at` (now, or when a retry's backoff wait is over), again after
+    /// each of the pace's waits: the time from `at` until the attempt may go.
+    fn gate(&mut self, adapter: &Adapter, at: Instant) -> Result<Duration, GiveUp> {
+        let Some(endpoint) = &adapter.endpoint else { return Ok(Duration::ZERO) };
+        self.attempts.admit_at(&mut endpoint.clone(), &adapter.policy, at)
     }
 
     /// Decides after one attempt with the core's attempt step and writes its ledger record.
@@ -240,12 +331,32 @@ impl Call {
     ) -> Step {
         let now = adapter.now();
         let draw = adapter.draw();
+        if let Some(endpoint) = &adapter.endpoint {
+            // A draw of its own: a plain call's draws stay as they were.
+            endpoint.clone().report(&outcome, adapter.draw(), now);
+        }
         let step = self.attempts.end(&adapter.policy, adapter.fleet.as_deref(), op, key, outcome, draw, now);
         let (decision, record) = if last { Attempts::unrepeatable(step) } else { step };
-        adapter.record(&record);
         match decision {
-            Decision::Retry { wait } => Step::Retry { wait },
-            Decision::Done(v) => Step::Done(v),
+            // The retry goes when its backoff wait is over, if the endpoint lets it; a retry it
+            // refuses ends the call, and the record says so.
+            Decision::Retry { wait } => {
+                let at = Instant::from_millis(now.as_millis().saturating_add(u64::from(wait.as_millis())));
+                match self.gate(adapter, at) {
+                    Ok(more) => {
+                        adapter.record(&record);
+                        Step::Retry { wait: wait.saturating_add(more) }
+                    }
+                    Err(why) => {
+                        adapter.record(&Attempts::refused(record, why));
+                        Step::Done(Verdict::GaveUp(why))
+                    }
+                }
+            }
+            Decision::Done(v) => {
+                adapter.record(&record);
+                Step::Done(v)
+            }
         }
     }
 }
@@ -302,6 +413,69 @@ mod tests {
         }
         assert_eq!(shared.tokens_milli(), 9_000);
         assert_eq!(STATIC_FLEET.tokens_milli(), 9_000);
+    }
+
+    #[test]
+    fn the_endpoint_paces_the_first_attempt_and_a_budget_that_cannot_pay_ends_it_unsent() {
+        let s = wary::PaceSettings { start_milli: 10, burst: 1, ..wary::PaceSettings::DEVICE };
+        let mut pace = Pace::new(s).unwrap();
+        // At the floor, 0.01/s: the next request goes 50 s to 150 s after the cut.
+        pace.on_throttled(Instant::from_millis(0), Draw::ZERO);
+        let endpoint = SharedEndpoint::new(Some(pace), None);
+        let roomy = Policy::builder(Preset::Default).budget(Duration::from_secs(200)).build().unwrap();
+        let a = Adapter::with_rng(roomy, crate::draw::seeded(4)).endpoint(endpoint.clone());
+        let wait = a.begin().before_first(&a).unwrap();
+        assert!(wait >= Duration::from_secs(49) && wait <= Duration::from_secs(50), "{wait}");
+        // The token was taken for then: the next call waits a whole interval (100 s) more.
+        let next = a.begin().before_first(&a).unwrap();
+        assert!(next >= Duration::from_secs(149), "{next}");
+        // A call whose budget cannot pay the wait ends unsent.
+        let tight = Policy::builder(Preset::Default).budget(Duration::from_secs(10)).build().unwrap();
+        let b = Adapter::with_rng(tight, crate::draw::seeded(4)).endpoint(endpoint.clone());
+        assert_eq!(b.begin().before_first(&b), Err(GiveUp::Budget));
+        // No endpoint, no wait.
+        let plain = Adapter::with_rng(roomy, crate::draw::seeded(4));
+        assert_eq!(plain.begin().before_first(&plain), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn an_open_breaker_ends_the_retry_and_the_next_call_at_once() {
+        let policy = Policy::builder(Preset::Default).build().unwrap();
+        let endpoint = SharedEndpoint::new(None, Some(Breaker::new(wary::BreakerSettings::DEVICE).unwrap()));
+        let ledger = Arc::new(Mutex::new(Ledger::<8>::new()));
+        let a = Adapter::with_rng(policy, crate::draw::seeded(6))
+            .endpoint(endpoint.clone())
+            .ledger(ledger.clone());
+        let key = Key::from_parts(1, 1, 1);
+        let refused = Outcome::Failure(wary::Failure::Refused);
+        let mut call = a.begin();
+        assert_eq!(call.before_first(&a), Ok(Duration::ZERO));
+        call.start_attempt(&a);
+        assert!(matches!(call.after(&a, Operation::Idempotent, key, refused), Step::Retry { .. }));
+        call.start_attempt(&a);
+        // The second refusal opens it (threshold 2): the retry would meet it open.
+        let step = call.after(&a, Operation::Idempotent, key, refused);
+        assert_eq!(step, Step::Done(Verdict::GaveUp(GiveUp::CircuitOpen)));
+        assert_eq!(endpoint.breaker().unwrap().state().name(), "open");
+        assert_eq!(a.begin().before_first(&a), Err(GiveUp::CircuitOpen));
+        // One record per attempt sent, the last with the verdict; none for the unsent call.
+        let records: Vec<_> = ledger.lock().unwrap().records().copied().collect();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[1].verdict, Some(Verdict::GaveUp(GiveUp::CircuitOpen)));
+        assert_eq!(records[0].verdict, None);
+        // A throttle leaves a closed breaker closed.
+        let b = Breaker::new(wary::BreakerSettings::DEVICE).unwrap();
+        let e2 = SharedEndpoint::new(None, Some(b));
+        let a2 = Adapter::with_rng(policy, crate::draw::seeded(6)).endpoint(e2.clone());
+        let mut call = a2.begin();
+        for _ in 0..3 {
+            call.start_attempt(&a2);
+            assert!(matches!(
+                call.after(&a2, Operation::Idempotent, key, Outcome::status(503)),
+                Step::Retry { .. }
+            ));
+        }
+        assert_eq!(e2.breaker().unwrap().state().name(), "closed");
     }
 
     #[test]

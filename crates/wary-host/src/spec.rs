@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 use wary::{
-    Duration, FleetBudgetError, Jitter, Policy, PolicyError, Preset, RetryAfterMode, Rule, TableError,
+    Breaker, BreakerError, BreakerSettings, Duration, FleetBudgetError, Jitter, Pace, PaceError,
+    PaceSettings, Policy, PolicyError, Preset, RetryAfterMode, Rule, TableError,
     retry_after::{Ambiguous, Rules},
 };
 
@@ -64,6 +65,90 @@ pub struct PolicySpec {
     /// adapters read the headers and hand the core the longest ask as the Retry-After.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<Signals>,
+    /// The endpoint's adaptive send rate (`[pace]`), off when absent. Shared state per
+    /// endpoint like the fleet budget, outside the policy's fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<PaceSpec>,
+    /// The endpoint's circuit breaker (`[breaker]`), off when absent; outside the fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerSpec>,
+}
+
+/// A send rate's settings ([`PaceSettings`]); unset fields keep the defaults the program
+/// chose ([`PaceSettings::DEVICE`] unless it says otherwise). Rates are thousandths of a
+/// request a second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PaceSpec {
+    /// The rate the first throttle cuts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_milli: Option<u32>,
+    /// The lowest rate a cut reaches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_milli: Option<u32>,
+    /// The rate at which the pace opens again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling_milli: Option<u32>,
+    /// The share of the rate a throttle keeps, percent, 1..=99.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_percent: Option<u8>,
+    /// The time to climb back to the rate cut from, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regrow_ms: Option<u64>,
+    /// Requests that may go at once, 1..=100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u8>,
+}
+
+impl PaceSpec {
+    /// The settings, unset fields from `defaults`.
+    pub fn settings(&self, defaults: PaceSettings) -> PaceSettings {
+        PaceSettings {
+            start_milli: self.start_milli.unwrap_or(defaults.start_milli),
+            floor_milli: self.floor_milli.unwrap_or(defaults.floor_milli),
+            ceiling_milli: self.ceiling_milli.unwrap_or(defaults.ceiling_milli),
+            keep_percent: self.keep_percent.unwrap_or(defaults.keep_percent),
+            regrow: self.regrow_ms.map_or(defaults.regrow, Duration::from_millis),
+            burst: self.burst.unwrap_or(defaults.burst),
+        }
+    }
+
+    /// Builds and checks the pace.
+    pub fn build(&self, defaults: PaceSettings) -> Result<Pace, SpecError> {
+        Ok(Pace::new(self.settings(defaults))?)
+    }
+}
+
+/// A circuit breaker's settings ([`BreakerSettings`]); unset fields keep the program's
+/// defaults ([`BreakerSettings::DEVICE`] unless it says otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSpec {
+    /// Failures in a row that open it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<u8>,
+    /// The first open time's ceiling, milliseconds (equal jitter: half of it fixed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_ms: Option<u64>,
+    /// The longest open time's ceiling, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_open_ms: Option<u64>,
+}
+
+impl BreakerSpec {
+    /// The settings, unset fields from `defaults`.
+    pub fn settings(&self, defaults: BreakerSettings) -> BreakerSettings {
+        BreakerSettings {
+            threshold: self.threshold.unwrap_or(defaults.threshold),
+            open: self.open_ms.map_or(defaults.open, Duration::from_millis),
+            max_open: self.max_open_ms.map_or(defaults.max_open, Duration::from_millis),
+        }
+    }
+
+    /// Builds and checks the breaker.
+    pub fn build(&self, defaults: BreakerSettings) -> Result<Breaker, SpecError> {
+        Ok(Breaker::new(self.settings(defaults))?)
+    }
 }
 
 /// A fleet retry budget's settings (`wary::FleetBudget::new`): gRPC A6's `maxTokens` and
@@ -105,6 +190,12 @@ pub enum SpecError {
     /// The fleet budget's settings were refused.
     #[error("invalid fleet budget: {0}")]
     Fleet(#[from] FleetBudgetError),
+    /// The send rate's settings were refused.
+    #[error("invalid pace: {0}")]
+    Pace(#[from] PaceError),
+    /// The circuit breaker's settings were refused.
+    #[error("invalid breaker: {0}")]
+    Breaker(#[from] BreakerError),
 }
 
 /// Reads a name with the core's `from_name`.
@@ -231,5 +322,36 @@ mod tests {
         assert_eq!(t.signals(), Signals { retry_after_ms: true, ..Signals::NONE });
         assert_eq!(PolicySpec::default().signals(), Signals::NONE);
         assert!(toml::from_str::<PolicySpec>("[rate_limit]\nretry_after_sec = true\n").is_err());
+    }
+
+    #[test]
+    fn pace_and_breaker_settings_read_with_ms_durations_over_the_programs_defaults() {
+        let t: PolicySpec =
+            toml::from_str("[pace]\nstart_milli = 2000\nregrow_ms = 5000\n[breaker]\nopen_ms = 1000\n")
+                .unwrap();
+        let pace = t.pace.unwrap().build(PaceSettings::DEVICE).unwrap();
+        assert_eq!(
+            *pace.settings(),
+            PaceSettings { start_milli: 2_000, regrow: Duration::from_secs(5), ..PaceSettings::DEVICE }
+        );
+        let breaker = t.breaker.unwrap().build(BreakerSettings::DEVICE).unwrap();
+        assert_eq!(
+            *breaker.settings(),
+            BreakerSettings { open: Duration::from_secs(1), ..BreakerSettings::DEVICE }
+        );
+        // Absent, both are off; the policy and its fingerprint do not see them.
+        assert_eq!((PolicySpec::default().pace, PolicySpec::default().breaker), (None, None));
+        assert_eq!(t.build().unwrap().fingerprint(), PolicySpec::default().build().unwrap().fingerprint());
+        // Refused settings are typed errors; unknown fields are refused.
+        let bad = PaceSpec { keep_percent: Some(100), ..PaceSpec::default() };
+        assert_eq!(bad.build(PaceSettings::DEVICE).err(), Some(SpecError::Pace(PaceError::Keep)));
+        let bad = BreakerSpec { threshold: Some(0), ..BreakerSpec::default() };
+        assert_eq!(
+            bad.build(BreakerSettings::DEVICE).err(),
+            Some(SpecError::Breaker(BreakerError::Threshold))
+        );
+        assert!(toml::from_str::<PolicySpec>("[pace]\nregrow = 5\n").is_err());
+        let j: PolicySpec = serde_json::from_str(r#"{"breaker": {"threshold": 3}}"#).unwrap();
+        assert_eq!(j.breaker.unwrap().settings(BreakerSettings::DEVICE).threshold, 3);
     }
 }

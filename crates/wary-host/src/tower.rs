@@ -91,6 +91,15 @@ impl WaryPolicy {
         self
     }
 
+    /// Tells the endpoint's send rate and circuit breaker every outcome and asks them before
+    /// each retry ([`Call::after`]): a retry they refuse ends the call `gave_up`. tower's
+    /// `Retry` sends the first attempt itself, with no hook to wait before it: pace first
+    /// attempts with the reqwest middleware or the core's runner.
+    pub fn endpoint(mut self, endpoint: crate::call::SharedEndpoint) -> Self {
+        self.adapter = self.adapter.endpoint(endpoint);
+        self
+    }
+
     /// Writes one ledger record per attempt.
     pub fn ledger(mut self, ledger: SharedSink) -> Self {
         self.adapter = self.adapter.ledger(ledger);

@@ -70,7 +70,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use wary::{Failure, Key, Operation, Outcome, Policy, Stopped, Verdict};
-use wary_host::call::{Adapter, Call, Fleet, SharedSink, Step};
+use wary_host::call::{Adapter, Call, Fleet, SharedEndpoint, SharedSink, Step};
 use wary_host::ratelimit::Signals;
 use wary_host::spec::{PolicySpec, SpecError};
 
@@ -99,6 +99,12 @@ pub struct CallError {
     #[source]
     pub error: reqwest_middleware::Error,
 }
+
+/// The call ended before its first attempt: the endpoint's circuit breaker was open, or its
+/// send rate's wait was more than the call's budget or deadline allowed. Nothing was sent.
+#[derive(Debug, thiserror::Error)]
+#[error("the call ended before its first attempt; nothing was sent")]
+pub struct NotSent;
 
 /// The policy's deadline passed while an attempt was in flight: the middleware's own timer
 /// around the attempt fired before the client answered or failed. It counts as a response
@@ -161,6 +167,14 @@ impl WaryMiddleware {
     /// Reads these rate-limit headers beside Retry-After (`wary_host::ratelimit`).
     pub fn signals(mut self, signals: Signals) -> Self {
         self.adapter = self.adapter.signals(signals);
+        self
+    }
+
+    /// Asks the endpoint's send rate and circuit breaker before every attempt, the first
+    /// included, and tells them every outcome. A call they end before its first attempt fails
+    /// with a [`CallError`] whose error is [`NotSent`].
+    pub fn endpoint(mut self, endpoint: SharedEndpoint) -> Self {
+        self.adapter = self.adapter.endpoint(endpoint);
         self
     }
 
@@ -235,6 +249,19 @@ impl Middleware for WaryMiddleware {
         }
         let (op, key) = request_op(policy, &req);
         let mut call = self.adapter.begin();
+        match call.before_first(&self.adapter) {
+            Ok(wait) if wait > wary::Duration::ZERO => wary_host::time::sleep(wait).await,
+            Ok(_) => {}
+            Err(why) => {
+                let stopped = Stopped { verdict: Verdict::GaveUp(why), attempts: 0, last: None };
+                let error = reqwest_middleware::Error::middleware(NotSent);
+                return Err(reqwest_middleware::Error::middleware(CallError {
+                    stopped,
+                    sent_once: None,
+                    error,
+                }));
+            }
+        }
         let mut attempt = Attempt { call: &mut call, op, key, sent_once: None };
         // A copy for each attempt while the body can be copied.
         while let Some(copy) = req.try_clone() {

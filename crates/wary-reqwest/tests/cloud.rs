@@ -254,3 +254,23 @@ async fn each_attempts_timeout_is_capped_to_the_deadline() {
     assert!(took < Duration::from_millis(1_500), "{took:?}");
     cloud.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_whose_breaker_opened_ends_the_next_call_unsent() {
+    // Port 9 on loopback: nothing listens, every connection is refused.
+    let breaker = wary::Breaker::new(wary::BreakerSettings::DEVICE).unwrap();
+    let endpoint = wary_host::call::SharedEndpoint::new(None, Some(breaker));
+    let mw = WaryMiddleware::new(fast()).endpoint(endpoint.clone());
+    let sends = Sends::default();
+    let c = client(mw, &sends);
+    // Two refused connections open it; the retry after them meets it open.
+    let e = call_error(c.get("http://127.0.0.1:9/x").send().await.unwrap_err());
+    assert_eq!((e.stopped.verdict, e.stopped.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 2));
+    assert_eq!(sends.0.lock().unwrap().len(), 2);
+    // The next call ends before its first attempt, with nothing sent.
+    let e = call_error(c.get("http://127.0.0.1:9/x").send().await.unwrap_err());
+    assert_eq!((e.stopped.verdict, e.stopped.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 0));
+    assert!(e.error.to_string().contains("nothing was sent"), "{}", e.error);
+    assert_eq!(sends.0.lock().unwrap().len(), 2);
+    assert_eq!(endpoint.breaker().unwrap().state().name(), "open");
+}

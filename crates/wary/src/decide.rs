@@ -340,6 +340,25 @@ impl Policy {
         Ok((left, room))
     }
 
+    /// Charges a wait before the next attempt that is not the backoff's (the send rate's,
+    /// [`crate::Pace`]) to the call, under the stop rules a retry's wait obeys: the attempt cap,
+    /// the wait budget (the wait counts toward it) and the deadline (`elapsed` is the call's
+    /// time now). A wait that does not fit is refused with the reason, and nothing is charged:
+    /// the call ends rather than sleep past what it may spend.
+    pub(crate) fn charge_wait(
+        &self,
+        state: &mut CallState,
+        wait: Duration,
+        elapsed: Option<Duration>,
+    ) -> Result<(), GiveUp> {
+        let (left, room) = self.room(state.attempts, state, elapsed)?;
+        if wait > room {
+            return Err(if wait > left { GiveUp::Budget } else { GiveUp::Deadline });
+        }
+        state.waited = state.waited.saturating_add(wait);
+        Ok(())
+    }
+
     /// True if a call whose last outcome was `unknown` may send once more now, with no wait:
     /// a write a probe found not landed. The resend counts as a retry, so it obeys the stop
     /// rules a retry does: the attempt cap, the deadline (`elapsed` counts the probe's time)

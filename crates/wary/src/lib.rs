@@ -62,7 +62,7 @@ pub use run::EmbassyClock;
 #[cfg(feature = "runner")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runner")))]
 pub use run::{Attempt, Cancel, CancelToken, Clock, Landed, Never, NoProbe, Probe, Runner, Stopped};
-pub use step::Attempts;
+pub use step::{Attempts, Endpoint, Gate, Guards};
 pub use throttle::FleetBudget;
 pub use time::{Duration, Instant};
 

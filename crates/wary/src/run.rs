@@ -12,6 +12,14 @@
 //!   the wait at once, and the next request is never sent. A cancel cannot roll back a request
 //!   already sent.
 //! - A retry refused by the fleet budget ends `gave_up` (throttled).
+//! - With an [`Endpoint`]'s [`Pace`] (off unless given: [`Runner::endpoint`]), every attempt, the first included, waits for the send
+//!   rate's token, through the same delay and cancel checks as a backoff wait; a pace wait that
+//!   would pass the wait budget or the deadline ends the call `gave_up` (budget or deadline).
+//!   With its [`Breaker`], a call that meets it open ends at once `gave_up` (circuit_open),
+//!   with no attempt. Every attempt's outcome is reported to both ([`Attempts::report`]).
+//!   A retry is asked about at the instant its backoff wait ends, before its record is written:
+//!   one they refuse ends the call there, and that record carries the verdict. A call they end
+//!   before its first attempt writes no record (see docs/pacing.md).
 //! - An `unknown` (a write that may have landed) goes to the caller's [`Probe`]: landed → ok
 //!   with no resend; not landed → one resend, counted as a retry; still unknown → `unknown`.
 //!   Never a blind resend.
@@ -27,12 +35,16 @@ use portable_atomic::{AtomicBool, Ordering};
 use rand_core::RngCore;
 
 use crate::backoff::Draw;
+#[cfg(doc)]
+use crate::breaker::Breaker;
 use crate::classify::{Failure, Operation, Outcome};
 use crate::decide::{Decision, Verdict};
 use crate::key::Key;
 use crate::ledger::Sink;
+#[cfg(doc)]
+use crate::pace::Pace;
 use crate::policy::Policy;
-use crate::step::Attempts;
+use crate::step::{Attempts, Endpoint};
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
 
@@ -220,7 +232,7 @@ impl core::fmt::Display for Stopped {
 impl core::error::Error for Stopped {}
 
 /// The retry loop, holding its effects.
-pub struct Runner<'a, D, C, R, X = Never, L = ()> {
+pub struct Runner<'a, D, C, R, X = Never, L = (), E = ()> {
     policy: &'a Policy,
     delay: D,
     clock: C,
@@ -228,20 +240,21 @@ pub struct Runner<'a, D, C, R, X = Never, L = ()> {
     cancel: X,
     fleet: Option<&'a FleetBudget>,
     ledger: L,
+    endpoint: E,
 }
 
 impl<'a, D: DelayNs, C: Clock, R: RngCore> Runner<'a, D, C, R> {
-    /// A runner with no cancel signal, no fleet budget and no ledger.
+    /// A runner with no cancel signal, no fleet budget, no ledger, no pace and no breaker.
     pub fn new(policy: &'a Policy, delay: D, clock: C, rng: R) -> Self {
-        Runner { policy, delay, clock, rng, cancel: Never, fleet: None, ledger: () }
+        Runner { policy, delay, clock, rng, cancel: Never, fleet: None, ledger: (), endpoint: () }
     }
 }
 
-impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, R, X, L> {
+impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runner<'a, D, C, R, X, L, E> {
     /// With a cancel signal.
-    pub fn cancel<X2: Cancel>(self, cancel: X2) -> Runner<'a, D, C, R, X2, L> {
-        let Runner { policy, delay, clock, rng, fleet, ledger, .. } = self;
-        Runner { policy, delay, clock, rng, cancel, fleet, ledger }
+    pub fn cancel<X2: Cancel>(self, cancel: X2) -> Runner<'a, D, C, R, X2, L, E> {
+        let Runner { policy, delay, clock, rng, fleet, ledger, endpoint, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger, endpoint }
     }
 
     /// With a fleet retry budget shared with other runners.
@@ -250,10 +263,29 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
         self
     }
 
+    /// With the endpoint's send rate and circuit breaker ([`Guards`](crate::Guards) for ones
+    /// this task owns): the pace is asked before every attempt and the breaker before every
+    /// call's attempts, and both are told every outcome.
+    pub fn endpoint<E2: Endpoint>(self, endpoint: E2) -> Runner<'a, D, C, R, X, L, E2> {
+        let Runner { policy, delay, clock, rng, cancel, fleet, ledger, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger, endpoint }
+    }
+
+    /// The endpoint, to read its pace and breaker back.
+    pub fn endpoint_ref(&self) -> &E {
+        &self.endpoint
+    }
+
+    /// The endpoint, to consult its pace between calls (an outbox that waits for the pace
+    /// before a call, so the call's wait budget is left for its retries).
+    pub fn endpoint_mut(&mut self) -> &mut E {
+        &mut self.endpoint
+    }
+
     /// With a ledger.
-    pub fn ledger<L2: Sink>(self, ledger: L2) -> Runner<'a, D, C, R, X, L2> {
-        let Runner { policy, delay, clock, rng, cancel, fleet, .. } = self;
-        Runner { policy, delay, clock, rng, cancel, fleet, ledger }
+    pub fn ledger<L2: Sink>(self, ledger: L2) -> Runner<'a, D, C, R, X, L2, E> {
+        let Runner { policy, delay, clock, rng, cancel, fleet, endpoint, .. } = self;
+        Runner { policy, delay, clock, rng, cancel, fleet, ledger, endpoint }
     }
 
     /// The ledger, to read it back.
@@ -291,6 +323,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
     {
         let mut call = Attempts::new(self.clock.now());
         let mut resent = false;
+        let mut admitted = false;
         let mut last: Option<Failure> = None;
         let (policy, fleet) = (self.policy, self.fleet);
         loop {
@@ -298,6 +331,26 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             if self.cancel.is_cancelled() {
                 return Err(self.cancelled_call(key, op, &call, last));
             }
+            // The breaker and the send rate, before every attempt: here before the first (and a
+            // resend after a probe), at the instant its wait ends for a retry (below).
+            if !admitted && self.endpoint.is_active() {
+                match call.admit_at(&mut self.endpoint, policy, self.clock.now()) {
+                    Ok(Duration::ZERO) => {}
+                    Ok(wait) => {
+                        let sleep = self.delay.delay_ms(wait.as_millis());
+                        let woke = select(pin!(sleep), pin!(self.cancel.cancelled())).await;
+                        if let Either::Second(()) = woke {
+                            return Err(self.cancelled_call(key, op, &call, last));
+                        }
+                        if self.cancel.is_cancelled() {
+                            return Err(self.cancelled_call(key, op, &call, last));
+                        }
+                    }
+                    // Nothing sent: no record (see docs/pacing.md).
+                    Err(why) => return Err(stopped(Verdict::GaveUp(why), &call, last)),
+                }
+            }
+            admitted = false;
             let number = call.number();
             let remaining = call.start(policy, self.clock.now());
             let result = attempt(Attempt { number, key, remaining }).await;
@@ -310,9 +363,28 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
             };
             last = outcome.failure().copied();
             let draw = Draw::from_rng(&mut self.rng);
+            if self.endpoint.is_active() {
+                // A draw of their own: a plain call's draws stay as they were.
+                let draw = Draw::from_rng(&mut self.rng);
+                self.endpoint.report(&outcome, draw, t1);
+            }
             let (decision, record) = call.end(policy, fleet, op, key, outcome, draw, t1);
             match decision {
-                Decision::Retry { wait } => {
+                Decision::Retry { mut wait } => {
+                    if self.endpoint.is_active() {
+                        // Asked for the instant the backoff wait ends: a retry it refuses ends
+                        // the call here, and the record says so.
+                        let at =
+                            Instant::from_millis(t1.as_millis().saturating_add(u64::from(wait.as_millis())));
+                        match call.admit_at(&mut self.endpoint, policy, at) {
+                            Ok(more) => wait = wait.saturating_add(more),
+                            Err(why) => {
+                                self.ledger.record(&Attempts::refused(record, why));
+                                return Err(stopped(Verdict::GaveUp(why), &call, last));
+                            }
+                        }
+                        admitted = true;
+                    }
                     self.ledger.record(&record);
                     // Before sleeping.
                     if self.cancel.is_cancelled() {
@@ -368,7 +440,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'a, D, C, 
     }
 }
 
-impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink> Runner<'_, D, C, R, X, L> {
+impl<D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runner<'_, D, C, R, X, L, E> {
     /// Ends a cancelled call: its last ledger record says so, carrying the attempts sent.
     fn cancelled_call(&mut self, key: Key, op: Operation, call: &Attempts, last: Option<Failure>) -> Stopped {
         self.ledger.record(&call.cancelled(self.policy, op, key, self.clock.now()));

@@ -22,13 +22,80 @@
 //! ```
 
 use crate::backoff::Draw;
-use crate::classify::{Operation, Outcome};
+use crate::breaker::Breaker;
+use crate::classify::{Failure, Operation, Outcome};
 use crate::decide::{CallState, Decision, GiveUp, Verdict};
 use crate::key::Key;
+use crate::pace::{Pace, Signal};
 use crate::policy::Policy;
 use crate::record::Record;
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
+
+/// What the send rate and the circuit breaker say before an attempt ([`Attempts::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Gate {
+    /// Send the attempt now.
+    Go,
+    /// Wait this long (charged to the call's wait budget), then ask again.
+    Wait(Duration),
+    /// The call ends here, before the attempt: the breaker is open
+    /// ([`GiveUp::CircuitOpen`]), or the pace's wait would pass the wait budget or the deadline.
+    Stop(GiveUp),
+}
+
+/// What a runner asks of the endpoint it sends to: its send rate and its circuit breaker, if it
+/// has them. `()` has neither (a plain call, which pays nothing for them); [`Guards`] borrows a
+/// [`Pace`] and a [`Breaker`] owned by the task; a host shares them across tasks behind its own
+/// lock by implementing this on its handle.
+pub trait Endpoint {
+    /// [`Attempts::admit`] with this endpoint's pace and breaker.
+    fn admit(&mut self, call: &mut Attempts, policy: &Policy, now: Instant) -> Gate;
+    /// [`Attempts::report`] to this endpoint's pace and breaker.
+    fn report(&mut self, outcome: &Outcome, draw: Draw, now: Instant);
+    /// False when there is nothing to ask or tell (the runner then takes no extra draw).
+    fn is_active(&self) -> bool;
+}
+
+impl Endpoint for () {
+    fn admit(&mut self, _: &mut Attempts, _: &Policy, _: Instant) -> Gate {
+        Gate::Go
+    }
+    fn report(&mut self, _: &Outcome, _: Draw, _: Instant) {}
+    fn is_active(&self) -> bool {
+        false
+    }
+}
+
+/// A pace and a breaker owned by the task that sends to their endpoint, each optional.
+#[derive(Debug, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Guards<'a> {
+    /// The endpoint's send rate.
+    pub pace: Option<&'a mut Pace>,
+    /// The endpoint's circuit breaker.
+    pub breaker: Option<&'a mut Breaker>,
+}
+
+impl<'a> Guards<'a> {
+    /// Both, borrowed for the runner's life.
+    pub fn new(pace: &'a mut Pace, breaker: &'a mut Breaker) -> Self {
+        Guards { pace: Some(pace), breaker: Some(breaker) }
+    }
+}
+
+impl Endpoint for Guards<'_> {
+    fn admit(&mut self, call: &mut Attempts, policy: &Policy, now: Instant) -> Gate {
+        call.admit(policy, self.pace.as_deref_mut(), self.breaker.as_deref_mut(), now)
+    }
+    fn report(&mut self, outcome: &Outcome, draw: Draw, now: Instant) {
+        Attempts::report(self.pace.as_deref_mut(), self.breaker.as_deref_mut(), outcome, draw, now);
+    }
+    fn is_active(&self) -> bool {
+        self.pace.is_some() || self.breaker.is_some()
+    }
+}
 
 /// One call's attempts: its [`CallState`], when it started and when its current attempt
 /// started (as the call's time then, 4 bytes). `Copy`, no allocation.
@@ -79,6 +146,115 @@ impl Attempts {
         let elapsed = self.elapsed(now);
         self.attempt_started = elapsed;
         policy.deadline().map(|d| d.saturating_sub(elapsed))
+    }
+
+    /// Asks the endpoint's breaker and pace, when the call has them, whether the next attempt
+    /// may go at `now`; call it before every attempt, the first included, and again after a
+    /// [`Gate::Wait`].
+    ///
+    /// An open breaker ends the call at once ([`Gate::Stop`] with [`GiveUp::CircuitOpen`]):
+    /// waiting out its open time inside one call would hold the caller for minutes with
+    /// nothing sent; the caller (an outbox) keeps the work for later. The pace's wait is a wait
+    /// like a backoff's: it counts toward the wait budget, and one that would pass the budget
+    /// or the deadline ends the call ([`GiveUp::Budget`], [`GiveUp::Deadline`]) instead of
+    /// sleeping past it. The breaker is asked again once the pace lets the attempt go, so a
+    /// half-open breaker's one probe is taken only by an attempt that is sent.
+    pub fn admit(
+        &mut self,
+        policy: &Policy,
+        pace: Option<&mut Pace>,
+        breaker: Option<&mut Breaker>,
+        now: Instant,
+    ) -> Gate {
+        // A copy is asked first: a half-open breaker's probe is not taken yet.
+        if let Some(mut peek) = breaker.as_deref().copied()
+            && peek.admit(now).is_err()
+        {
+            return Gate::Stop(GiveUp::CircuitOpen);
+        }
+        if let Some(pace) = pace
+            && let Err(wait) = pace.acquire(now)
+        {
+            let elapsed = self.elapsed(now);
+            return match policy.charge_wait(&mut self.state, wait, Some(elapsed)) {
+                Ok(()) => Gate::Wait(wait),
+                Err(why) => Gate::Stop(why),
+            };
+        }
+        match breaker.map(|b| b.admit(now)) {
+            Some(Err(_)) => Gate::Stop(GiveUp::CircuitOpen),
+            Some(Ok(_)) | None => Gate::Go,
+        }
+    }
+
+    /// [`Attempts::admit`] through `endpoint` at `at` (now, or the instant a retry's backoff
+    /// wait ends), again after each of the pace's waits: the time from `at` until the attempt
+    /// may go (its token is taken for then), or why the call ends there. The pace's waits are
+    /// charged as they are granted.
+    pub fn admit_at<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        policy: &Policy,
+        at: Instant,
+    ) -> Result<Duration, GiveUp> {
+        let mut t = at;
+        loop {
+            match endpoint.admit(self, policy, t) {
+                Gate::Go => return Ok(t.duration_since(at)),
+                Gate::Wait(w) => {
+                    t = Instant::from_millis(t.as_millis().saturating_add(u64::from(w.as_millis())))
+                }
+                Gate::Stop(why) => return Err(why),
+            }
+        }
+    }
+
+    /// The record of an attempt after which the endpoint refused the retry the policy chose:
+    /// the call ends there, `gave_up` with `why`, and waits for nothing.
+    pub fn refused(record: Record, why: GiveUp) -> Record {
+        Record { wait: Duration::ZERO, verdict: Some(Verdict::GaveUp(why)), ..record }
+    }
+
+    /// Tells the endpoint's pace and breaker how an attempt that ended at `now` went: the pace
+    /// hears its [`Signal`] (`draw` places the next request after a cut, and draws the
+    /// breaker's open time); the breaker counts refused connections, timeouts, resets, TLS
+    /// failures and 5xx other than 503 as the endpoint being down, and any answer it served,
+    /// a 4xx included, as up. A throttle (429, 503) leaves the breaker as it is (the endpoint
+    /// is there, only loaded: the pace's business), as do a cancel and a broken body. When a
+    /// success closes a breaker that was not closed, the pace starts slowly
+    /// ([`Pace::slow_start`]) rather than let the whole backlog go at once.
+    pub fn report(
+        pace: Option<&mut Pace>,
+        breaker: Option<&mut Breaker>,
+        outcome: &Outcome,
+        draw: Draw,
+        now: Instant,
+    ) {
+        let signal = Signal::of(outcome);
+        let mut came_back = false;
+        if let Some(b) = breaker {
+            match (signal, outcome) {
+                (Signal::Served, _) => came_back = b.on_success(now),
+                (
+                    Signal::Neither,
+                    Outcome::Failure(
+                        Failure::Refused
+                        | Failure::ConnectTimeout
+                        | Failure::ResponseTimeout
+                        | Failure::Reset
+                        | Failure::Tls
+                        | Failure::Status { code: 500..=599, .. },
+                    ),
+                ) => b.on_failure(now, draw),
+                _ => {}
+            }
+        }
+        if let Some(p) = pace {
+            p.report(now, signal, draw);
+            if came_back {
+                p.slow_start(now);
+            }
+        }
     }
 
     /// Decides after the attempt that ended at `now` with `outcome`: the decision (through the

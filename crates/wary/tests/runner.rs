@@ -12,8 +12,9 @@ use embassy_futures::block_on;
 use embassy_futures::join::join;
 use embedded_hal_async::delay::DelayNs;
 use wary::{
-    Attempt, CancelToken, Clock, Duration, Failure, FleetBudget, GiveUp, Instant, Jitter, Key, Landed,
-    Operation, Outcome, Policy, Preset, Probe, Runner, Verdict, ledger::Ledger,
+    Attempt, Breaker, BreakerSettings, BreakerState, CancelToken, Clock, Duration, Failure, FleetBudget,
+    GiveUp, Guards, Instant, Jitter, Key, Landed, Operation, Outcome, Pace, PaceSettings, Policy, Preset,
+    Probe, Runner, Verdict, ledger::Ledger,
 };
 
 fn ms(n: u64) -> Duration {
@@ -703,4 +704,202 @@ fn a_give_up_that_depended_on_the_draw_records_the_draw() {
         p.decide(&mut zero, last.op, &last.outcome, wary::Draw::ZERO, None),
         wary::Decision::Retry { .. }
     ));
+}
+
+// ---- the send rate and the circuit breaker ----
+
+/// One request/s assumed at the first throttle, no burst: a throttle leaves 0.5/s.
+fn pace_settings() -> PaceSettings {
+    PaceSettings { start_milli: 1_000, burst: 1, ..PaceSettings::DEVICE }
+}
+
+/// Runs calls on one runner with the given pace and breaker; each call's outcomes are scripted
+/// and every send's time is recorded.
+struct Paced {
+    clock: FakeClock,
+    sleeps: RefCell<Vec<u64>>,
+    sent_at: RefCell<Vec<u64>>,
+}
+
+impl Paced {
+    fn new() -> Self {
+        Paced { clock: FakeClock::default(), sleeps: RefCell::default(), sent_at: RefCell::default() }
+    }
+
+    fn call(
+        &self,
+        runner: &mut Runner<'_, Sleeps<'_>, &FakeClock, Xorshift, wary::Never, (), impl wary::Endpoint>,
+        outcomes: &[Outcome],
+    ) -> Result<u32, wary::Stopped> {
+        let attempt = |a: Attempt| {
+            self.sent_at.borrow_mut().push(self.clock.0.get());
+            let o = *outcomes.get((a.number - 1) as usize).unwrap_or(&Outcome::Ok);
+            core::future::ready(match o {
+                Outcome::Ok => Ok(a.number),
+                Outcome::Failure(f) => Err(f),
+            })
+        };
+        block_on(runner.call(Operation::Idempotent, KEY, attempt))
+    }
+
+    fn delay(&self) -> Sleeps<'_> {
+        Sleeps { clock: &self.clock, log: &self.sleeps, cancel_during: None }
+    }
+}
+
+#[test]
+fn a_paced_runner_paces_first_attempts_and_a_plain_one_does_not() {
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let mut pace = Pace::new(pace_settings()).unwrap();
+    // Throttled before these calls: 0.5/s, the next request placed 1 s ahead (lowest draw).
+    pace.on_throttled(Instant::from_millis(0), wary::Draw::ZERO);
+    let h = Paced::new();
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(1))
+        .endpoint(Guards { pace: Some(&mut pace), breaker: None });
+    for _ in 0..4 {
+        assert_eq!(h.call(&mut runner, &[Outcome::Ok]), Ok(1));
+    }
+    let sent = h.sent_at.borrow().clone();
+    // Each call's only attempt (a first attempt) waited for its token: the first at 1 s, then
+    // at most one a second (the rate climbs back from 0.5/s toward 1/s).
+    assert_eq!(sent[0], 1_000);
+    assert!(sent.windows(2).all(|w| w[1] - w[0] >= 1_000), "{sent:?}");
+    assert_eq!(h.sleeps().len(), 4, "one pace wait before each call's attempt");
+    assert_eq!(h.sleeps().iter().sum::<u64>(), sent[3], "the clock moved only by the sleeps");
+    assert!(!runner.endpoint_ref().pace.as_deref().unwrap().is_open());
+    // The same calls without a pace go at once.
+    let plain = Paced::new();
+    let mut runner = Runner::new(&p, plain.delay(), &plain.clock, Xorshift(1));
+    for _ in 0..4 {
+        assert_eq!(plain.call(&mut runner, &[Outcome::Ok]), Ok(1));
+    }
+    assert_eq!(*plain.sent_at.borrow(), vec![0, 0, 0, 0]);
+    assert!(plain.sleeps().is_empty());
+}
+
+impl Paced {
+    fn sleeps(&self) -> Vec<u64> {
+        self.sleeps.borrow().clone()
+    }
+}
+
+#[test]
+fn a_throttle_cuts_the_rate_and_the_retry_waits_for_the_pace_after_its_backoff() {
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let mut pace = Pace::new(pace_settings()).unwrap();
+    let h = Paced::new();
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(7))
+        .endpoint(Guards { pace: Some(&mut pace), breaker: None });
+    // Open: the first attempt goes at once; its 429 cuts the rate to 0.5/s.
+    assert_eq!(h.call(&mut runner, &[Outcome::status(429), Outcome::Ok]), Ok(2));
+    let sent = h.sent_at.borrow().clone();
+    let sleeps = h.sleeps();
+    assert_eq!(sent[0], 0);
+    // One sleep: the backoff's wait (equal jitter on 100 ms: 50..100), stretched to when the
+    // pace lets the retry go: the first request after a cut goes between half an interval and
+    // one and a half (1 s..3 s from the cut), far past the backoff's.
+    assert_eq!(sleeps.len(), 1, "{sleeps:?}");
+    assert!((1_000..=3_000).contains(&sent[1]), "{sent:?}");
+    assert_eq!(sent[1], sleeps[0]);
+    let pace = runner.endpoint_ref().pace.as_deref().unwrap();
+    assert!(!pace.is_open());
+    assert!(pace.rate_milli(Instant::from_millis(sent[1])).unwrap() < 1_000);
+}
+
+#[test]
+fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
+    let p = Policy::builder(Preset::Default).build().unwrap();
+    let mut breaker = Breaker::new(BreakerSettings::DEVICE).unwrap();
+    let mut pace = Pace::new(pace_settings()).unwrap();
+    let h = Paced::new();
+    let mut runner =
+        Runner::new(&p, h.delay(), &h.clock, Xorshift(3)).endpoint(Guards::new(&mut pace, &mut breaker));
+    let refused = Outcome::Failure(Failure::Refused);
+    // Two refused connections open it; the call's third attempt meets it open.
+    let r = h.call(&mut runner, &[refused, refused, refused]).unwrap_err();
+    assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 2));
+    assert_eq!(h.sent_at.borrow().len(), 2);
+    let Some(BreakerState::Open { until, trips: 1 }) =
+        runner.endpoint_ref().breaker.as_deref().map(Breaker::state)
+    else {
+        panic!("{:?}", runner.endpoint_ref())
+    };
+    // The next call ends at once: no attempt, no sleep.
+    let before = h.sleeps().len();
+    let r = h.call(&mut runner, &[Outcome::Ok]).unwrap_err();
+    assert_eq!((r.verdict, r.attempts, r.last), (Verdict::GaveUp(GiveUp::CircuitOpen), 0, None));
+    assert_eq!((h.sent_at.borrow().len(), h.sleeps().len()), (2, before));
+    // Its open time over, one probe goes; it fails, and the breaker opens for longer.
+    h.clock.0.set(until.as_millis());
+    let r = h.call(&mut runner, &[refused, Outcome::Ok]).unwrap_err();
+    assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 1));
+    let Some(BreakerState::Open { until, trips: 2 }) =
+        runner.endpoint_ref().breaker.as_deref().map(Breaker::state)
+    else {
+        panic!("{:?}", runner.endpoint_ref())
+    };
+    // The next probe succeeds: closed, and the pace starts slowly instead of staying open.
+    assert!(runner.endpoint_ref().pace.as_deref().unwrap().is_open());
+    h.clock.0.set(until.as_millis());
+    assert_eq!(h.call(&mut runner, &[Outcome::Ok]), Ok(1));
+    assert_eq!(
+        runner.endpoint_ref().breaker.as_deref().unwrap().state(),
+        BreakerState::Closed { failures: 0 }
+    );
+    assert!(!runner.endpoint_ref().pace.as_deref().unwrap().is_open());
+    assert_eq!(h.sent_at.borrow().len(), 4);
+}
+
+#[test]
+fn a_throttle_does_not_open_the_breaker() {
+    let p = Policy::builder(Preset::Default).max_attempts(5).build().unwrap();
+    let mut breaker = Breaker::new(BreakerSettings::DEVICE).unwrap();
+    let h = Paced::new();
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(5))
+        .endpoint(Guards { pace: None, breaker: Some(&mut breaker) });
+    let busy = Outcome::status(503);
+    let r = h.call(&mut runner, &[busy, busy, busy, busy, busy]).unwrap_err();
+    assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::Attempts), 5));
+    assert_eq!(
+        runner.endpoint_ref().breaker.as_deref().unwrap().state(),
+        BreakerState::Closed { failures: 0 }
+    );
+}
+
+#[test]
+fn a_pace_wait_the_budget_or_the_deadline_cannot_pay_ends_the_call_unsent() {
+    // At the floor (0.01/s), the next request is 50 s to 150 s away.
+    let mut slow = Pace::new(PaceSettings { start_milli: 10, ..pace_settings() }).unwrap();
+    slow.on_throttled(Instant::from_millis(0), wary::Draw::ZERO);
+    assert_eq!(slow.clone().acquire(Instant::from_millis(0)), Err(ms(50_000)));
+    let cases = [
+        (Policy::builder(Preset::Default).budget(ms(10_000)).build().unwrap(), GiveUp::Budget),
+        (
+            Policy::builder(Preset::Default).budget(ms(100_000)).deadline(ms(20_000)).build().unwrap(),
+            GiveUp::Deadline,
+        ),
+    ];
+    for (p, why) in cases {
+        let mut pace = slow;
+        let h = Paced::new();
+        let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(9))
+            .endpoint(Guards { pace: Some(&mut pace), breaker: None });
+        let r = h.call(&mut runner, &[Outcome::Ok]).unwrap_err();
+        assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(why), 0));
+        assert!(h.sleeps().is_empty(), "no sleep past what the call may spend");
+        assert!(h.sent_at.borrow().is_empty());
+    }
+    // A budget that can pay for it waits, and the wait counts: 50 s of a 60 s budget leaves
+    // too little for a 20 s Retry-After.
+    let p = Policy::builder(Preset::Default).budget(ms(60_000)).build().unwrap();
+    let mut pace = slow;
+    let h = Paced::new();
+    let mut runner = Runner::new(&p, h.delay(), &h.clock, Xorshift(9))
+        .endpoint(Guards { pace: Some(&mut pace), breaker: None });
+    let asked = Outcome::status_after(503, Duration::from_secs(20));
+    let r = h.call(&mut runner, &[asked, Outcome::Ok]).unwrap_err();
+    assert_eq!(h.sleeps(), vec![50_000]);
+    assert_eq!(r.attempts, 1);
+    // Uncharged, 60 s would have paid for the 20 s and the call would have retried.
+    assert_eq!(r.verdict, Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked: ms(20_000) }));
 }

@@ -51,8 +51,8 @@ use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use rand_core::RngCore;
 use wary::{
-    Backoff, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Jitter, Key, Operation, Policy,
-    Preset, Runner, Verdict, ledger::Ledger,
+    Backoff, Breaker, BreakerSettings, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Guards,
+    Jitter, Key, Operation, Pace, PaceSettings, Policy, Preset, Runner, Verdict, ledger::Ledger,
 };
 use wary_outbox::{BackoffMark, Settlement};
 
@@ -123,6 +123,11 @@ pub struct Config {
     pub boot_cap: Duration,
     /// Uptime after which a landed reading marks the boot healthy.
     pub healthy_after: Duration,
+    /// Pace every attempt with [`PaceSettings::DEVICE`] and break the circuit with
+    /// [`BreakerSettings::DEVICE`] (docs/pacing.md). Off by default: with the device settings
+    /// a single device under a cloud that answers one request in eight with 503 slows to the
+    /// pace's floor, so the setting waits for device settings tuned for that (docs/pacing.md).
+    pub pacing: bool,
 }
 
 impl Config {
@@ -140,6 +145,7 @@ impl Config {
             boot_base: Duration::from_secs(10),
             boot_cap: Duration::from_secs(15 * 60),
             healthy_after: Duration::from_secs(60),
+            pacing: false,
         }
     }
 }
@@ -359,7 +365,15 @@ where
     // The round pauses draw from their own stream, seeded from the device's generator.
     let mut pause_rng = SplitMix64::new(rng.next_u64());
     let mut pause = RoundBackoff::new(config.round_base, config.round_cap);
-    let mut runner = Runner::new(policy, delay, EmbassyClock, rng).fleet(fleet).ledger(&mut *ledger);
+    // The cloud's send rate and circuit breaker, when `config.pacing` asks (docs/pacing.md):
+    // every attempt, first ones included, waits for the pace; an open breaker ends a call at
+    // once and the outbox keeps its reading for a later round.
+    let mut pace = Pace::new(PaceSettings::DEVICE).ok().filter(|_| config.pacing);
+    let mut breaker = Breaker::new(BreakerSettings::DEVICE).ok().filter(|_| config.pacing);
+    let mut runner = Runner::new(policy, delay, EmbassyClock, rng)
+        .fleet(fleet)
+        .ledger(&mut *ledger)
+        .endpoint(Guards { pace: pace.as_mut(), breaker: breaker.as_mut() });
     let transport = Mutex::<NoopRawMutex, _>::new(transport);
     let attempt_limit = config.attempt_limit;
     // The one source of the Retry-After rules: the policy's.
@@ -412,6 +426,13 @@ where
             after = Some(record.id);
             let key = Key::from_parts(config.device, record.id.boot, record.id.seq);
             let body = payload(&record);
+            // The drain honours the pace: the wait for the next token is spent here, between
+            // calls, not out of the call's wait budget (asked on a copy: the call takes the token).
+            if let Some(pace) = runner.endpoint_mut().pace.as_deref_mut()
+                && let Err(wait) = { *pace }.acquire(Instant::now().into())
+            {
+                Timer::after(wait.into()).await;
+            }
             let (transport, body, unreadable) = (&transport, &body, &unreadable);
             let result = runner
                 .call(Operation::KeyedWrite, key, |attempt| async move {
