@@ -59,6 +59,7 @@ pub fn run_all(root: &Path) -> Result<()> {
 
     step("host tests");
     crate::util::ensure_nginx()?;
+    crate::util::ensure_mosquitto()?;
     run(root, "cargo", &["test", "--workspace"])?;
 
     examples(root)?;

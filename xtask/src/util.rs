@@ -96,6 +96,29 @@ pub fn ensure_nginx() -> Result<()> {
     Ok(())
 }
 
+/// Installs Debian's `mosquitto` (the broker, `mosquitto_passwd`) and `mosquitto-clients`
+/// (`mosquitto_sub`, `mosquitto_pub`) when missing: the MQTT scenarios and the gateway's MQTT
+/// ingress tests start their own broker on loopback (`wary_fixtures::mosquitto`). The package's
+/// own service, if its install started one, is stopped: nothing here uses port 1883.
+pub fn ensure_mosquitto() -> Result<()> {
+    let broker = Path::new(wary_fixtures::mosquitto::MOSQUITTO).exists();
+    if broker && have("mosquitto_sub") && have("mosquitto_pub") {
+        return Ok(());
+    }
+    step(
+        "mosquitto is missing (the MQTT scenarios and tests use it): installing Debian packages mosquitto, mosquitto-clients",
+    );
+    run(Path::new("."), "apt-get", &["update", "-qq"])?;
+    run_env(
+        Path::new("."),
+        "apt-get",
+        &["install", "-y", "-qq", "--no-install-recommends", "mosquitto", "mosquitto-clients"],
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )?;
+    let _ = Command::new("pkill").args(["-x", "mosquitto"]).status();
+    Ok(())
+}
+
 /// Installs a cargo tool when `program` is missing.
 pub fn ensure_cargo_install(program: &str, krate: &str, extra: &[&str]) -> Result<()> {
     if have(program) {

@@ -7,11 +7,13 @@
 //! - [`faults`]: the network-fault server: one scripted reply (or reset, stall, trickle) per
 //!   path, for the firmware's `nettest`.
 //! - [`tls`]: a throwaway CA chain and TLS 1.3 servers for the TLS probe's cases.
+//! - [`mosquitto`]: a mosquitto broker on loopback with device logins and a per-device topic ACL.
 //!
 //! `cargo xtask net` and `cargo xtask tls` start these servers, run the firmware and check what
 //! the servers saw; the checks are tested here against hand-written requests over real sockets.
 
 pub mod faults;
+pub mod mosquitto;
 pub mod request;
 pub mod server;
 pub mod tls;
