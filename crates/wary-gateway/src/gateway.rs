@@ -223,6 +223,8 @@ struct Shared {
     admission: Mutex<Admission>,
     /// The upstream's pace and breaker (neither when pacing is off).
     endpoint: SharedEndpoint,
+    /// The MQTT ingress's counters, once it runs (shown on `/metrics`).
+    mqtt: std::sync::OnceLock<Arc<crate::mqtt::MqttCounts>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -289,6 +291,7 @@ impl Gateway {
             }),
             admission: Mutex::new(Admission::new(config.admission)),
             endpoint,
+            mqtt: std::sync::OnceLock::new(),
             config,
         });
         let workers = (0..shared.config.workers.max(1))
@@ -397,12 +400,21 @@ impl Gateway {
     pub fn prometheus(&self) -> String {
         let mut m = lock(&self.shared.metrics);
         m.retry_after_unreadable = self.shared.unreadable.load(Ordering::Relaxed);
-        m.prometheus(
+        let mut text = m.prometheus(
             self.shared.fleet.tokens_milli(),
             self.shared.fleet.max_milli(),
             self.queue_depth(),
             self.tx.max_capacity(),
-        )
+        );
+        if let Some(c) = self.shared.mqtt.get() {
+            text.push_str(&c.prometheus());
+        }
+        text
+    }
+
+    /// Shows an MQTT ingress's counters on `/metrics` (the first one given stays).
+    pub fn attach_mqtt(&self, counts: Arc<crate::mqtt::MqttCounts>) {
+        let _ = self.shared.mqtt.set(counts);
     }
 
     /// Stops the workers now. In-flight calls are dropped without an answer.

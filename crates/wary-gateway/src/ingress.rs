@@ -121,7 +121,7 @@ pub fn key_of(headers: &http::HeaderMap) -> Result<HeaderValue, BadRequest> {
 
 /// The core's key for a forwarded key: its own 32 hex digits, or a digest of any other key so
 /// the ledger still has a fixed-size key for it.
-fn wary_key(key: &HeaderValue) -> Key {
+pub(crate) fn wary_key(key: &HeaderValue) -> Key {
     let text = key.to_str().unwrap_or_default();
     Key::from_hex(text).unwrap_or_else(|| Key::from_payload(text.as_bytes()))
 }

@@ -14,6 +14,9 @@
 //!   side (rustls); a token bucket per device so that one device cannot crowd out the rest.
 //!   `docs/security.md` is the threat model.
 //!
+//! With `--mqtt` the readings come from an MQTT 5 broker instead, as one replica of a shared
+//! subscription, each acknowledged after its verdict ([`mqtt`]).
+//!
 //! Retry happens at exactly one layer per hop: the HTTP client does not retry on its own, and
 //! the device's resend after a 503 is paced by the gateway's Retry-After and deduplicated by
 //! its key upstream. See `docs/deployment.md` for running several replicas.
@@ -23,6 +26,7 @@ pub mod credentials;
 pub mod gateway;
 pub mod ingress;
 pub mod metrics;
+pub mod mqtt;
 pub mod tls;
 pub mod upstream;
 

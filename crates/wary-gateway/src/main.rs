@@ -1,5 +1,6 @@
-//! `wary-gateway`: devices post readings over HTTP (`POST /readings` with `Idempotency-Key`);
-//! each goes upstream as one wary call, and the device is answered after its verdict.
+//! `wary-gateway`: devices post readings over HTTP (`POST /readings` with `Idempotency-Key`),
+//! or publish them to an MQTT broker (`--mqtt`); each goes upstream as one wary call, and the
+//! device is answered (the message acknowledged) after its verdict.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -86,13 +87,13 @@ struct Args {
     threads: Option<usize>,
     /// The device credentials file: `<device id, 16 hex> <SHA-256 of its token, 64 hex>` a
     /// line; reloaded on SIGHUP. Make lines with `wary-gateway credential new <device>`.
-    #[arg(long, required_unless_present = "insecure_no_auth")]
+    #[arg(long, required_unless_present_any = ["insecure_no_auth", "mqtt"])]
     credentials: Option<PathBuf>,
     /// Accept readings from anyone who can reach the gateway, with any key (tests only).
     #[arg(long, conflicts_with = "credentials")]
     insecure_no_auth: bool,
     /// The TLS certificate chain (PEM, leaf first); reloaded on SIGHUP.
-    #[arg(long, requires = "tls_key", required_unless_present = "insecure_plain_http")]
+    #[arg(long, requires = "tls_key", required_unless_present_any = ["insecure_plain_http", "mqtt"])]
     tls_cert: Option<PathBuf>,
     /// The TLS private key (PEM); reloaded on SIGHUP.
     #[arg(long, requires = "tls_cert")]
@@ -125,6 +126,56 @@ struct Args {
     /// yet, so `wary replay` cannot check a decision they changed.
     #[arg(long)]
     upstream_pacing: bool,
+    /// Take readings from this MQTT 5 broker (`host:port`) instead of serving HTTP: devices log
+    /// in to the broker, which checks who they are and what topic they may use.
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        requires = "mqtt_client_id",
+        conflicts_with_all = ["credentials", "tls_cert", "insecure_no_auth"]
+    )]
+    mqtt: Option<String>,
+    /// The shared subscription's group (`$share/<group>/wary/+/readings`).
+    #[arg(long, default_value = "wary", requires = "mqtt")]
+    mqtt_group: String,
+    /// This replica's client id: give a restarted replica the same one, so the messages it had
+    /// not acknowledged come back to it.
+    #[arg(long, requires = "mqtt")]
+    mqtt_client_id: Option<String>,
+    /// The gateway's username on the broker.
+    #[arg(long, default_value = "gateway", requires = "mqtt")]
+    mqtt_username: String,
+    /// A file holding the gateway's broker password (never logged).
+    #[arg(long, requires = "mqtt", conflicts_with = "mqtt_password_env")]
+    mqtt_password_file: Option<PathBuf>,
+    /// An environment variable holding the gateway's broker password (never logged).
+    #[arg(long, requires = "mqtt")]
+    mqtt_password_env: Option<String>,
+    /// How long the broker keeps this replica's session (and queues for it) while it is away,
+    /// seconds: longer than any restart of the replica can take.
+    #[arg(long, default_value_t = 86_400, requires = "mqtt")]
+    mqtt_session_expiry_secs: u32,
+    /// Receive Maximum: messages the broker may have unacknowledged with this replica at once.
+    #[arg(long, default_value_t = 20, requires = "mqtt")]
+    mqtt_receive_maximum: u16,
+}
+
+/// The MQTT settings, with the password from its file or variable.
+fn mqtt_config(args: &Args, broker: &str) -> Result<wary_gateway::mqtt::MqttConfig> {
+    let (host, port) = broker.rsplit_once(':').context("--mqtt must be HOST:PORT")?;
+    let port: u16 = port.parse().context("--mqtt: bad port")?;
+    let client_id = args.mqtt_client_id.as_deref().context("--mqtt needs --mqtt-client-id")?;
+    let password = match (&args.mqtt_password_file, &args.mqtt_password_env) {
+        (Some(p), _) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        (None, Some(var)) => std::env::var(var).with_context(|| format!("environment variable {var}"))?,
+        (None, None) => bail!("--mqtt needs --mqtt-password-file or --mqtt-password-env"),
+    };
+    let mut c = wary_gateway::mqtt::MqttConfig::new(host, port, client_id, password.trim());
+    c.group.clone_from(&args.mqtt_group);
+    c.username.clone_from(&args.mqtt_username);
+    c.session_expiry_secs = args.mqtt_session_expiry_secs;
+    c.receive_maximum = args.mqtt_receive_maximum;
+    Ok(c)
 }
 
 fn split<'a>(spec: &'a str, sep: char, what: &str) -> Result<(HeaderName, &'a str)> {
@@ -257,6 +308,16 @@ async fn run(args: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(args.metrics).await?;
         eprintln!("wary-gateway: metrics on http://{}/metrics", listener.local_addr()?);
         tokio::spawn(wary_gateway::ingress::serve_metrics(gw.clone(), listener));
+    }
+    if let Some(broker) = &args.mqtt {
+        let ingress = wary_gateway::mqtt::Ingress::start(gw.clone(), &mqtt_config(&args, broker)?);
+        gw.attach_mqtt(ingress.counts().clone());
+        eprintln!(
+            "wary-gateway: taking readings from mqtt://{broker} as a member of group {}",
+            args.mqtt_group
+        );
+        let _ = tokio::signal::ctrl_c().await;
+        return Ok(());
     }
     tokio::spawn(reload_on_hangup(gw.clone(), args.credentials.clone(), tls.clone()));
     let listener = listen(args.listen).with_context(|| format!("binding {}", args.listen))?;
