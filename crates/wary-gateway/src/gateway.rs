@@ -224,7 +224,7 @@ struct Shared {
     /// The upstream's pace and breaker (neither when pacing is off).
     endpoint: SharedEndpoint,
     /// The MQTT ingress's counters, once it runs (shown on `/metrics`).
-    mqtt: std::sync::OnceLock<Arc<crate::mqtt::MqttCounts>>,
+    mqtt: Mutex<Option<Arc<crate::mqtt::MqttCounts>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -291,7 +291,7 @@ impl Gateway {
             }),
             admission: Mutex::new(Admission::new(config.admission)),
             endpoint,
-            mqtt: std::sync::OnceLock::new(),
+            mqtt: Mutex::new(None),
             config,
         });
         let workers = (0..shared.config.workers.max(1))
@@ -406,15 +406,15 @@ impl Gateway {
             self.queue_depth(),
             self.tx.max_capacity(),
         );
-        if let Some(c) = self.shared.mqtt.get() {
+        if let Some(c) = lock(&self.shared.mqtt).as_ref() {
             text.push_str(&c.prometheus());
         }
         text
     }
 
-    /// Shows an MQTT ingress's counters on `/metrics` (the first one given stays).
-    pub fn attach_mqtt(&self, counts: Arc<crate::mqtt::MqttCounts>) {
-        let _ = self.shared.mqtt.set(counts);
+    /// Shows an MQTT ingress's counters on `/metrics` ([`crate::mqtt::Ingress::start`] does it).
+    pub(crate) fn attach_mqtt(&self, counts: Arc<crate::mqtt::MqttCounts>) {
+        *lock(&self.shared.mqtt) = Some(counts);
     }
 
     /// Stops the workers now. In-flight calls are dropped without an answer.

@@ -310,8 +310,7 @@ async fn run(args: Args) -> Result<()> {
         tokio::spawn(wary_gateway::ingress::serve_metrics(gw.clone(), listener));
     }
     if let Some(broker) = &args.mqtt {
-        let ingress = wary_gateway::mqtt::Ingress::start(gw.clone(), &mqtt_config(&args, broker)?);
-        gw.attach_mqtt(ingress.counts().clone());
+        let _ingress = wary_gateway::mqtt::Ingress::start(gw.clone(), &mqtt_config(&args, broker)?);
         eprintln!(
             "wary-gateway: taking readings from mqtt://{broker} as a member of group {}",
             args.mqtt_group

@@ -316,6 +316,7 @@ impl Ingress {
         let cap = usize::from(config.receive_maximum.max(1)).saturating_mul(4).max(64);
         let (client, eventloop) = AsyncClient::new(options, cap);
         let counts = Arc::new(MqttCounts::default());
+        gw.attach_mqtt(counts.clone());
         let epoch = Arc::new(AtomicU64::new(0));
         let (tx, rx) = mpsc::unbounded_channel();
         let poll = tokio::spawn(poll(

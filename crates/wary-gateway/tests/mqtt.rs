@@ -1,0 +1,186 @@
+//! The MQTT ingress against mosquitto and the test cloud: what it forwards, what it refuses, and
+//! when it acknowledges.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rumqttc::v5::mqttbytes::v5::PubAckReason;
+use wary_cloud::{Cloud, Faults};
+use wary_fixtures::mosquitto::Settings;
+use wary_gateway::mqtt::{Ingress, MqttConfig, MqttCounts, Refusal};
+use wary_gateway::{Config, Gateway};
+use wary_host::spec::PolicySpec;
+
+#[path = "common/mqtt.rs"]
+mod mqtt;
+use mqtt::{Device, key};
+
+const LIMIT: Duration = Duration::from_secs(40);
+
+fn gateway(base: &str) -> Arc<Gateway> {
+    gateway_with(base, 500)
+}
+
+/// A gateway whose attempts may take `attempt_ms`, with a short wait budget.
+fn gateway_with(base: &str, attempt_ms: u64) -> Arc<Gateway> {
+    let mut c = Config::new(base);
+    c.policy = PolicySpec {
+        base: Some(10),
+        cap: Some(100),
+        budget: Some(300),
+        deadline: Some(attempt_ms * 2),
+        min_attempt: Some(50),
+        ..PolicySpec::default()
+    };
+    c.upstream.attempt_timeout = Duration::from_millis(attempt_ms);
+    c.fleet_max_tokens = 1000;
+    c.fleet_ratio_milli = 1000;
+    c.seed = Some(7);
+    c.auth = wary_gateway::Auth::Open;
+    Arc::new(Gateway::start(c, Box::new(std::io::sink())).unwrap())
+}
+
+fn ingress(gw: &Arc<Gateway>, port: u16, id: &str) -> Ingress {
+    Ingress::start(gw.clone(), &MqttConfig::new("127.0.0.1", port, id, mqtt::GATEWAY_PASSWORD))
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+fn get(c: &MqttCounts, f: impl Fn(&MqttCounts) -> &std::sync::atomic::AtomicU64) -> u64 {
+    f(c).load(Ordering::Relaxed)
+}
+
+/// Good readings land once each; a message without a key, with another device's key or with a
+/// payload that is not JSON is acknowledged, counted by reason and never forwarded; and what was
+/// acknowledged is not delivered again to the same client id.
+#[tokio::test]
+async fn good_readings_land_and_bad_messages_are_refused_and_acknowledged() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let (broker, dir) = mqtt::broker("refuse", &[0xa1], &Settings::default());
+        let port = broker.port();
+        let gw = gateway(&cloud.url(""));
+        let ing = ingress(&gw, port, "gw-1");
+        let c = ing.counts().clone();
+        until("connected", || get(&c, |c| &c.connects) == 1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut dev = Device::connect(port, 0xa1).await;
+        let topic = format!("wary/{}/readings", mqtt::hex(0xa1));
+        for s in 0..5 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{\"t\":1}").await, Some(PubAckReason::Success));
+        }
+        assert_eq!(dev.publish_on(&topic, None, b"{}").await, Some(PubAckReason::Success));
+        assert_eq!(dev.publish(&key(0xb2, 1, 0), b"{}").await, Some(PubAckReason::Success));
+        assert_eq!(dev.publish(&key(0xa1, 1, 9), b"not json").await, Some(PubAckReason::Success));
+        until("every message acknowledged", || get(&c, |c| &c.acked) == 8).await;
+        assert_eq!(get(&c, |c| &c.landed), 5);
+        assert_eq!(c.refused(Refusal::NoKey), 1);
+        assert_eq!(c.refused(Refusal::Forbidden), 1);
+        assert_eq!(c.refused(Refusal::NotJson), 1);
+        let stats = cloud.stats();
+        assert_eq!(stats.keys, 5);
+        assert_eq!(stats.effects_total, 5);
+        assert!(cloud.key_stats(&key(0xb2, 1, 0)).is_none());
+        assert!(gw.prometheus().contains("wary_gateway_mqtt_refused_total{reason=\"forbidden\"} 1\n"));
+        // The same replica again: its session is kept, and nothing acknowledged comes back.
+        drop(ing);
+        let again = ingress(&gw, port, "gw-1");
+        let c2 = again.counts().clone();
+        until("reconnected", || get(&c2, |c| &c.sessions_resumed) == 1).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(get(&c2, |c| &c.received), 0);
+        assert_eq!(cloud.stats().requests, 5);
+        drop(broker);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test took too long");
+}
+
+/// A message is acknowledged only after its verdict: while the upstream answers 503 the calls
+/// give up and are made again (same key), nothing is acknowledged, and once it recovers each
+/// reading lands once and every acknowledgement goes out.
+#[tokio::test]
+async fn a_call_that_gave_up_is_made_again_and_acknowledged_only_after_it_lands() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let cloud = Cloud::start("127.0.0.1:0", "503=1.0".parse::<Faults>().unwrap()).await.unwrap();
+        let (broker, dir) = mqtt::broker("giveup", &[0xa1], &Settings::default());
+        let port = broker.port();
+        let gw = gateway(&cloud.url(""));
+        let ing = ingress(&gw, port, "gw-1");
+        let c = ing.counts().clone();
+        until("connected", || get(&c, |c| &c.connects) == 1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut dev = Device::connect(port, 0xa1).await;
+        for s in 0..3 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{\"t\":1}").await, Some(PubAckReason::Success));
+        }
+        until("each call gave up and was made again", || get(&c, |c| &c.called_again) >= 3).await;
+        assert_eq!(get(&c, |c| &c.acked), 0, "acknowledged before a verdict");
+        assert_eq!(get(&c, |c| &c.landed), 0);
+        cloud.set_faults(Faults::none()).unwrap();
+        until("all acknowledged", || get(&c, |c| &c.acked) == 3).await;
+        assert_eq!(get(&c, |c| &c.landed), 3);
+        let stats = cloud.stats();
+        assert_eq!((stats.keys, stats.effects_total), (3, 3));
+        assert!(stats.requests > 6, "the 503s were attempts: {}", stats.requests);
+        drop(broker);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test took too long");
+}
+
+/// Acknowledgements go out in arrival order: a slow call holds back the acknowledgements of
+/// the messages behind it, whose calls already landed.
+#[tokio::test]
+async fn acknowledgements_wait_for_the_oldest_message() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let (broker, dir) = mqtt::broker("order", &[0xa1], &Settings::default());
+        let port = broker.port();
+        let gw = gateway_with(&cloud.url(""), 4_000);
+        let ing = ingress(&gw, port, "gw-1");
+        let c = ing.counts().clone();
+        until("connected", || get(&c, |c| &c.connects) == 1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The first reading meets an upstream that stalls every request for 1.5 s, then the
+        // others meet a quick one.
+        cloud.set_faults("slow=1.0:ms=1500".parse::<Faults>().unwrap()).unwrap();
+        let mut dev = Device::connect(port, 0xa1).await;
+        assert_eq!(dev.publish(&key(0xa1, 1, 0), b"{}").await, Some(PubAckReason::Success));
+        until("the first call is upstream", || cloud.stats().requests == 1).await;
+        cloud.set_faults(Faults::none()).unwrap();
+        for s in 1..4 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{}").await, Some(PubAckReason::Success));
+        }
+        until("the later three landed", || get(&c, |c| &c.landed) == 3).await;
+        assert_eq!(get(&c, |c| &c.acked), 0, "a later message was acknowledged before the first");
+        until("all four acknowledged", || get(&c, |c| &c.acked) == 4).await;
+        assert_eq!(get(&c, |c| &c.landed), 4);
+        drop(broker);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test took too long");
+}
