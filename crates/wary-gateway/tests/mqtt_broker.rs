@@ -171,3 +171,38 @@ async fn a_dead_sessions_queue_drops_past_its_limit_after_puback_success() {
     .await
     .expect("test took too long");
 }
+
+/// The same limit holds for a member that is connected but has its whole in-flight window
+/// unacknowledged (a gateway waiting on a slow or failing upstream): beyond the window, its
+/// turns queue up to `max_queued_messages` and the rest are dropped after PUBACK 0x00.
+#[tokio::test]
+async fn a_full_window_queues_up_to_the_same_limit() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let settings = Settings { max_queued_messages: 5, ..Settings::default() };
+        let (broker, dir) = mqtt::broker("window", &[0xa1], &settings);
+        let port = broker.port();
+        let (mut a, _) = Member::join(port, "w-a", "g").await;
+        let mut dev = Device::connect(port, 0xa1).await;
+        publish_all(&mut dev, &keys(0xa1, 1, 60)).await;
+        let window = a.drain(QUIET).await;
+        for p in &window {
+            a.client.try_ack(p).unwrap();
+        }
+        let rest = a.drain_acking(QUIET).await;
+        println!(
+            "max_queued_messages 5, member connected, acknowledging nothing: {} in flight, {} more after it acknowledged, {} of 60 dropped",
+            window.len(),
+            rest.len(),
+            60 - window.len() - rest.len()
+        );
+        assert_eq!(window.len(), 20, "mosquitto's in-flight default");
+        assert_eq!(rest.len(), 5);
+        drop(broker);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test took too long");
+}
