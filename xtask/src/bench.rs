@@ -27,6 +27,8 @@ pub enum Part {
     Study,
     /// The fleet's recovery after an outage: 10 000 devices, six rows, four worlds.
     Fleet,
+    /// The gateway's MQTT ingress beside `mosquitto_sub` on the same stream.
+    MqttIngress,
 }
 
 /// Runs every benchmark and the simulation, or only `only`.
@@ -37,6 +39,7 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
             Part::Gateway => gateway(root)?,
             Part::Study => study(root)?,
             Part::Fleet => fleet(root)?,
+            Part::MqttIngress => mqtt_ingress(root)?,
         }
         eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
         return Ok(());
@@ -116,6 +119,7 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
         ],
     )?;
     gateway(root)?;
+    mqtt_ingress(root)?;
     eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -171,6 +175,11 @@ fn gateway(root: &Path) -> Result<()> {
     run(root, s(&load)?, &["--gateway-bin", s(&gw)?, "--nginx", &nginx, "--out", s(&section)?])?;
     let text = std::fs::read_to_string(&section).with_context(|| format!("reading {}", section.display()))?;
     let figures: serde_json::Value = serde_json::from_str(&text).context("the gateway bench's JSON")?;
+    add_to_results(&out, "gateway", figures)
+}
+
+/// Sets `key` in target/bench/results.json to `figures`, every other key kept.
+fn add_to_results(out: &Path, key: &str, figures: serde_json::Value) -> Result<()> {
     let results = out.join("results.json");
     let mut all = match std::fs::read_to_string(&results) {
         Ok(t) => serde_json::from_str::<serde_json::Value>(&t).unwrap_or_else(|_| serde_json::json!({})),
@@ -179,11 +188,42 @@ fn gateway(root: &Path) -> Result<()> {
     if !all.is_object() {
         all = serde_json::json!({});
     }
-    all["gateway"] = figures;
+    all[key] = figures;
     std::fs::write(&results, serde_json::to_string_pretty(&all)?)
         .with_context(|| format!("writing {}", results.display()))?;
-    eprintln!("    gateway figures added to {}", results.display());
+    eprintln!("    {key} figures added to {}", results.display());
     Ok(())
+}
+
+/// The MQTT ingress's throughput beside `mosquitto_sub` on the same queued stream (the
+/// `mqtt_ingress_load` example); its figures go into results.json as `mqtt_ingress`.
+fn mqtt_ingress(root: &Path) -> Result<()> {
+    crate::util::ensure_mosquitto()?;
+    step("gateway MQTT ingress beside mosquitto_sub on the same stream, in-flight windows 20 and 100");
+    run(
+        root,
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "wary-gateway",
+            "--bin",
+            "wary-gateway",
+            "--example",
+            "mqtt_ingress_load",
+        ],
+    )?;
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let section = out.join("mqtt_ingress.json");
+    let load = root.join("target/release/examples/mqtt_ingress_load");
+    let gw = root.join("target/release/wary-gateway");
+    run(root, s(&load)?, &["--gateway-bin", s(&gw)?, "--out", s(&section)?])?;
+    let text = std::fs::read_to_string(&section).with_context(|| format!("reading {}", section.display()))?;
+    let figures: serde_json::Value = serde_json::from_str(&text).context("the MQTT ingress bench's JSON")?;
+    add_to_results(&out, "mqtt_ingress", figures)
 }
 
 /// The optimistic-concurrency model alone: its section replaces (or joins) the one in
