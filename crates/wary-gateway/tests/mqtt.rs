@@ -184,3 +184,43 @@ async fn acknowledgements_wait_for_the_oldest_message() {
     .await
     .expect("test took too long");
 }
+
+/// The broker restarted between two bursts: the ingress reconnects (paced by its backoff), finds
+/// its session kept, and every reading of both bursts lands once.
+#[tokio::test]
+async fn a_broker_restart_is_ridden_out_with_the_session_kept() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let (mut broker, dir) = mqtt::broker("restart", &[0xa1], &Settings::default());
+        let port = broker.port();
+        let gw = gateway(&cloud.url(""));
+        let ing = ingress(&gw, port, "gw-1");
+        let c = ing.counts().clone();
+        until("connected", || get(&c, |c| &c.connects) == 1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut dev = Device::connect(port, 0xa1).await;
+        for s in 0..5 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{}").await, Some(PubAckReason::Success));
+        }
+        until("the first burst acknowledged", || get(&c, |c| &c.acked) == 5).await;
+        broker.restart().unwrap();
+        until("reconnected to the kept session", || get(&c, |c| &c.sessions_resumed) == 1).await;
+        let mut dev = Device::connect(port, 0xa1).await;
+        for s in 5..10 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{}").await, Some(PubAckReason::Success));
+        }
+        until("the second burst landed", || cloud.stats().keys == 10).await;
+        until("everything received acknowledged", || get(&c, |c| &c.acked) == get(&c, |c| &c.received)).await;
+        println!("broker restart: {:?}", wary_gateway::mqtt::snapshot(&c));
+        assert_eq!(get(&c, |c| &c.connects), 2);
+        let stats = cloud.stats();
+        assert_eq!((stats.keys, stats.effects_total), (10, 10));
+        drop(broker);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test took too long");
+}
