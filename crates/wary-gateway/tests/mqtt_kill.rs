@@ -192,3 +192,27 @@ async fn a_replica_killed_mid_stream_loses_and_duplicates_nothing() {
     .await
     .expect("test took too long");
 }
+
+/// The MQTT flags are checked before anything starts: a client id is required (a replica must
+/// come back under the one it had), the password comes from a file or a variable, and the HTTP
+/// device side's flags do not mix with `--mqtt`.
+#[test]
+fn the_mqtt_flags_are_checked_at_start() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let up = ["--upstream", "http://127.0.0.1:9", "--no-metrics"];
+    let (ok, err) = run(&[&up[..], &["--mqtt", "127.0.0.1:1"]].concat());
+    assert!(!ok && err.contains("--mqtt-client-id"), "{err}");
+    let (ok, err) = run(&[&up[..], &["--mqtt", "127.0.0.1:1", "--mqtt-client-id", "gw-1"]].concat());
+    assert!(!ok && err.contains("--mqtt-password-file or --mqtt-password-env"), "{err}");
+    let (ok, err) = run(&[
+        &up[..],
+        &["--mqtt", "127.0.0.1:1", "--mqtt-client-id", "gw-1", "--insecure-no-auth"],
+    ]
+    .concat());
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    let (ok, err) = run(&[&up[..], &["--mqtt", "no-port", "--mqtt-client-id", "gw-1"]].concat());
+    assert!(!ok && err.contains("HOST:PORT"), "{err}");
+}
