@@ -158,6 +158,10 @@ struct Args {
     /// Receive Maximum: messages the broker may have unacknowledged with this replica at once.
     #[arg(long, default_value_t = 20, requires = "mqtt")]
     mqtt_receive_maximum: u16,
+    /// Retire this client id: unsubscribe, forward what its session still holds, then exit
+    /// (a replica taken out of the set for good; see docs/deployment.md).
+    #[arg(long, requires = "mqtt")]
+    mqtt_leave: bool,
 }
 
 /// The MQTT settings, with the password from its file or variable.
@@ -310,7 +314,17 @@ async fn run(args: Args) -> Result<()> {
         tokio::spawn(wary_gateway::ingress::serve_metrics(gw.clone(), listener));
     }
     if let Some(broker) = &args.mqtt {
-        let _ingress = wary_gateway::mqtt::Ingress::start(gw.clone(), &mqtt_config(&args, broker)?);
+        let ingress = wary_gateway::mqtt::Ingress::start(gw.clone(), &mqtt_config(&args, broker)?);
+        if args.mqtt_leave {
+            let (quiet, limit) = (Duration::from_secs(2), Duration::from_secs(600));
+            return match ingress.leave(quiet, limit).await {
+                Ok(()) => {
+                    eprintln!("wary-gateway: left the group; the session is empty");
+                    Ok(())
+                }
+                Err(n) => bail!("{n} messages still unacknowledged after {limit:?}; the session keeps them"),
+            };
+        }
         eprintln!(
             "wary-gateway: taking readings from mqtt://{broker} as a member of group {}",
             args.mqtt_group

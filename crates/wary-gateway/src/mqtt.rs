@@ -294,6 +294,9 @@ impl MqttCounts {
 /// The MQTT ingress of one gateway: start it with [`Ingress::start`].
 pub struct Ingress {
     counts: Arc<MqttCounts>,
+    client: AsyncClient,
+    filter: String,
+    leaving: Arc<std::sync::atomic::AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -318,17 +321,45 @@ impl Ingress {
         let counts = Arc::new(MqttCounts::default());
         gw.attach_mqtt(counts.clone());
         let epoch = Arc::new(AtomicU64::new(0));
+        let leaving = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let filter = subscription(&config.group);
         let (tx, rx) = mpsc::unbounded_channel();
-        let poll = tokio::spawn(poll(
-            eventloop,
-            client.clone(),
-            subscription(&config.group),
-            counts.clone(),
-            epoch.clone(),
-            tx,
-        ));
-        let order = tokio::spawn(order(gw, client, counts.clone(), epoch, rx));
-        Ingress { counts, tasks: vec![poll, order] }
+        let link = Link { client: client.clone(), filter: filter.clone(), leaving: leaving.clone() };
+        let poll = tokio::spawn(poll(eventloop, link, counts.clone(), epoch.clone(), tx));
+        let order = tokio::spawn(order(gw, client.clone(), counts.clone(), epoch, rx));
+        Ingress { counts, client, filter, leaving, tasks: vec![poll, order] }
+    }
+
+    /// Takes this replica's id out of the group for good: unsubscribes (so the broker deals it
+    /// no more turns), forwards and acknowledges what its session still held, and returns once
+    /// nothing has arrived for `quiet` and every message received is acknowledged; then
+    /// disconnects. Its session is left empty. Gives up after `limit` with the number of
+    /// messages still unacknowledged (the session keeps them).
+    pub async fn leave(&self, quiet: StdDuration, limit: StdDuration) -> Result<(), u64> {
+        self.leaving.store(true, Ordering::SeqCst);
+        let end = tokio::time::Instant::now() + limit;
+        let connected = |c: &MqttCounts| c.connects.load(Ordering::SeqCst) > 0;
+        while !connected(&self.counts) && tokio::time::Instant::now() < end {
+            tokio::time::sleep(StdDuration::from_millis(20)).await;
+        }
+        let _ = self.client.unsubscribe(self.filter.clone()).await;
+        let mut last = (u64::MAX, tokio::time::Instant::now());
+        loop {
+            let received = self.counts.received.load(Ordering::SeqCst);
+            let acked = self.counts.acked.load(Ordering::SeqCst);
+            let now = tokio::time::Instant::now();
+            if received != last.0 {
+                last = (received, now);
+            } else if acked >= received && now.duration_since(last.1) >= quiet {
+                let _ = self.client.disconnect().await;
+                tokio::time::sleep(StdDuration::from_millis(100)).await;
+                return Ok(());
+            }
+            if now >= end {
+                return Err(received.saturating_sub(acked));
+            }
+            tokio::time::sleep(StdDuration::from_millis(20)).await;
+        }
     }
 
     /// The counters.
@@ -352,10 +383,17 @@ enum Delivery {
     Message(u64, Box<Publish>),
 }
 
-async fn poll(
-    mut eventloop: EventLoop,
+/// What the poll task needs of the client: to subscribe after each connect, unless the replica
+/// is leaving the group.
+struct Link {
     client: AsyncClient,
     filter: String,
+    leaving: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn poll(
+    mut eventloop: EventLoop,
+    link: Link,
     counts: Arc<MqttCounts>,
     epoch: Arc<AtomicU64>,
     tx: mpsc::UnboundedSender<Delivery>,
@@ -378,7 +416,9 @@ async fn poll(
                     ack.session_present
                 );
                 // Subscribing again on a kept session changes nothing; on a new one it is needed.
-                if client.try_subscribe(filter.clone(), QoS::AtLeastOnce).is_err() {
+                if !link.leaving.load(Ordering::SeqCst)
+                    && link.client.try_subscribe(link.filter.clone(), QoS::AtLeastOnce).is_err()
+                {
                     eprintln!("wary-gateway: could not queue the subscription");
                 }
                 if tx.send(Delivery::Connected(e)).is_err() {

@@ -224,3 +224,49 @@ async fn a_broker_restart_is_ridden_out_with_the_session_kept() {
     .await
     .expect("test took too long");
 }
+
+/// Retiring a replica id: while gw-2 is away its turns queue in its session; `leave` takes
+/// them, forwards them, and unsubscribes, after which every reading goes to gw-1. Nothing is
+/// lost, and the retired id gets no more turns.
+#[tokio::test]
+async fn a_replica_that_leaves_takes_its_queue_and_gets_no_more_turns() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let settings = Settings { max_queued_messages: 0, ..Settings::default() };
+        let (broker, dir) = mqtt::broker("leave", &[0xa1], &settings);
+        let port = broker.port();
+        let gw = gateway(&cloud.url(""));
+        let one = ingress(&gw, port, "gw-1");
+        let two = ingress(&gw, port, "gw-2");
+        let (c1, c2) = (one.counts().clone(), two.counts().clone());
+        until("both connected", || get(&c1, |c| &c.connects) == 1 && get(&c2, |c| &c.connects) == 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(two); // gw-2 away, its session kept
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut dev = Device::connect(port, 0xa1).await;
+        for s in 0..10 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{}").await, Some(PubAckReason::Success));
+        }
+        until("gw-1 took its turns", || get(&c1, |c| &c.acked) == 5).await;
+        assert_eq!(cloud.stats().keys, 5, "gw-2's turns wait in its session");
+        let leaving = ingress(&gw, port, "gw-2");
+        let left = leaving.leave(Duration::from_millis(500), Duration::from_secs(10)).await;
+        assert_eq!(left, Ok(()));
+        assert_eq!(get(leaving.counts(), |c| &c.received), 5);
+        assert_eq!(cloud.stats().keys, 10);
+        drop(leaving);
+        for s in 10..20 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{}").await, Some(PubAckReason::Success));
+        }
+        until("gw-1 took every new reading", || get(&c1, |c| &c.acked) == 15).await;
+        let stats = cloud.stats();
+        assert_eq!((stats.keys, stats.effects_total), (20, 20));
+        drop(broker);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test took too long");
+}
