@@ -26,6 +26,8 @@
 //!   connection that broke are dropped, never sent on the next one: the broker redelivers those
 //!   messages (DUP) when the session resumes, and the upstream deduplicates the second call by
 //!   key. Calls already running still end with a verdict.
+//! - **Leaving**: a replica id taken out of the set for good must leave the group
+//!   ([`Ingress::leave`], `--mqtt-leave`), or the broker keeps dealing it turns that nobody takes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
