@@ -2,6 +2,7 @@
 
 mod bench;
 mod ci;
+mod coap;
 mod cores;
 mod crash_loop;
 mod demo;

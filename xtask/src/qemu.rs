@@ -56,6 +56,7 @@ pub fn qemu(root: &Path) -> Result<()> {
     step("device scenario `crash-loop` passed");
     println!("{crash_loop}");
     keep_alive_scenarios(root)?;
+    crate::device::run_named(root, "coap")?;
     board(root)
 }
 

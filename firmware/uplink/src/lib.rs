@@ -34,6 +34,8 @@
 #![no_std]
 #![deny(missing_docs)]
 
+#[cfg(feature = "coap")]
+pub mod coap;
 pub mod health;
 pub mod http;
 pub mod identity;

@@ -1,0 +1,200 @@
+//! The CoAP device scenarios: the uplink built with feature `coap` under QEMU sends each reading
+//! as a confirmable `POST` to `/r/<key>` over UDP (`wary_uplink::coap`), the retransmissions
+//! decided by wary's CoAP policy.
+//!
+//! - `coap`: against libcoap's `coap-server` (Debian's `libcoap3-bin`, installed when missing;
+//!   Debian names the binary `coap-server-notls`), on 127.0.0.1 only, with `-d` so that each
+//!   `POST` to a new path creates a resource holding its body. A server we did not write: the
+//!   check reads the resources back with `coap-client` (`.well-known/core`, then a `GET` of each
+//!   key) and must find every accepted reading's key once, with its body, and no other.
+//!
+//! Both report in the device scenarios' terms (`crate::device::check`): every accepted reading
+//! applied exactly once ("duplicates 0, lost 0").
+
+use std::collections::BTreeMap;
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::device::{Extra, Log, Route, Scenario, check};
+use crate::harness::{TARGET, build, describe_exit, elf_path, run_firmware_cargo};
+use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, have, step};
+
+/// The libcoap run: 12 readings, no resets, no faults of ours (the server is libcoap's).
+pub const COAP: Scenario = Scenario {
+    name: "coap",
+    faults: "none (libcoap's coap-server)",
+    readings: 12,
+    plan: "",
+    resets: &[],
+    route: Route::Direct,
+};
+
+/// Dynamic resources libcoap may create (`-d`): beyond it, it answers 4.06. Far above a run's
+/// readings.
+const DYNAMIC: &str = "1000";
+
+/// Builds the uplink with feature `coap` and keeps its ELF in `dir`.
+pub(crate) fn build_coap_uplink(root: &Path, dir: &Path) -> Result<PathBuf> {
+    ensure_targets(&[TARGET])?;
+    ensure_apt("qemu-system-arm", "qemu-system-arm")?;
+    ensure_cargo_install("defmt-print", "defmt-print", &[])?;
+    let firmware = root.join(crate::harness::QEMU_BOARD);
+    build(&firmware)?;
+    step("building the uplink with `--features coap`");
+    run_firmware_cargo(
+        &firmware,
+        crate::harness::QEMU_BOARD,
+        &["build", "--release", "--locked", "--workspace", "--bin", "uplink", "--features", "wary-qemu/coap"],
+        &[],
+    )?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let elf = dir.join("uplink-coap");
+    std::fs::copy(elf_path(&firmware, "uplink"), &elf).context("keeping the CoAP uplink's ELF")?;
+    // The plain build puts its own ELF back in place for the other scenarios.
+    build(&firmware)?;
+    Ok(elf)
+}
+
+/// libcoap's programs: Debian's `libcoap3-bin` installs them with a suffix naming the TLS
+/// library (`-notls` here: no DTLS is used).
+fn libcoap(program: &str) -> Result<String> {
+    for name in [program.to_owned(), format!("{program}-notls")] {
+        if have(&name) {
+            return Ok(name);
+        }
+    }
+    ensure_apt(&format!("{program}-notls"), "libcoap3-bin")?;
+    Ok(format!("{program}-notls"))
+}
+
+/// A free UDP port on 127.0.0.1 (bound, read, released).
+fn free_udp_port() -> Result<u16> {
+    let socket = UdpSocket::bind("127.0.0.1:0").context("binding a UDP port")?;
+    Ok(socket.local_addr()?.port())
+}
+
+/// `coap-server` on 127.0.0.1, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Result<Server> {
+        let program = libcoap("coap-server")?;
+        let port = free_udp_port()?;
+        let child = Command::new(&program)
+            .args(["-A", "127.0.0.1", "-p", &port.to_string(), "-d", DYNAMIC])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {program}"))?;
+        let server = Server { child, port };
+        // Up when it answers a GET of its resource list.
+        let started = Instant::now();
+        while get(port, ".well-known/core").is_err() {
+            if started.elapsed() > Duration::from_secs(10) {
+                bail!("{program} did not answer on 127.0.0.1:{port} within 10 s");
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        Ok(server)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `coap-client -m get coap://127.0.0.1:<port>/<path>`: the payload, or an error for a 4.xx or
+/// 5.xx (the client prints the code on stderr and nothing else) or no answer.
+fn get(port: u16, path: &str) -> Result<String> {
+    let client = libcoap("coap-client")?;
+    let out = Command::new(&client)
+        .args(["-m", "get", "-B", "5", &format!("coap://127.0.0.1:{port}/{path}")])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {client}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || err.contains("4.0") || err.contains("5.0") {
+        bail!("GET /{path}: {} {}", out.status, err.trim());
+    }
+    Ok(text)
+}
+
+/// The keys of `/r/<32 hex>` resources in a link-format list, with how often each is listed.
+fn listed_keys(links: &str) -> BTreeMap<String, u64> {
+    let mut keys = BTreeMap::new();
+    for link in links.split(',') {
+        let Some(target) = link.trim().strip_prefix("</r/").and_then(|rest| rest.split_once('>')) else {
+            continue;
+        };
+        *keys.entry(target.0.to_owned()).or_insert(0) += 1;
+    }
+    keys
+}
+
+/// Runs `coap`: the uplink against libcoap's server. Its report, checked.
+pub fn coap(root: &Path) -> Result<String> {
+    let dir = std::env::temp_dir().join(format!("wary-coap-{}", std::process::id()));
+    let elf = build_coap_uplink(root, &dir)?;
+    let server = Server::start()?;
+    step(&format!("device scenario `coap`: libcoap's coap-server on 127.0.0.1:{} (UDP)", server.port));
+    let started = Instant::now();
+    let result =
+        crate::device::run_uplink_elf(&elf, server.port, COAP.readings, COAP.plan, &Extra::default());
+    let _ = std::fs::remove_dir_all(&dir);
+    let (status, lines) = result?;
+    match status {
+        None => bail!("coap: QEMU still running at its time limit; killed"),
+        Some(status) if !status.success() => {
+            bail!("coap: the uplink failed under QEMU: {}", describe_exit(status))
+        }
+        Some(_) => {}
+    }
+    let links = get(server.port, ".well-known/core")?;
+    let listed = listed_keys(&links);
+    // Each resource holds the last body posted to it: a reading's JSON.
+    let mut keys = serde_json::Map::new();
+    for (key, times) in &listed {
+        let body = get(server.port, &format!("r/{key}"))?;
+        let effects = if body.trim_start().starts_with('{') { *times } else { 0 };
+        keys.insert(key.clone(), serde_json::json!({ "effects": effects, "replays": 0 }));
+    }
+    let duplicates = listed.values().filter(|n| **n > 1).count();
+    let report = serde_json::json!({ "keys": keys, "cloud": { "duplicates": { "keys": duplicates } } });
+    let log = Log::read(&lines);
+    let text = check(&COAP, &log, &report)?;
+    let coap_line = lines.iter().find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest.to_owned()));
+    Ok(format!(
+        "{text}\nserver: libcoap coap-server, {} resources under /r read back, each once with a JSON body\ndevice: {}\nwall time {:.1} s",
+        listed.len(),
+        coap_line.unwrap_or_default(),
+        started.elapsed().as_secs_f64()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_format_keys_are_counted() {
+        let links = "</>;title=\"General Info\";ct=0,</r/00aa>;ct=0;title=\"Dynamic\";obs,</time>;if=\"clock\",\
+                     </r/00bb>;ct=0,</r/00aa>;ct=0";
+        let keys = listed_keys(links);
+        assert_eq!(keys.get("00aa"), Some(&2));
+        assert_eq!(keys.get("00bb"), Some(&1));
+        assert_eq!(keys.len(), 2);
+    }
+}
