@@ -8,6 +8,11 @@
 //!   check reads the resources back with `coap-client` (`.well-known/core`, then a `GET` of each
 //!   key) and must find every accepted reading's key once, with its body, and no other.
 //!
+//! - `coap-storm`: against our CoAP fault server (`wary_fixtures::coap_fault`), which loses ACKs
+//!   after the effect, answers 5.03 and 4.29 with Max-Age, sends responses twice and restarts
+//!   forgetting the message IDs it answered; it applies each key once and counts, and the check
+//!   reads its counts.
+//!
 //! Both report in the device scenarios' terms (`crate::device::check`): every accepted reading
 //! applied exactly once ("duplicates 0, lost 0").
 
@@ -33,6 +38,33 @@ pub const COAP: Scenario = Scenario {
     resets: &[],
     route: Route::Direct,
 };
+
+/// The storm: 20 readings against the fault server.
+pub const COAP_STORM: Scenario = Scenario {
+    name: "coap-storm",
+    faults: "lost_ack=0.15 503=0.10:max_age=2 429=0.06:max_age=2 duplicate=0.12 restart=0.05 seed=13",
+    readings: 20,
+    plan: "",
+    resets: &[],
+    route: Route::Direct,
+};
+
+/// [`COAP_STORM`]'s faults for the fault server (rates per 1,000 messages). It opens with the
+/// hardest case: the first reading's ACK is lost after the effect, and the server restarts as its
+/// retransmission arrives, so only the key keeps the effect single.
+fn storm_plan() -> wary_fixtures::coap_fault::Plan {
+    use wary_fixtures::coap_fault::Fault;
+    wary_fixtures::coap_fault::Plan {
+        script: vec![Fault::LostAck, Fault::Restart],
+        lost_ack: 150,
+        unavailable: 100,
+        too_many: 60,
+        duplicate: 120,
+        restart: 50,
+        max_age: 2,
+        seed: 13,
+    }
+}
 
 /// Dynamic resources libcoap may create (`-d`): beyond it, it answers 4.06. Far above a run's
 /// readings.
@@ -179,6 +211,59 @@ pub fn coap(root: &Path) -> Result<String> {
     Ok(format!(
         "{text}\nserver: libcoap coap-server, {} resources under /r read back, each once with a JSON body\ndevice: {}\nwall time {:.1} s",
         listed.len(),
+        coap_line.unwrap_or_default(),
+        started.elapsed().as_secs_f64()
+    ))
+}
+
+/// Runs `coap-storm`: the uplink against the CoAP fault server. Its report, checked: every
+/// accepted reading applied once, and every kind of fault dealt.
+pub fn coap_storm(root: &Path) -> Result<String> {
+    let dir = std::env::temp_dir().join(format!("wary-coap-storm-{}", std::process::id()));
+    let elf = build_coap_uplink(root, &dir)?;
+    let server = wary_fixtures::coap_fault::CoapFault::start(storm_plan())?;
+    step(&format!(
+        "device scenario `coap-storm`: the CoAP fault server on 127.0.0.1:{} (UDP), faults `{}`",
+        server.port, COAP_STORM.faults
+    ));
+    let started = Instant::now();
+    let result = crate::device::run_uplink_elf(
+        &elf,
+        server.port,
+        COAP_STORM.readings,
+        COAP_STORM.plan,
+        &Extra::default(),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let seen = server.stop();
+    let (status, lines) = result?;
+    match status {
+        None => bail!("coap-storm: QEMU still running at its time limit; killed"),
+        Some(status) if !status.success() => {
+            bail!("coap-storm: the uplink failed under QEMU: {}", describe_exit(status))
+        }
+        Some(_) => {}
+    }
+    let report = seen.report();
+    let log = Log::read(&lines);
+    let text = check(&COAP_STORM, &log, &report)?;
+    let missing: Vec<&str> = ["lost_ack", "503", "429", "duplicate", "restart"]
+        .into_iter()
+        .filter(|f| !seen.faults.contains_key(f))
+        .collect();
+    if !missing.is_empty() {
+        bail!("coap-storm: faults never dealt: {missing:?} (dealt {:?})", seen.faults);
+    }
+    let replays: u64 = seen.keys.values().map(|k| k.replays).sum();
+    if replays == 0 {
+        bail!("coap-storm: no retransmission met a restarted server (no replay by key)");
+    }
+    let coap_line = lines.iter().find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest.to_owned()));
+    Ok(format!(
+        "{text}\nserver: {} datagrams, faults {:?}, {} retransmissions answered from its message-ID memory, {replays} resends after a restart applied nothing by their key\ndevice: {}\nwall time {:.1} s",
+        seen.datagrams,
+        seen.faults,
+        seen.remembered,
         coap_line.unwrap_or_default(),
         started.elapsed().as_secs_f64()
     ))

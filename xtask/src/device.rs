@@ -121,10 +121,11 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         "drain" => crate::keepalive::drain(root)?,
         "crash-loop" => crate::crash_loop::run(root)?,
         "coap" => crate::coap::coap(root)?,
+        "coap-storm" => crate::coap::coap_storm(root)?,
         _ => {
             let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain, coap)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain, coap, coap-storm)"
                 );
             };
             run(root, scenario)?

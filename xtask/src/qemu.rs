@@ -56,7 +56,9 @@ pub fn qemu(root: &Path) -> Result<()> {
     step("device scenario `crash-loop` passed");
     println!("{crash_loop}");
     keep_alive_scenarios(root)?;
-    crate::device::run_named(root, "coap")?;
+    for name in ["coap", "coap-storm"] {
+        crate::device::run_named(root, name)?;
+    }
     board(root)
 }
 
