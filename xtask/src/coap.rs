@@ -70,7 +70,8 @@ fn storm_plan() -> wary_fixtures::coap_fault::Plan {
 /// readings.
 const DYNAMIC: &str = "1000";
 
-/// Builds the uplink with feature `coap` and keeps its ELF in `dir`.
+/// Builds the uplink and `coaptest` with feature `coap`, runs `coaptest` under QEMU (the CoAP
+/// transport's outcome table, on target), and keeps the uplink's ELF in `dir`.
 pub(crate) fn build_coap_uplink(root: &Path, dir: &Path) -> Result<PathBuf> {
     ensure_targets(&[TARGET])?;
     ensure_apt("qemu-system-arm", "qemu-system-arm")?;
@@ -81,9 +82,22 @@ pub(crate) fn build_coap_uplink(root: &Path, dir: &Path) -> Result<PathBuf> {
     run_firmware_cargo(
         &firmware,
         crate::harness::QEMU_BOARD,
-        &["build", "--release", "--locked", "--workspace", "--bin", "uplink", "--features", "wary-qemu/coap"],
+        &[
+            "build",
+            "--release",
+            "--locked",
+            "--workspace",
+            "--bin",
+            "uplink",
+            "--bin",
+            "coaptest",
+            "--features",
+            "wary-qemu/coap",
+        ],
         &[],
     )?;
+    // The transport's outcome table, on target, first.
+    crate::qemu::run_under_qemu(&elf_path(&firmware, "coaptest"), "coaptest")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let elf = dir.join("uplink-coap");
     std::fs::copy(elf_path(&firmware, "uplink"), &elf).context("keeping the CoAP uplink's ELF")?;

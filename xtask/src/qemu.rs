@@ -186,7 +186,7 @@ fn shares_table(llvm_nm: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
 
 /// Runs one ELF under QEMU with its stdout (defmt frames over semihosting) piped into
 /// `defmt-print`, and fails unless QEMU itself exits 0 in time.
-fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
+pub(crate) fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
     step(&format!("running {name} under QEMU mps2-an386 (timeout {} s)", QEMU_TIMEOUT.as_secs()));
     let port = free_udp_port()?;
     // UART0 talks to itself over a UDP socket, so the UART test needs no peer process.

@@ -82,7 +82,7 @@ const NON: u8 = 1;
 const ACK: u8 = 2;
 const RST: u8 = 3;
 /// The token's length: the boot counter and the exchange count.
-const TOKEN_LEN: usize = 8;
+pub const TOKEN_LEN: usize = 8;
 /// The header before the token.
 const HEADER: usize = 4;
 /// Content-Format 50, `application/json` (RFC 7252 section 12.3).
@@ -299,7 +299,8 @@ fn max_age(code: u8, rest: &[u8]) -> Option<u32> {
 }
 
 /// How a received datagram bears on the open exchange.
-enum Seen {
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seen {
     /// The exchange's answer: a response (code and Max-Age) or a Reset.
     Answer(Answer),
     /// An empty ACK of the exchange: the response follows.
@@ -310,18 +311,22 @@ enum Seen {
     Other,
 }
 
-fn judge(datagram: &[u8], exchange: &Exchange) -> Seen {
+/// What `datagram` is to the exchange with message ID `id` and `token`: its answer (a piggybacked
+/// response with both, a Reset of `id`), an empty ACK of `id`, a confirmable separate response
+/// with `token`, or nothing of it (a duplicate of an ended exchange's answer, a stranger).
+pub fn judge(datagram: &[u8], id: u16, token: &[u8; TOKEN_LEN]) -> Seen {
     let Some(h) = header(datagram) else { return Seen::Other };
-    let (token, rest) = datagram
-        .get(HEADER..)
-        .unwrap_or(&[])
-        .split_at(h.token_len.min(datagram.len().saturating_sub(HEADER)));
+    // `header` checked that the token is there.
+    let Some((received, rest)) = datagram.get(HEADER..).and_then(|tail| tail.split_at_checked(h.token_len))
+    else {
+        return Seen::Other;
+    };
     match h.kind {
-        RST if h.id == exchange.id => Seen::Answer(Err(Failure::Refused)),
-        ACK if h.id == exchange.id && h.code == 0 => Seen::EmptyAck,
-        ACK | CON | NON if token == exchange.token && h.code >> 5 >= 2 => {
+        RST if h.id == id => Seen::Answer(Err(Failure::Refused)),
+        ACK if h.id == id && h.code == 0 => Seen::EmptyAck,
+        ACK | CON | NON if received == token.as_slice() && h.code >> 5 >= 2 => {
             // A piggybacked response must carry the request's message ID; a separate one its own.
-            if h.kind == ACK && h.id != exchange.id {
+            if h.kind == ACK && h.id != id {
                 return Seen::Other;
             }
             let answer = Ok(reply(h.code, max_age(h.code, rest)));
@@ -422,7 +427,7 @@ impl<'a, 's: 'a> CoapTransport<'a, 's> {
                 self.coap.ignored = self.coap.ignored.saturating_add(1);
                 continue;
             }
-            match judge(datagram, exchange) {
+            match judge(datagram, exchange.id, &exchange.token) {
                 Seen::Answer(answer) => {
                     if answer.is_err() {
                         self.coap.resets = self.coap.resets.saturating_add(1);
