@@ -197,10 +197,13 @@ pub fn coap(root: &Path) -> Result<String> {
     let server = Server::start()?;
     step(&format!("device scenario `coap`: libcoap's coap-server on 127.0.0.1:{} (UDP)", server.port));
     let started = Instant::now();
-    let result =
-        crate::device::run_uplink_elf(&elf, server.port, COAP.readings, COAP.plan, &Extra::default());
+    let pcap = dir.join("coap.pcap");
+    let more = Extra { pcap: Some(&pcap), ..Extra::default() };
+    let result = crate::device::run_uplink_elf(&elf, server.port, COAP.readings, COAP.plan, &more);
+    let wire = wire(&pcap, server.port);
     let _ = std::fs::remove_dir_all(&dir);
     let (status, lines) = result?;
+    let wire = wire?;
     match status {
         None => bail!("coap: QEMU still running at its time limit; killed"),
         Some(status) if !status.success() => {
@@ -221,9 +224,10 @@ pub fn coap(root: &Path) -> Result<String> {
     let report = serde_json::json!({ "keys": keys, "cloud": { "duplicates": { "keys": duplicates } } });
     let log = Log::read(&lines);
     let text = check(&COAP, &log, &report)?;
+    let figures = record(root, "calm", &wire, log_accepted(&lines))?;
     let coap_line = lines.iter().find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest.to_owned()));
     Ok(format!(
-        "{text}\nserver: libcoap coap-server, {} resources under /r read back, each once with a JSON body\ndevice: {}\nwall time {:.1} s",
+        "{text}\nserver: libcoap coap-server, {} resources under /r read back, each once with a JSON body\ndevice: {}\n{figures}\nwall time {:.1} s",
         listed.len(),
         coap_line.unwrap_or_default(),
         started.elapsed().as_secs_f64()
@@ -241,16 +245,15 @@ pub fn coap_storm(root: &Path) -> Result<String> {
         server.port, COAP_STORM.faults
     ));
     let started = Instant::now();
-    let result = crate::device::run_uplink_elf(
-        &elf,
-        server.port,
-        COAP_STORM.readings,
-        COAP_STORM.plan,
-        &Extra::default(),
-    );
+    let pcap = dir.join("coap-storm.pcap");
+    let more = Extra { pcap: Some(&pcap), ..Extra::default() };
+    let result =
+        crate::device::run_uplink_elf(&elf, server.port, COAP_STORM.readings, COAP_STORM.plan, &more);
+    let wire = wire(&pcap, server.port);
     let _ = std::fs::remove_dir_all(&dir);
     let seen = server.stop();
     let (status, lines) = result?;
+    let wire = wire?;
     match status {
         None => bail!("coap-storm: QEMU still running at its time limit; killed"),
         Some(status) if !status.success() => {
@@ -261,6 +264,7 @@ pub fn coap_storm(root: &Path) -> Result<String> {
     let report = seen.report();
     let log = Log::read(&lines);
     let text = check(&COAP_STORM, &log, &report)?;
+    let figures = record(root, "storm", &wire, log_accepted(&lines))?;
     let missing: Vec<&str> = ["lost_ack", "503", "429", "duplicate", "restart"]
         .into_iter()
         .filter(|f| !seen.faults.contains_key(f))
@@ -274,13 +278,100 @@ pub fn coap_storm(root: &Path) -> Result<String> {
     }
     let coap_line = lines.iter().find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest.to_owned()));
     Ok(format!(
-        "{text}\nserver: {} datagrams, faults {:?}, {} retransmissions answered from its message-ID memory, {replays} resends after a restart applied nothing by their key\ndevice: {}\nwall time {:.1} s",
+        "{text}\nserver: {} datagrams, faults {:?}, {} retransmissions answered from its message-ID memory, {replays} resends after a restart applied nothing by their key\ndevice: {}\n{figures}\nwall time {:.1} s",
         seen.datagrams,
         seen.faults,
         seen.remembered,
         coap_line.unwrap_or_default(),
         started.elapsed().as_secs_f64()
     ))
+}
+
+/// The CoAP datagrams on the device's wire (QEMU's `filter-dump`): Ethernet frames of UDP
+/// between the device (10.0.2.15) and the server's `port`, both ways.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Wire {
+    frames: u64,
+    bytes: u64,
+}
+
+/// Reads a classic little-endian pcap of Ethernet frames (what `filter-dump` writes) and counts
+/// the CoAP ones (see [`Wire`]).
+fn wire(path: &Path, port: u16) -> Result<Wire> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if data.get(..4) != Some(&[0xd4, 0xc3, 0xb2, 0xa1][..])
+        && data.get(..4) != Some(&[0x4d, 0x3c, 0xb2, 0xa1][..])
+    {
+        bail!("{} is not a little-endian classic pcap", path.display());
+    }
+    let u32_at = |at: usize| -> Option<usize> {
+        let b: [u8; 4] = data.get(at..at + 4)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(b)).ok()
+    };
+    let mut wire = Wire::default();
+    let mut at = 24;
+    while let (Some(incl), Some(orig)) = (u32_at(at + 8), u32_at(at + 12)) {
+        let Some(frame) = data.get(at + 16..at + 16 + incl) else { break };
+        at += 16 + incl;
+        if coap_frame(frame, port) {
+            wire.frames += 1;
+            wire.bytes += orig as u64;
+        }
+    }
+    Ok(wire)
+}
+
+/// Whether an Ethernet frame is IPv4 UDP between 10.0.2.15 and `port`.
+fn coap_frame(frame: &[u8], port: u16) -> bool {
+    let ipv4 = frame.get(12..14) == Some(&[0x08, 0x00][..]);
+    let ip = frame.get(14..).unwrap_or(&[]);
+    let ihl = usize::from(ip.first().map_or(0, |b| b & 0x0f)) * 4;
+    let udp = ip.get(9) == Some(&17);
+    let device = [10, 0, 2, 15];
+    let ends = (ip.get(12..16), ip.get(16..20));
+    let from_or_to = ends.0 == Some(&device[..]) || ends.1 == Some(&device[..]);
+    let ports =
+        ip.get(ihl..ihl + 4).map(|p| (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]])));
+    ipv4 && udp && from_or_to && ports.is_some_and(|(src, dst)| src == port || dst == port)
+}
+
+/// Readings the device accepted, from its log.
+fn log_accepted(lines: &[String]) -> u64 {
+    lines.iter().filter(|l| l.contains("ACCEPTED ")).count() as u64
+}
+
+/// Writes a run's wire figures into target/bench/results.json (`device_coap.<label>`) and
+/// returns them as a line.
+fn record(root: &Path, label: &str, wire: &Wire, readings: u64) -> Result<String> {
+    let per = |n: u64| n as f64 / readings.max(1) as f64;
+    let line = format!(
+        "wire ({label}, pcap): {} CoAP frames, {} B for {readings} readings: {:.2} packets and {:.0} B per delivered reading",
+        wire.frames,
+        wire.bytes,
+        per(wire.frames),
+        per(wire.bytes)
+    );
+    let dir = root.join("target").join("bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let results = dir.join("results.json");
+    let mut all = std::fs::read_to_string(&results)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    if !all["device_coap"].is_object() {
+        all["device_coap"] = serde_json::json!({});
+    }
+    all["device_coap"][label] = serde_json::json!({
+        "readings": readings,
+        "frames": wire.frames,
+        "bytes": wire.bytes,
+        "packets_per_reading": per(wire.frames),
+        "bytes_per_reading": per(wire.bytes),
+    });
+    std::fs::write(&results, serde_json::to_string_pretty(&all)?)
+        .with_context(|| format!("writing {}", results.display()))?;
+    Ok(line)
 }
 
 #[cfg(test)]
@@ -295,5 +386,26 @@ mod tests {
         assert_eq!(keys.get("00aa"), Some(&2));
         assert_eq!(keys.get("00bb"), Some(&1));
         assert_eq!(keys.len(), 2);
+    }
+
+    #[test]
+    fn only_udp_frames_of_the_device_and_the_port_count() {
+        // Ethernet (IPv4), IPv4 header of 20 bytes, UDP 10.0.2.15:40000 -> 10.0.2.2:5683.
+        let mut frame = vec![0u8; 12];
+        frame.extend_from_slice(&[0x08, 0x00]);
+        let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 2, 15, 10, 0, 2, 2];
+        ip.extend_from_slice(&[0x9c, 0x40, 0x16, 0x33, 0, 8, 0, 0]);
+        frame.extend_from_slice(&ip);
+        assert!(coap_frame(&frame, 5683));
+        assert!(!coap_frame(&frame, 5684));
+        // The same as TCP: not counted.
+        let mut tcp = frame.clone();
+        tcp[14 + 9] = 6;
+        assert!(!coap_frame(&tcp, 5683));
+        // Another host's datagram: not counted.
+        let mut other = frame;
+        other[14 + 12..14 + 16].copy_from_slice(&[10, 0, 2, 16]);
+        other[14 + 16..14 + 20].copy_from_slice(&[10, 0, 2, 2]);
+        assert!(!coap_frame(&other, 5683));
     }
 }
