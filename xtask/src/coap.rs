@@ -276,6 +276,11 @@ pub fn coap_storm(root: &Path) -> Result<String> {
     if replays == 0 {
         bail!("coap-storm: no retransmission met a restarted server (no replay by key)");
     }
+    // The server remembers message IDs: a retransmission it answers from memory carried the
+    // same message ID as the transmission whose ACK was lost.
+    if seen.remembered == 0 {
+        bail!("coap-storm: no retransmission reused its message ID (none answered from the server's memory)");
+    }
     let coap_line = lines.iter().find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest.to_owned()));
     Ok(format!(
         "{text}\nserver: {} datagrams, faults {:?}, {} retransmissions answered from its message-ID memory, {replays} resends after a restart applied nothing by their key\ndevice: {}\n{figures}\nwall time {:.1} s",

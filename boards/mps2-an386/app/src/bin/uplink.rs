@@ -341,6 +341,8 @@ async fn main(spawner: Spawner) {
         .await;
     let counts: Counts = transport.inner.inner.counts();
     s.log(&store.counters().await, &counts);
+    // The HTTP connection counts; over CoAP its own line instead.
+    #[cfg(not(feature = "coap"))]
     counts.log();
     #[cfg(feature = "coap")]
     transport.inner.inner.coap_counts().log();
