@@ -42,7 +42,7 @@ pub const COAP: Scenario = Scenario {
 /// The storm: 20 readings against the fault server.
 pub const COAP_STORM: Scenario = Scenario {
     name: "coap-storm",
-    faults: "lost_ack=0.15 503=0.10:max_age=2 429=0.06:max_age=2 duplicate=0.12 restart=0.05 seed=13",
+    faults: "lost_ack=0.15 503=0.10:max_age=2 429=0.06:max_age=2 duplicate=0.12 slow=0.06:ms=1500 restart=0.05 seed=13",
     readings: 20,
     plan: "",
     resets: &[],
@@ -51,15 +51,19 @@ pub const COAP_STORM: Scenario = Scenario {
 
 /// [`COAP_STORM`]'s faults for the fault server (rates per 1,000 messages). It opens with the
 /// hardest case: the first reading's ACK is lost after the effect, and the server restarts as its
-/// retransmission arrives, so only the key keeps the effect single.
+/// retransmission arrives, so only the key keeps the effect single; the second reading's answer
+/// comes 1.5 s late, after the device stopped listening (1 s), and must be taken during the
+/// runner's wait instead of a retransmission.
 fn storm_plan() -> wary_fixtures::coap_fault::Plan {
     use wary_fixtures::coap_fault::Fault;
     wary_fixtures::coap_fault::Plan {
-        script: vec![Fault::LostAck, Fault::Restart],
+        script: vec![Fault::LostAck, Fault::Restart, Fault::Slow],
         lost_ack: 150,
         unavailable: 100,
         too_many: 60,
         duplicate: 120,
+        slow: 60,
+        slow_ms: 1500,
         restart: 50,
         max_age: 2,
         seed: 13,
@@ -265,7 +269,7 @@ pub fn coap_storm(root: &Path) -> Result<String> {
     let log = Log::read(&lines);
     let text = check(&COAP_STORM, &log, &report)?;
     let figures = record(root, "storm", &wire, log_accepted(&lines))?;
-    let missing: Vec<&str> = ["lost_ack", "503", "429", "duplicate", "restart"]
+    let missing: Vec<&str> = ["lost_ack", "503", "429", "duplicate", "slow", "restart"]
         .into_iter()
         .filter(|f| !seen.faults.contains_key(f))
         .collect();
@@ -280,6 +284,16 @@ pub fn coap_storm(root: &Path) -> Result<String> {
     // same message ID as the transmission whose ACK was lost.
     if seen.remembered == 0 {
         bail!("coap-storm: no retransmission reused its message ID (none answered from the server's memory)");
+    }
+    // A slow answer was taken by the next attempt, which sent nothing.
+    let late = lines
+        .iter()
+        .find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest))
+        .and_then(|rest| rest.split_whitespace().find_map(|kv| kv.strip_prefix("late=")))
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(0);
+    if late == 0 {
+        bail!("coap-storm: no answer was taken late (a slow response should be)");
     }
     let coap_line = lines.iter().find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest.to_owned()));
     Ok(format!(

@@ -16,6 +16,7 @@
 //! | [`Fault::Unavailable`] | answers 5.03 with Max-Age, does nothing |
 //! | [`Fault::TooMany`] | answers 4.29 with Max-Age, does nothing |
 //! | [`Fault::Duplicate`] | applies and sends its response twice |
+//! | [`Fault::Slow`] | applies and answers after [`Plan::slow_ms`] (a device listening less long takes it late) |
 //! | [`Fault::Restart`] | forgets every message ID first, then handles the message normally |
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -23,7 +24,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
@@ -40,6 +41,8 @@ pub enum Fault {
     TooMany,
     /// Applied, the response sent twice.
     Duplicate,
+    /// Applied, the response sent [`Plan::slow_ms`] later.
+    Slow,
     /// The message-ID memory forgotten, then handled.
     Restart,
 }
@@ -58,6 +61,10 @@ pub struct Plan {
     pub too_many: u32,
     /// Duplicated responses.
     pub duplicate: u32,
+    /// Slow responses.
+    pub slow: u32,
+    /// How late a slow response is sent, in milliseconds.
+    pub slow_ms: u64,
     /// Restarts that forget message IDs.
     pub restart: u32,
     /// The Max-Age of 5.03 and 4.29, seconds.
@@ -75,6 +82,8 @@ impl Plan {
             unavailable: 0,
             too_many: 0,
             duplicate: 0,
+            slow: 0,
+            slow_ms: 1500,
             restart: 0,
             max_age: 1,
             seed: 1,
@@ -95,6 +104,7 @@ impl Plan {
             (self.unavailable, Fault::Unavailable),
             (self.too_many, Fault::TooMany),
             (self.duplicate, Fault::Duplicate),
+            (self.slow, Fault::Slow),
             (self.restart, Fault::Restart),
         ] {
             if roll < rate {
@@ -293,7 +303,14 @@ fn serve(socket: &UdpSocket, mut plan: Plan, stop: &AtomicBool, seen: &Mutex<See
     let mut memory: HashMap<(SocketAddr, u16), Vec<Vec<u8>>> = HashMap::new();
     let mut order: VecDeque<(SocketAddr, u16)> = VecDeque::new();
     let mut buf = [0u8; 1500];
+    // Slow responses: when each is due, and to whom.
+    let mut later: Vec<(Instant, Vec<u8>, SocketAddr)> = vec![];
     while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        for (_, d, peer) in later.iter().filter(|(due, _, _)| *due <= now) {
+            let _ = socket.send_to(d, *peer);
+        }
+        later.retain(|(due, _, _)| *due > now);
         let Ok((n, peer)) = socket.recv_from(&mut buf) else { continue };
         let Ok(mut seen) = seen.lock() else { return };
         seen.datagrams += 1;
@@ -357,6 +374,12 @@ fn serve(socket: &UdpSocket, mut plan: Plan, stop: &AtomicBool, seen: &Mutex<See
                 match fault {
                     Fault::LostAck => vec![],
                     Fault::Duplicate => vec![r.clone(), r],
+                    Fault::Slow => {
+                        later.push((Instant::now() + Duration::from_millis(plan.slow_ms), r.clone(), peer));
+                        memory.insert((peer, req.id), vec![r]);
+                        order.push_back((peer, req.id));
+                        continue;
+                    }
                     _ => vec![r],
                 }
             }
@@ -388,6 +411,7 @@ fn name(f: Fault) -> &'static str {
         Fault::Unavailable => "503",
         Fault::TooMany => "429",
         Fault::Duplicate => "duplicate",
+        Fault::Slow => "slow",
         Fault::Restart => "restart",
     }
 }
@@ -498,6 +522,20 @@ mod tests {
         let seen = server.stop();
         assert_eq!(seen.keys[KEY].effects, 1);
         assert_eq!(seen.report()["cloud"]["duplicates"]["keys"], 0);
+    }
+
+    #[test]
+    fn a_slow_response_comes_after_its_delay() {
+        let server = CoapFault::start(Plan { slow_ms: 600, ..plan(vec![Fault::Slow]) }).unwrap();
+        let s = client();
+        // The client listens 300 ms: nothing yet.
+        assert!(exchange(&s, server.port, &post(4, &[5], KEY)).is_empty());
+        let mut buf = [0u8; 64];
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let (n, _) = s.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &[0x61, CREATED, 0, 4, 5]);
+        let seen = server.stop();
+        assert_eq!((seen.keys[KEY].effects, seen.faults["slow"]), (1, 1));
     }
 
     #[test]
