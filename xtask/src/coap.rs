@@ -107,7 +107,40 @@ pub(crate) fn build_coap_uplink(root: &Path, dir: &Path) -> Result<PathBuf> {
     std::fs::copy(elf_path(&firmware, "uplink"), &elf).context("keeping the CoAP uplink's ELF")?;
     // The plain build puts its own ELF back in place for the other scenarios.
     build(&firmware)?;
+    record_size(root, &elf, &elf_path(&firmware, "uplink"))?;
     Ok(elf)
+}
+
+/// Flash (text + data) and RAM (data + bss, no stack) of the CoAP uplink and of the plain
+/// (HTTP/1.1 keep-alive) one, from `llvm-size`, printed and written to
+/// target/bench/results.json (`device_coap.size`).
+fn record_size(root: &Path, coap: &Path, http: &Path) -> Result<()> {
+    let llvm_size = crate::harness::llvm_size()?;
+    let mut row = serde_json::Map::new();
+    for (label, elf) in [("coap", coap), ("http", http)] {
+        let (text, data, bss) = crate::harness::size_of(&llvm_size, elf)?;
+        eprintln!("    uplink ({label}): flash {} B, RAM {} B", text + data, data + bss);
+        row.insert(label.to_owned(), serde_json::json!({ "flash": text + data, "ram": data + bss }));
+    }
+    update_results(root, "size", serde_json::Value::Object(row))
+}
+
+/// Puts `value` at `device_coap.<label>` in target/bench/results.json, keeping the rest.
+fn update_results(root: &Path, label: &str, value: serde_json::Value) -> Result<()> {
+    let dir = root.join("target").join("bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let results = dir.join("results.json");
+    let mut all = std::fs::read_to_string(&results)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    if !all["device_coap"].is_object() {
+        all["device_coap"] = serde_json::json!({});
+    }
+    all["device_coap"][label] = value;
+    std::fs::write(&results, serde_json::to_string_pretty(&all)?)
+        .with_context(|| format!("writing {}", results.display()))
 }
 
 /// libcoap's programs: Debian's `libcoap3-bin` installs them with a suffix naming the TLS
@@ -370,26 +403,17 @@ fn record(root: &Path, label: &str, wire: &Wire, readings: u64) -> Result<String
         per(wire.frames),
         per(wire.bytes)
     );
-    let dir = root.join("target").join("bench");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let results = dir.join("results.json");
-    let mut all = std::fs::read_to_string(&results)
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .filter(serde_json::Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
-    if !all["device_coap"].is_object() {
-        all["device_coap"] = serde_json::json!({});
-    }
-    all["device_coap"][label] = serde_json::json!({
-        "readings": readings,
-        "frames": wire.frames,
-        "bytes": wire.bytes,
-        "packets_per_reading": per(wire.frames),
-        "bytes_per_reading": per(wire.bytes),
-    });
-    std::fs::write(&results, serde_json::to_string_pretty(&all)?)
-        .with_context(|| format!("writing {}", results.display()))?;
+    update_results(
+        root,
+        label,
+        serde_json::json!({
+            "readings": readings,
+            "frames": wire.frames,
+            "bytes": wire.bytes,
+            "packets_per_reading": per(wire.frames),
+            "bytes_per_reading": per(wire.bytes),
+        }),
+    )?;
     Ok(line)
 }
 
