@@ -120,10 +120,12 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         "idle-close" => crate::keepalive::idle_close(root)?,
         "drain" => crate::keepalive::drain(root)?,
         "crash-loop" => crate::crash_loop::run(root)?,
+        "coap" => crate::coap::coap(root)?,
+        "coap-storm" => crate::coap::coap_storm(root)?,
         _ => {
             let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain, coap, coap-storm)"
                 );
             };
             run(root, scenario)?
@@ -306,6 +308,18 @@ fn host_bins(root: &Path, route: Route) -> Result<HostBins> {
     let target_dir = env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |d| root.join(d));
     let debug = target_dir.join("debug");
     Ok(HostBins { cloud: debug.join("wary-cloud"), gateway: debug.join("wary-gateway") })
+}
+
+/// [`run_uplink`] with the scenarios' device, token and time limit, for a route of its own
+/// (the CoAP scenarios).
+pub(crate) fn run_uplink_elf(
+    elf: &Path,
+    port: u16,
+    readings: u32,
+    plan: &str,
+    more: &Extra<'_>,
+) -> Result<(Option<std::process::ExitStatus>, Vec<String>)> {
+    run_uplink(elf, port, TOKEN, readings, plan, TIMEOUT, more)
 }
 
 /// Runs the uplink ELF under QEMU against `port` on the host; its exit status (None: killed

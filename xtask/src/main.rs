@@ -2,6 +2,7 @@
 
 mod bench;
 mod ci;
+mod coap;
 mod cores;
 mod crash_loop;
 mod demo;
@@ -83,7 +84,8 @@ enum Verb {
     Net,
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
-    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`).
+    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`,
+    /// `coap`, `coap-storm`).
     Device {
         /// The scenario's name.
         name: String,

@@ -56,6 +56,9 @@ pub fn qemu(root: &Path) -> Result<()> {
     step("device scenario `crash-loop` passed");
     println!("{crash_loop}");
     keep_alive_scenarios(root)?;
+    for name in ["coap", "coap-storm"] {
+        crate::device::run_named(root, name)?;
+    }
     board(root)
 }
 
@@ -183,7 +186,7 @@ fn shares_table(llvm_nm: &Path, bins: &[(&str, PathBuf)]) -> Result<()> {
 
 /// Runs one ELF under QEMU with its stdout (defmt frames over semihosting) piped into
 /// `defmt-print`, and fails unless QEMU itself exits 0 in time.
-fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
+pub(crate) fn run_under_qemu(elf: &Path, name: &str) -> Result<()> {
     step(&format!("running {name} under QEMU mps2-an386 (timeout {} s)", QEMU_TIMEOUT.as_secs()));
     let port = free_udp_port()?;
     // UART0 talks to itself over a UDP socket, so the UART test needs no peer process.

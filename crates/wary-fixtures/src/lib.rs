@@ -6,12 +6,15 @@
 //! - [`request`]: the one HTTP/1.1 request reader, and the checks of the device's wire format.
 //! - [`faults`]: the network-fault server: one scripted reply (or reset, stall, trickle) per
 //!   path, for the firmware's `nettest`.
+//! - [`coap_fault`]: a CoAP server over UDP with faults (lost ACKs, 5.03 and 4.29 with Max-Age,
+//!   duplicated responses, restarts that forget message IDs) that applies each key once.
 //! - [`tls`]: a throwaway CA chain and TLS 1.3 servers for the TLS probe's cases.
 //! - [`mosquitto`]: a mosquitto broker on loopback with device logins and a per-device topic ACL.
 //!
 //! `cargo xtask net` and `cargo xtask tls` start these servers, run the firmware and check what
 //! the servers saw; the checks are tested here against hand-written requests over real sockets.
 
+pub mod coap_fault;
 pub mod faults;
 pub mod mosquitto;
 pub mod request;

@@ -27,6 +27,8 @@
 //! - **One request per attempt**: the transport never retries; the runner decides.
 //! - **HTTPS** (feature `tls`): [`tls::TlsTransport`] is the same exchange over TLS 1.3, the
 //!   server authenticated by a CA pinned in the firmware.
+//! - **CoAP** (feature `coap`): [`coap::CoapTransport`] sends each reading as a confirmable
+//!   `POST` over UDP, one transmission per attempt under [`coap::POLICY`] (RFC 7252's timing).
 //! - Every attempt is logged with defmt by the core's ledger, as a device line tagged
 //!   [`wary::ledger::DEVICE_TAG`] (`wary-ledger v3`) that `wary ledger from-defmt` turns into the
 //!   host's replayable JSON lines.
@@ -34,6 +36,8 @@
 #![no_std]
 #![deny(missing_docs)]
 
+#[cfg(feature = "coap")]
+pub mod coap;
 pub mod health;
 pub mod http;
 pub mod identity;

@@ -6,6 +6,10 @@
 //! instead, to a server whose certificate chain leads to the CA pinned at build time and names
 //! `WARY_SERVER_NAME` (build.rs): `cargo xtask qemu` runs it through the gateway that way.
 //!
+//! With feature `coap` it sends each reading as a confirmable CoAP `POST` to `/r/<key>` on the
+//! host's UDP `port=` instead (`wary_uplink::coap`), under the CoAP policy: `cargo xtask device
+//! coap` runs it against libcoap's `coap-server`.
+//!
 //! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
 //! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
 //! [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
@@ -56,14 +60,18 @@ use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
 use wary::{Draw, Failure, ledger::Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
-#[cfg(not(feature = "tls"))]
+#[cfg(all(feature = "tls", feature = "coap"))]
+compile_error!("the uplink is built with one transport: `tls` or `coap`, not both");
+
+#[cfg(not(any(feature = "tls", feature = "coap")))]
 use wary_uplink::HttpTransport;
 use wary_uplink::health::BootWait;
+#[cfg(not(feature = "coap"))]
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
-use wary_uplink::{
-    Config, Credential, FLEET, PATH, POLICY, SplitMix64, Store, Transport, parse_device_id, sense, uplink,
-};
+use wary_uplink::{Config, Credential, FLEET, SplitMix64, Store, Transport, parse_device_id, sense, uplink};
+#[cfg(not(feature = "coap"))]
+use wary_uplink::{PATH, POLICY};
 
 /// The host as seen from QEMU's user-mode network.
 const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
@@ -81,9 +89,14 @@ const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
 const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
 type Flash = CutFlash<PsramFlash>;
+#[cfg(not(feature = "coap"))]
 type NetBuffers = Buffers<1024, 1024, 1024>;
 
+#[cfg(not(feature = "coap"))]
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
+#[cfg(feature = "coap")]
+static COAP_BUFFERS: ConstStaticCell<wary_uplink::coap::Buffers> =
+    ConstStaticCell::new(wary_uplink::coap::Buffers::new());
 
 /// Feature `tls`: the name the server's certificate must carry (sent as SNI and `Host`), and
 /// the CA its chain must lead to, both fixed at build time (see build.rs).
@@ -126,10 +139,10 @@ struct Args {
     boot_cap: Option<u64>,
     /// `keepalive=off`: one connection per request (`Connection: close`), for comparisons.
     /// Plain HTTP only: the TLS transport opens a connection per request.
-    #[cfg_attr(feature = "tls", allow(dead_code))]
+    #[cfg_attr(any(feature = "tls", feature = "coap"), allow(dead_code))]
     keepalive: bool,
     /// `idle_ms=`: how long a kept connection may idle (the transport's default otherwise).
-    #[cfg_attr(feature = "tls", allow(dead_code))]
+    #[cfg_attr(any(feature = "tls", feature = "coap"), allow(dead_code))]
     idle_ms: Option<u64>,
 }
 
@@ -270,7 +283,7 @@ async fn main(spawner: Spawner) {
     defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
 
     let server = SocketAddrV4::new(HOST, args.port);
-    #[cfg(not(feature = "tls"))]
+    #[cfg(not(any(feature = "tls", feature = "coap")))]
     let http = {
         let mut http =
             HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
@@ -304,16 +317,35 @@ async fn main(spawner: Spawner) {
         )
         .with_credential(args.credential.as_ref())
     };
+    #[cfg(feature = "coap")]
+    let http = {
+        // An attempt listens 1 s for its answer; a later one is taken by the next attempt.
+        config.attempt_limit = wary::Duration::from_secs(1);
+        wary_uplink::coap::CoapTransport::new(
+            stack,
+            server,
+            wary_uplink::coap::PREFIX,
+            boot,
+            COAP_BUFFERS.take(),
+        )
+    };
+    #[cfg(feature = "coap")]
+    let policy = &wary_uplink::coap::POLICY;
+    #[cfg(not(feature = "coap"))]
+    let policy = &POLICY;
     let reply = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
     let mut transport = CrashAfterExchange { inner: reply, armed: boot <= args.crash_loop, sent: 0 };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
     let mut ledger = Ledger::<32>::new();
-    let s =
-        uplink(&config, &POLICY, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
-            .await;
+    let s = uplink(&config, policy, &FLEET, delay, SplitMix64::new(seed), &mut transport, store, &mut ledger)
+        .await;
     let counts: Counts = transport.inner.inner.counts();
     s.log(&store.counters().await, &counts);
+    // The HTTP connection counts; over CoAP its own line instead.
+    #[cfg(not(feature = "coap"))]
     counts.log();
+    #[cfg(feature = "coap")]
+    transport.inner.inner.coap_counts().log();
     if s.all_landed() {
         exit(exit_code::PASS)
     } else {
