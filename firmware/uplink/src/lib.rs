@@ -37,6 +37,8 @@
 pub mod health;
 pub mod http;
 pub mod identity;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 pub mod store;
 #[cfg(feature = "tls")]
 pub mod tls;

@@ -56,13 +56,14 @@ use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
 use wary::{Draw, Failure, ledger::Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
-#[cfg(not(feature = "tls"))]
+#[cfg(not(any(feature = "tls", feature = "mqtt")))]
 use wary_uplink::HttpTransport;
 use wary_uplink::health::BootWait;
+#[cfg(not(feature = "mqtt"))]
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
 use wary_uplink::{
-    Config, Credential, FLEET, PATH, POLICY, SplitMix64, Store, Transport, parse_device_id, sense, uplink,
+    Config, Credential, FLEET, POLICY, SplitMix64, Store, Transport, parse_device_id, sense, uplink,
 };
 
 /// The host as seen from QEMU's user-mode network.
@@ -81,9 +82,23 @@ const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
 const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
 type Flash = CutFlash<PsramFlash>;
+#[cfg(not(feature = "mqtt"))]
 type NetBuffers = Buffers<1024, 1024, 1024>;
 
+#[cfg(not(feature = "mqtt"))]
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
+
+/// Feature `mqtt`: the socket's buffers and the client's arena, the socket the client and the
+/// transport share, and the login (the transport holds them for the whole run).
+#[cfg(feature = "mqtt")]
+static MQTT_BUFFERS: ConstStaticCell<wary_uplink::mqtt::Buffers<1024, 1024, 256>> =
+    ConstStaticCell::new(wary_uplink::mqtt::Buffers::new());
+#[cfg(feature = "mqtt")]
+static MQTT_SOCKET: StaticCell<wary_uplink::mqtt::SharedSocket<'static>> = StaticCell::new();
+#[cfg(feature = "mqtt")]
+static MQTT_ARENA: StaticCell<wary_uplink::mqtt::BumpBuffer<'static>> = StaticCell::new();
+#[cfg(feature = "mqtt")]
+static MQTT_LOGIN: StaticCell<Credential> = StaticCell::new();
 
 /// Feature `tls`: the name the server's certificate must carry (sent as SNI and `Host`), and
 /// the CA its chain must lead to, both fixed at build time (see build.rs).
@@ -270,10 +285,10 @@ async fn main(spawner: Spawner) {
     defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
 
     let server = SocketAddrV4::new(HOST, args.port);
-    #[cfg(not(feature = "tls"))]
+    #[cfg(not(any(feature = "tls", feature = "mqtt")))]
     let http = {
-        let mut http =
-            HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
+        let mut http = HttpTransport::new(stack, server, wary_uplink::PATH, BUFFERS.take())
+            .with_credential(args.credential.as_ref());
         if let Some(ms) = args.idle_ms {
             http = http.idle_limit(Duration::from_millis(ms));
         }
@@ -295,7 +310,7 @@ async fn main(spawner: Spawner) {
         wary_uplink::tls::TlsTransport::new(
             stack,
             server,
-            PATH,
+            wary_uplink::PATH,
             pinned,
             BUFFERS.take(),
             TLS_READ.take(),
@@ -303,6 +318,25 @@ async fn main(spawner: Spawner) {
             rand_chacha::ChaCha20Rng::from_seed(bytes),
         )
         .with_credential(args.credential.as_ref())
+    };
+    // The broker at `port=` (the device logs in with its id and `token=`, required).
+    #[cfg(all(feature = "mqtt", not(feature = "tls")))]
+    let http = {
+        let Some(credential) = args.credential.clone() else {
+            defmt::error!("feature mqtt: no token= to log in to the broker with");
+            exit(exit_code::FAIL)
+        };
+        let (rx, tx, arena) = MQTT_BUFFERS.take().parts();
+        let socket = MQTT_SOCKET.init(wary_uplink::mqtt::shared_socket(stack, rx, tx));
+        let arena = MQTT_ARENA.init(wary_uplink::mqtt::BumpBuffer::new(arena));
+        wary_uplink::mqtt::MqttTransport::new(
+            stack,
+            server,
+            args.device,
+            MQTT_LOGIN.init(credential),
+            socket,
+            arena,
+        )
     };
     let reply = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
     let mut transport = CrashAfterExchange { inner: reply, armed: boot <= args.crash_loop, sent: 0 };
@@ -314,6 +348,8 @@ async fn main(spawner: Spawner) {
     let counts: Counts = transport.inner.inner.counts();
     s.log(&store.counters().await, &counts);
     counts.log();
+    #[cfg(feature = "mqtt")]
+    transport.inner.inner.mqtt_counts().log();
     if s.all_landed() {
         exit(exit_code::PASS)
     } else {
