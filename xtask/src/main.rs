@@ -10,6 +10,7 @@ mod flash;
 mod fuzz;
 mod harness;
 mod keepalive;
+mod mqtt;
 mod msrv;
 mod mutants;
 mod net;
@@ -83,7 +84,7 @@ enum Verb {
     Net,
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
-    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`).
+    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`, `mqtt`).
     Device {
         /// The scenario's name.
         name: String,

@@ -56,6 +56,9 @@ pub fn qemu(root: &Path) -> Result<()> {
     step("device scenario `crash-loop` passed");
     println!("{crash_loop}");
     keep_alive_scenarios(root)?;
+    let mqtt = crate::mqtt::run(root)?;
+    step("device scenario `mqtt` passed");
+    println!("{mqtt}");
     board(root)
 }
 
