@@ -62,17 +62,93 @@ const SCRIPT: [Fault; 16] = [
 
 /// Builds the uplink with `--features mqtt` and keeps its ELF apart (the plain build of the
 /// next `build` puts its own back in place).
-fn build_mqtt(firmware: &Path, keep: &Path) -> Result<PathBuf> {
-    step("building the uplink with `--features mqtt`");
+fn build_mqtt(firmware: &Path, keep: &Path) -> Result<(PathBuf, PathBuf)> {
+    step("building the uplink and mqtttest with `--features mqtt`");
     run_firmware_cargo(
         firmware,
         crate::harness::QEMU_BOARD,
-        &["build", "--release", "--locked", "--workspace", "--bin", "uplink", "--features", "wary-qemu/mqtt"],
+        &[
+            "build",
+            "--release",
+            "--locked",
+            "--workspace",
+            "--bin",
+            "uplink",
+            "--bin",
+            "mqtttest",
+            "--features",
+            "wary-qemu/mqtt",
+        ],
         &[],
     )?;
     let elf = keep.join("uplink-mqtt");
     std::fs::copy(elf_path(firmware, "uplink"), &elf).context("keeping the MQTT uplink's ELF")?;
-    Ok(elf)
+    Ok((elf, elf_path(firmware, "mqtttest")))
+}
+
+/// `mqtttest`'s script, in the order of its cases: three refused CONNECTs, then per PUBLISH.
+const REFUSED_CONNECTS: [u8; 3] = [0x86, 0x89, 0x97];
+const TEST_SCRIPT: [Fault; 13] = [
+    Fault::Pass,
+    Fault::Puback(0x10),
+    Fault::Puback(0x97),
+    Fault::Puback(0x87),
+    Fault::Puback(0x90),
+    Fault::Puback(0x99),
+    Fault::Drop,
+    Fault::Pass,
+    Fault::Disconnect(0x89),
+    Fault::Disconnect(0x9C),
+    Fault::Disconnect(0x97),
+    Fault::Disconnect(0x9F),
+    Fault::Pass,
+];
+
+/// The on-target tests (`mqtttest`): one per row of the transport's outcome table, against the
+/// proxy in front of a fresh mosquitto; the firmware checks each answer, this checks what
+/// reached the broker.
+fn on_target(dir: &Path, elf: &Path) -> Result<String> {
+    let device = format!("{DEVICE:016x}");
+    let logins = [Login::new(device, TOKEN), Login::new(GATEWAY_USER, GATEWAY_PASSWORD)];
+    let broker = Broker::start(&dir.join("broker-test"), &logins, &Settings::default())?;
+    let proxy = Proxy::start(broker.port())?;
+    proxy.refuse_connects(REFUSED_CONNECTS);
+    proxy.script(TEST_SCRIPT);
+    // A subscriber: with none, mosquitto itself answers every PUBLISH with PUBACK 0x10.
+    let mut sub = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port().to_string(), "-V", "mqttv5", "-q", "1"])
+        .args(["-u", GATEWAY_USER, "-P", GATEWAY_PASSWORD, "-t", READINGS_FILTER, "-F", "%P|%p"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting mosquitto_sub")?;
+    thread::sleep(Duration::from_millis(500));
+    step("running mqtttest under QEMU: one case per row of the MQTT outcome table");
+    let run = run_uplink(elf, proxy.port(), TOKEN, 0, "", TIMEOUT, &Extra::default());
+    let _ = sub.kill();
+    let _ = sub.wait();
+    let (status, lines) = run?;
+    match status {
+        None => bail!("mqtttest: QEMU still running after {} s; killed", TIMEOUT.as_secs()),
+        Some(s) if !s.success() => bail!("mqtttest failed under QEMU: {}", describe_exit(s)),
+        Some(_) => {}
+    }
+    let counts = proxy.counts();
+    let key = |n: u32| wary::Key::from_parts(DEVICE, 0x7e57, n).to_hex().as_str().to_owned();
+    // Cases 1-5 were answered by the proxy (not delivered); 6 was delivered, dropped, resent.
+    let expected: Vec<String> = [0, 6, 6, 7, 8, 9, 10, 11].into_iter().map(key).collect();
+    if counts.keys_forwarded != expected || proxy.pending() > 0 || counts.connacks_refused.len() != 3 {
+        bail!(
+            "mqtttest: the broker got keys {:?}, expected {expected:?}; {} faults unused; refused CONNECTs {:?}",
+            counts.keys_forwarded,
+            proxy.pending(),
+            counts.connacks_refused
+        );
+    }
+    let passed = lines.iter().filter(|l| l.contains("pass: ")).count();
+    Ok(format!(
+        "mqtttest: {passed} on-target checks passed; the broker got the dropped reading's key twice (resent with the same key) and none of the five publishes the proxy answered with a PUBACK error"
+    ))
 }
 
 /// `cargo xtask device mqtt`: see the module docs. Returns the report.
@@ -86,8 +162,9 @@ pub fn run(root: &Path) -> Result<String> {
     let dir = std::env::temp_dir().join(format!("wary-mqtt-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let elf = build_mqtt(&firmware, &dir)?;
-    let result = scenario(root, &dir, &elf);
+    let (elf, test_elf) = build_mqtt(&firmware, &dir)?;
+    let result =
+        on_target(&dir, &test_elf).and_then(|tests| Ok(format!("{tests}\n{}", scenario(root, &dir, &elf)?)));
     let _ = std::fs::remove_dir_all(&dir);
     result
 }

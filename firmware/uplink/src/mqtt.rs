@@ -269,6 +269,8 @@ struct Session {
     last_sent: Instant,
     /// The keep alive in force, if any.
     keep_alive: Option<embassy_time::Duration>,
+    /// `PUBLISH`es it carried.
+    publishes: u32,
 }
 
 /// Readings as MQTT 5 QoS 1 `PUBLISH`es to one broker; see the module docs.
@@ -447,7 +449,7 @@ impl<'a> MqttTransport<'a> {
                 };
                 self.mqtt.keep_alive =
                     keep_alive.map_or(0, |k| u16::try_from(k.as_secs()).unwrap_or(u16::MAX));
-                self.session = Some(Session { last_sent: Instant::now(), keep_alive });
+                self.session = Some(Session { last_sent: Instant::now(), keep_alive, publishes: 0 });
                 Ok(())
             }
             Connack::Refused(code) => {
@@ -487,7 +489,7 @@ impl<'a> MqttTransport<'a> {
             .payload_format_indicator(true);
         options.content_type = Some(json);
         options.user_properties = &properties;
-        let reused = self.counts.exchanges > 0 && self.mqtt.publishes > 0;
+        let reused = self.session.is_some_and(|s| s.publishes > 0);
         self.mqtt.publishes = self.mqtt.publishes.saturating_add(1);
         let sent = with_deadline(deadline, self.client.publish(&options, Bytes::from(message.body))).await;
         let pid = match sent {
@@ -508,6 +510,7 @@ impl<'a> MqttTransport<'a> {
         }
         if let Some(s) = self.session.as_mut() {
             s.last_sent = Instant::now();
+            s.publishes = s.publishes.saturating_add(1);
         }
         loop {
             let event = match with_deadline(deadline, self.client.poll()).await {
