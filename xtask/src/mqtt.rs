@@ -88,7 +88,7 @@ fn build_mqtt(firmware: &Path, keep: &Path) -> Result<(PathBuf, PathBuf)> {
 
 /// `mqtttest`'s script, in the order of its cases: three refused CONNECTs, then per PUBLISH.
 const REFUSED_CONNECTS: [u8; 3] = [0x86, 0x89, 0x97];
-const TEST_SCRIPT: [Fault; 13] = [
+const TEST_SCRIPT: [Fault; 15] = [
     Fault::Pass,
     Fault::Puback(0x10),
     Fault::Puback(0x97),
@@ -101,6 +101,8 @@ const TEST_SCRIPT: [Fault; 13] = [
     Fault::Disconnect(0x9C),
     Fault::Disconnect(0x97),
     Fault::Disconnect(0x9F),
+    Fault::Pass,
+    Fault::Kick(0x89),
     Fault::Pass,
 ];
 
@@ -136,7 +138,7 @@ fn on_target(dir: &Path, elf: &Path) -> Result<String> {
     let counts = proxy.counts();
     let key = |n: u32| wary::Key::from_parts(DEVICE, 0x7e57, n).to_hex().as_str().to_owned();
     // Cases 1-5 were answered by the proxy (not delivered); 6 was delivered, dropped, resent.
-    let expected: Vec<String> = [0, 6, 6, 7, 8, 9, 10, 11].into_iter().map(key).collect();
+    let expected: Vec<String> = [0, 6, 6, 7, 8, 9, 10, 11, 12, 13].into_iter().map(key).collect();
     if counts.keys_forwarded != expected || proxy.pending() > 0 || counts.connacks_refused.len() != 3 {
         bail!(
             "mqtttest: the broker got keys {:?}, expected {expected:?}; {} faults unused; refused CONNECTs {:?}",

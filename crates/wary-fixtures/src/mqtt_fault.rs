@@ -12,6 +12,7 @@
 //! | [`Fault::Puback`] (0x10, 0x87, 0x90, 0x97, 0x99) | no: the message is not delivered | `PUBACK` with that reason code |
 //! | [`Fault::Disconnect`] (0x89, 0x97, 0x9C, 0x9F) | yes | no `PUBACK`: a `DISCONNECT` with that reason code, then the connection ends |
 //! | [`Fault::Drop`] | yes | no `PUBACK`: the connection ends (FIN) |
+//! | [`Fault::Kick`] (0x89, 0x97, 0x9C, 0x9F) | yes | the broker's `PUBACK`, then a `DISCONNECT` with that reason code, then the connection ends |
 //!
 //! So a `PUBACK` error means "not delivered", and a `DISCONNECT` or a drop leaves a message that
 //! did land unacknowledged: the client must resend it, and its key deduplicates it upstream.
@@ -52,6 +53,9 @@ pub enum Fault {
     Disconnect(u8),
     /// Passed to the broker; its `PUBACK` is held back and both connections end.
     Drop,
+    /// Passed to the broker and its `PUBACK` passed back; then the client gets a `DISCONNECT`
+    /// with this reason code and both connections end: a kick between publishes.
+    Kick(u8),
 }
 
 /// What the proxy saw and did.
@@ -389,7 +393,7 @@ fn serve(
                     continue;
                 }
                 Fault::Pass => {}
-                Fault::Disconnect(_) | Fault::Drop => {
+                Fault::Disconnect(_) | Fault::Drop | Fault::Kick(_) => {
                     held.lock().unwrap_or_else(PoisonError::into_inner).insert(pid, fault);
                 }
             }
@@ -427,6 +431,13 @@ fn broker_to_client(
             let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
             let mut c = to_client.lock().unwrap_or_else(PoisonError::into_inner);
             match fault {
+                Fault::Kick(code) => {
+                    let passed = packet.body.get(2).copied().unwrap_or(0);
+                    *s.counts.pubacks_passed.entry(passed).or_default() += 1;
+                    *s.counts.disconnects_injected.entry(code).or_default() += 1;
+                    let _ = c.write_all(&packet.encode());
+                    let _ = c.write_all(&encode(0xE0, &[code]));
+                }
                 Fault::Disconnect(code) => {
                     *s.counts.disconnects_injected.entry(code).or_default() += 1;
                     let _ = c.write_all(&encode(0xE0, &[code]));
@@ -601,6 +612,12 @@ mod tests {
         assert!(next_of(&mut s, PUBACK).is_none(), "no PUBACK after the DISCONNECT");
         let mut s = connected(proxy.port(), &token);
         next_of(&mut s, 2).expect("a CONNACK");
+        proxy.script([Fault::Kick(0x9F)]);
+        s.write_all(&wire::publish(&topic, 12, "k-kick", b"acked-then-kicked"))?;
+        assert_eq!(next_of(&mut s, PUBACK).expect("the broker's PUBACK").body.get(..2), Some(&[0u8, 12][..]));
+        assert_eq!(next_of(&mut s, 0xE).expect("then a DISCONNECT").body, vec![0x9F]);
+        let mut s = connected(proxy.port(), &token);
+        next_of(&mut s, 2).expect("a CONNACK");
         proxy.script([Fault::Drop]);
         s.write_all(&wire::publish(&topic, 11, "k-drop", b"dropped"))?;
         assert!(next_of(&mut s, PUBACK).is_none(), "the connection ends without a PUBACK");
@@ -609,16 +626,20 @@ mod tests {
         let seen = String::from_utf8_lossy(&out.stdout);
         let mut seen: Vec<&str> = seen.lines().collect();
         seen.sort_unstable();
-        assert_eq!(seen, ["dropped", "kicked", "passed"], "only what the proxy passed reached the broker");
+        assert_eq!(
+            seen,
+            ["acked-then-kicked", "dropped", "kicked", "passed"],
+            "only what the proxy passed reached the broker"
+        );
         let counts = proxy.counts();
-        assert_eq!(counts.connects, 3);
+        assert_eq!(counts.connects, 4);
         assert_eq!(counts.connacks_refused, BTreeMap::from([(0x89, 1)]));
-        assert_eq!(counts.publishes, 8);
+        assert_eq!(counts.publishes, 9);
         assert_eq!(counts.pubacks_injected, codes.iter().map(|c| (*c, 1)).collect());
-        assert_eq!(counts.pubacks_passed, BTreeMap::from([(0, 1)]));
-        assert_eq!(counts.disconnects_injected, BTreeMap::from([(0x97, 1)]));
+        assert_eq!(counts.pubacks_passed, BTreeMap::from([(0, 2)]));
+        assert_eq!(counts.disconnects_injected, BTreeMap::from([(0x97, 1), (0x9F, 1)]));
         assert_eq!(counts.drops, 1);
-        assert_eq!(counts.keys_forwarded, ["k-pass", "k-disc", "k-drop"]);
+        assert_eq!(counts.keys_forwarded, ["k-pass", "k-disc", "k-kick", "k-drop"]);
         assert_eq!(proxy.pending(), 0);
         drop(proxy);
         drop(broker);

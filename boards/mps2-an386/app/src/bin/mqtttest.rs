@@ -179,9 +179,29 @@ async fn main(spawner: Spawner) {
         "mqtt_disconnects_pace_the_reconnect: a new connection after each kick",
         status(&a) == Some(200) && t.counts().connects == before + 4,
     );
+    // A kick between readings: the broker's PUBACK, then its DISCONNECT 0x89 on the kept
+    // connection. The next attempt's `open` reads it and fails (never sent: 503, retry); the
+    // attempt after connects again and lands.
+    let a = publish(&mut t, device, 12).await;
+    tally.check("a reading lands before the kick", status(&a) == Some(200));
+    // Time for the DISCONNECT to arrive; the check is what `open` makes of it.
+    embassy_time::Timer::after_millis(200).await;
+    let before = t.counts().connects;
+    let kicked = t.open(LIMIT).await;
+    tally.check(
+        "mqtt_kick_on_a_kept_connection: open reads DISCONNECT 0x89 and fails with 503, retry",
+        kicked == Err(Failure::status(503))
+            && POLICY.classify(Operation::KeyedWrite, &kicked.err().unwrap_or(Failure::Reset).into())
+                == Class::Retry,
+    );
+    let a = publish(&mut t, device, 13).await;
+    tally.check(
+        "mqtt_kick_on_a_kept_connection: the next attempt connects again and lands",
+        status(&a) == Some(200) && t.counts().connects == before + 1,
+    );
     let m = t.mqtt_counts();
     tally.check("the CONNACK's keep alive is in force", m.keep_alive > 0);
-    tally.check("four DISCONNECTs seen", m.disconnects == 4);
+    tally.check("five DISCONNECTs seen", m.disconnects == 5);
     m.log();
     t.close().await;
     tally.finish()
