@@ -165,8 +165,11 @@ pub fn run(root: &Path) -> Result<String> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let (elf, test_elf) = build_mqtt(&firmware, &dir)?;
-    let result =
-        on_target(&dir, &test_elf).and_then(|tests| Ok(format!("{tests}\n{}", scenario(root, &dir, &elf)?)));
+    let result = on_target(&dir, &test_elf).and_then(|tests| {
+        let run = scenario(root, &dir, &elf)?;
+        let figures = figures(root, &dir, &elf)?;
+        Ok(format!("{tests}\n{run}\n{figures}"))
+    });
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -307,8 +310,15 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
         text.push(format!("mqtt failed: {}", problems.join("; ")));
         bail!("{}", text.join("\n"));
     }
-    write_figures(root, &wire, READINGS)?;
-    text.push("mqtt figures added to target/bench/results.json (device_mqtt)".to_owned());
+    write_figures(
+        root,
+        "scenario",
+        wire_row(
+            &wire,
+            READINGS,
+            "the whole mqtt scenario: its faults, reconnects and the broker's restart included",
+        ),
+    )?;
     Ok(text.join("\n"))
 }
 
@@ -389,25 +399,121 @@ fn read_pcap(path: &Path) -> Result<Wire> {
     Ok(wire)
 }
 
-fn write_figures(root: &Path, wire: &Wire, readings: u32) -> Result<()> {
-    let results = root.join("target/bench/results.json");
-    let mut all = std::fs::read_to_string(&results)
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .filter(serde_json::Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
+fn wire_row(wire: &Wire, readings: u32, note: &str) -> serde_json::Value {
     let n = f64::from(readings);
-    all["device_mqtt"] = serde_json::json!({
+    serde_json::json!({
         "readings": readings,
         "frames": wire.frames,
         "bytes": wire.bytes,
         "syns": wire.syns,
         "frames_per_reading": wire.frames as f64 / n,
         "bytes_per_reading": wire.bytes as f64 / n,
-        "note": "the whole mqtt scenario: its faults, reconnects and the broker's restart included",
-    });
+        "note": note,
+    })
+}
+
+/// Sets `device_mqtt.<name>` in target/bench/results.json.
+fn write_figures(root: &Path, name: &str, row: serde_json::Value) -> Result<()> {
+    let results = root.join("target/bench/results.json");
+    let mut all = std::fs::read_to_string(&results)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    if !all["device_mqtt"].is_object() {
+        all["device_mqtt"] = serde_json::json!({});
+    }
+    all["device_mqtt"][name] = row;
     std::fs::write(&results, serde_json::to_string_pretty(&all)?)
         .with_context(|| format!("writing {}", results.display()))
+}
+
+/// HTTP's side of the comparison: the plain uplink, the cloud answering every request 200.
+const HTTP_CLEAN: crate::device::Scenario = crate::device::Scenario {
+    name: "mqtt-vs-http",
+    faults: "seed=1",
+    readings: READINGS,
+    plan: "",
+    resets: &[],
+    route: crate::device::Route::Direct,
+};
+
+/// The figures: bytes and frames on the device's wire per delivered reading, MQTT and HTTP,
+/// each with no fault (same readings, same pcap method: QEMU's `filter-dump`); and flash and
+/// RAM of the uplink built with and without `mqtt`.
+fn figures(root: &Path, dir: &Path, mqtt_elf: &Path) -> Result<String> {
+    let bench = root.join("target/bench");
+    std::fs::create_dir_all(&bench)?;
+    step(&format!(
+        "figures: {READINGS} readings over MQTT with no fault, then over HTTP (keep-alive) with none"
+    ));
+    let device = format!("{DEVICE:016x}");
+    let logins = [Login::new(device, TOKEN), Login::new(GATEWAY_USER, GATEWAY_PASSWORD)];
+    let broker = Broker::start(&dir.join("broker-clean"), &logins, &Settings::default())?;
+    let mut sub = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port().to_string(), "-V", "mqttv5", "-q", "1"])
+        .args(["-u", GATEWAY_USER, "-P", GATEWAY_PASSWORD, "-t", READINGS_FILTER])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting mosquitto_sub")?;
+    thread::sleep(Duration::from_millis(500));
+    let pcap = bench.join("mqtt-clean.pcap");
+    let extra = Extra { append: "", pcap: Some(&pcap), switch: None };
+    let run = run_uplink(mqtt_elf, broker.port(), TOKEN, READINGS, "", TIMEOUT, &extra);
+    let _ = sub.kill();
+    let _ = sub.wait();
+    drop(broker);
+    let (status, lines) = run?;
+    if !status.is_some_and(|s| s.success())
+        || !lines.iter().any(|l| l.contains(&format!("landed={READINGS} failed=0")))
+    {
+        bail!("figures: the clean MQTT run did not land all {READINGS} readings");
+    }
+    let mqtt = read_pcap(&pcap)?;
+    let pcap = bench.join("http-clean.pcap");
+    crate::device::run_with(root, &HTTP_CLEAN, &Extra { append: "", pcap: Some(&pcap), switch: None })?;
+    let http = read_pcap(&pcap)?;
+    let llvm = crate::harness::llvm_size()?;
+    let firmware = root.join(crate::harness::QEMU_BOARD);
+    let (mt, md, mb) = crate::harness::size_of(&llvm, mqtt_elf)?;
+    let (ht, hd, hb) = crate::harness::size_of(&llvm, &elf_path(&firmware, "uplink"))?;
+    write_figures(
+        root,
+        "clean_mqtt",
+        wire_row(&mqtt, READINGS, "MQTT 5 QoS 1, one connection, every PUBACK 0x00"),
+    )?;
+    write_figures(root, "clean_http", wire_row(&http, READINGS, "HTTP/1.1 keep-alive, every reply 200"))?;
+    write_figures(
+        root,
+        "size",
+        serde_json::json!({
+            "uplink_mqtt": {"flash": mt + md, "ram": md + mb},
+            "uplink_http": {"flash": ht + hd, "ram": hd + hb},
+        }),
+    )?;
+    let n = f64::from(READINGS);
+    Ok(format!(
+        "figures, {READINGS} readings with no fault (pcap of the device's wire):\n  \
+         MQTT: {} frames, {} B, {} SYNs: {:.1} frames and {:.0} B per delivered reading\n  \
+         HTTP: {} frames, {} B, {} SYNs: {:.1} frames and {:.0} B per delivered reading\n\
+         size of the uplink: mqtt {} B flash, {} B RAM; http {} B flash, {} B RAM\n\
+         figures in target/bench/results.json (device_mqtt)",
+        mqtt.frames,
+        mqtt.bytes,
+        mqtt.syns,
+        mqtt.frames as f64 / n,
+        mqtt.bytes as f64 / n,
+        http.frames,
+        http.bytes,
+        http.syns,
+        http.frames as f64 / n,
+        http.bytes as f64 / n,
+        mt + md,
+        md + mb,
+        ht + hd,
+        hd + hb,
+    ))
 }
 
 #[cfg(test)]
