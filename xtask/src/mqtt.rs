@@ -420,7 +420,8 @@ fn write_figures(root: &Path, name: &str, row: serde_json::Value) -> Result<()> 
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .filter(serde_json::Value::is_object)
         .unwrap_or_else(|| serde_json::json!({}));
-    if !all["device_mqtt"].is_object() {
+    // The scenario's row comes first: a run starts the object afresh.
+    if name == "scenario" || !all["device_mqtt"].is_object() {
         all["device_mqtt"] = serde_json::json!({});
     }
     all["device_mqtt"][name] = row;
