@@ -59,7 +59,7 @@ use wary_outbox::{Config as OutboxConfig, Outbox};
 #[cfg(not(any(feature = "tls", feature = "mqtt")))]
 use wary_uplink::HttpTransport;
 use wary_uplink::health::BootWait;
-#[cfg(not(feature = "mqtt"))]
+#[cfg(any(feature = "tls", not(feature = "mqtt")))]
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
 use wary_uplink::{
@@ -82,22 +82,23 @@ const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
 const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
 type Flash = CutFlash<PsramFlash>;
-#[cfg(not(feature = "mqtt"))]
+#[cfg(any(feature = "tls", not(feature = "mqtt")))]
 type NetBuffers = Buffers<1024, 1024, 1024>;
 
-#[cfg(not(feature = "mqtt"))]
+#[cfg(any(feature = "tls", not(feature = "mqtt")))]
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
 
 /// Feature `mqtt`: the socket's buffers and the client's arena, the socket the client and the
-/// transport share, and the login (the transport holds them for the whole run).
-#[cfg(feature = "mqtt")]
+/// transport share, and the login (the transport holds them for the whole run). MQTT over TLS
+/// is not built yet: with both features the uplink posts over HTTPS.
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
 static MQTT_BUFFERS: ConstStaticCell<wary_uplink::mqtt::Buffers<1024, 1024, 256>> =
     ConstStaticCell::new(wary_uplink::mqtt::Buffers::new());
-#[cfg(feature = "mqtt")]
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
 static MQTT_SOCKET: StaticCell<wary_uplink::mqtt::SharedSocket<'static>> = StaticCell::new();
-#[cfg(feature = "mqtt")]
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
 static MQTT_ARENA: StaticCell<wary_uplink::mqtt::BumpBuffer<'static>> = StaticCell::new();
-#[cfg(feature = "mqtt")]
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
 static MQTT_LOGIN: StaticCell<Credential> = StaticCell::new();
 
 /// Feature `tls`: the name the server's certificate must carry (sent as SNI and `Host`), and
@@ -348,7 +349,7 @@ async fn main(spawner: Spawner) {
     let counts: Counts = transport.inner.inner.counts();
     s.log(&store.counters().await, &counts);
     counts.log();
-    #[cfg(feature = "mqtt")]
+    #[cfg(all(feature = "mqtt", not(feature = "tls")))]
     transport.inner.inner.mqtt_counts().log();
     if s.all_landed() {
         exit(exit_code::PASS)
