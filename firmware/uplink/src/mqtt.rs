@@ -74,8 +74,9 @@ use rust_mqtt::Bytes;
 /// The client's arena for what the broker sends (see [`Buffers`]).
 pub use rust_mqtt::buffer::BumpBuffer;
 use rust_mqtt::client::event::Event;
+use rust_mqtt::client::options::DisconnectOptions;
 use rust_mqtt::client::options::{ConnectOptions, PublicationOptions, TopicReference};
-use rust_mqtt::client::{Client, MqttError};
+use rust_mqtt::client::{AbortError, Client, MqttError};
 use rust_mqtt::config::{KeepAlive, SessionExpiryInterval};
 use rust_mqtt::types::{MqttBinary, MqttString, MqttStringPair, TopicName};
 use wary::{Duration, Failure};
@@ -338,6 +339,15 @@ impl<'a> MqttTransport<'a> {
     /// otherwise); the client's state is replaced at the next connect.
     async fn end(&mut self, clean: bool) {
         self.session = None;
+        // The client's connection state ends too, so the next `connect` starts from a closed
+        // one: after a failure it sends its DISCONNECT with the reason (if it has one) and
+        // gives the stream up; on a connection it still takes for healthy (an attempt ran out
+        // of time) it sends a plain DISCONNECT. Onto a closed socket these fail harmlessly.
+        let grace = http::CLOSE_GRACE;
+        if let Ok(Err(AbortError::Connected)) = embassy_time::with_timeout(grace, self.client.abort()).await {
+            let _ =
+                embassy_time::with_timeout(grace, self.client.disconnect(&DisconnectOptions::new())).await;
+        }
         let deadline = Instant::now().saturating_add(http::CLOSE_GRACE);
         let mut socket = self.socket.lock().await;
         http::finish(&mut socket, clean, deadline).await;
@@ -593,11 +603,6 @@ impl Transport for MqttTransport<'_> {
     async fn close(&mut self) {
         if self.session.is_some() {
             // A clean DISCONNECT (0x00), then the FIN.
-            let _ = embassy_time::with_timeout(
-                http::CLOSE_GRACE,
-                self.client.disconnect(&rust_mqtt::client::options::DisconnectOptions::new()),
-            )
-            .await;
             self.end(true).await;
         }
     }
