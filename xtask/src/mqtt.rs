@@ -3,9 +3,9 @@
 //! proxy (`wary_fixtures::mqtt_fault`) to a real mosquitto (`wary_fixtures::mosquitto`, the
 //! device logged in with its id and token, the ACL letting it publish only under its own
 //! topic). The proxy answers some publishes with PUBACK 0x10 and 0x97, kicks the device with
-//! DISCONNECT 0x89, 0x97, 0x9C and 0x9F after the message reached the broker, and drops the
-//! connection after a PUBLISH reached the broker and before its PUBACK; the broker is restarted
-//! half-way through.
+//! DISCONNECT 0x89, 0x97, 0x9C and 0x9F after the message reached the broker, kicks it once
+//! between readings (PUBACK, then DISCONNECT 0x89), and drops the connection after a PUBLISH
+//! reached the broker and before its PUBACK; the broker is restarted half-way through.
 //!
 //! A checker subscribed as the gateway login (`mosquitto_sub`, MQTT 5, a persistent session so
 //! the restart loses nothing queued to it) prints every message's user properties and payload.
@@ -41,7 +41,7 @@ const GATEWAY_PASSWORD: &str = "6761746577617920636865636b657220706173737764206f
 /// The proxy's script: each entry is used by the next PUBLISH (retries included), then every
 /// PUBLISH passes. The failing PUBACK codes (0x87, 0x90, 0x99) end a reading `failed` by
 /// design, so they are checked by the on-target tests, not here.
-const SCRIPT: [Fault; 16] = [
+const SCRIPT: [Fault; 17] = [
     Fault::Pass,
     Fault::Puback(0x10),
     Fault::Pass,
@@ -58,6 +58,7 @@ const SCRIPT: [Fault; 16] = [
     Fault::Disconnect(0x9F),
     Fault::Puback(0x10),
     Fault::Drop,
+    Fault::Kick(0x89),
 ];
 
 /// Builds the uplink with `--features mqtt` and keeps its ELF apart (the plain build of the
