@@ -26,11 +26,11 @@ use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// The device id the firmware is given on its command line (`device=`), in every key. Its low
 /// 32 bits are those of the id the firmware used before ids were 64 bits wide.
-const DEVICE: u64 = 0x5741_5259_0a38_6001;
+pub(crate) const DEVICE: u64 = 0x5741_5259_0a38_6001;
 /// The credential the firmware is given (`token=`): a test value, no device's. The firmware
 /// sends it as `Authorization: Bearer <token>` on every attempt (the test cloud ignores it); the
 /// run fails if any line of the device's log shows any part of it.
-const TOKEN: &str = "3c5e0f6a1d7b48c29e0a4f81b6d3572c0e9f1a2b3c4d5e6f708192a3b4c5d6e7";
+pub(crate) const TOKEN: &str = "3c5e0f6a1d7b48c29e0a4f81b6d3572c0e9f1a2b3c4d5e6f708192a3b4c5d6e7";
 /// A wedged guest must never hold CI; healthy runs take 5 to 40 s.
 const TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -122,10 +122,11 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         "crash-loop" => crate::crash_loop::run(root)?,
         "coap" => crate::coap::coap(root)?,
         "coap-storm" => crate::coap::coap_storm(root)?,
+        "mqtt" => crate::mqtt::run(root)?,
         _ => {
             let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain, coap, coap-storm)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain, coap, coap-storm, mqtt)"
                 );
             };
             run(root, scenario)?
@@ -324,7 +325,7 @@ pub(crate) fn run_uplink_elf(
 
 /// Runs the uplink ELF under QEMU against `port` on the host; its exit status (None: killed
 /// at `timeout`) and its decoded log lines.
-fn run_uplink(
+pub(crate) fn run_uplink(
     elf: &Path,
     port: u16,
     token: &str,
@@ -766,7 +767,7 @@ fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
     line.find(marker).and_then(|at| line.get(at + marker.len()..))
 }
 
-fn key_hex(boot: u32, seq: u32) -> String {
+pub(crate) fn key_hex(boot: u32, seq: u32) -> String {
     wary::Key::from_parts(DEVICE, boot, seq).to_hex().as_str().to_owned()
 }
 

@@ -11,6 +11,7 @@ mod flash;
 mod fuzz;
 mod harness;
 mod keepalive;
+mod mqtt;
 mod msrv;
 mod mutants;
 mod net;
@@ -85,7 +86,7 @@ enum Verb {
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
     /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`,
-    /// `coap`, `coap-storm`).
+    /// `coap`, `coap-storm`, `mqtt`).
     Device {
         /// The scenario's name.
         name: String,

@@ -59,6 +59,9 @@ pub fn qemu(root: &Path) -> Result<()> {
     for name in ["coap", "coap-storm"] {
         crate::device::run_named(root, name)?;
     }
+    let mqtt = crate::mqtt::run(root)?;
+    step("device scenario `mqtt` passed");
+    println!("{mqtt}");
     board(root)
 }
 

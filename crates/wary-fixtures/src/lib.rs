@@ -10,6 +10,7 @@
 //!   duplicated responses, restarts that forget message IDs) that applies each key once.
 //! - [`tls`]: a throwaway CA chain and TLS 1.3 servers for the TLS probe's cases.
 //! - [`mosquitto`]: a mosquitto broker on loopback with device logins and a per-device topic ACL.
+//! - [`mqtt_fault`]: a proxy in front of the broker that injects MQTT 5 reason codes and drops.
 //!
 //! `cargo xtask net` and `cargo xtask tls` start these servers, run the firmware and check what
 //! the servers saw; the checks are tested here against hand-written requests over real sockets.
@@ -17,6 +18,7 @@
 pub mod coap_fault;
 pub mod faults;
 pub mod mosquitto;
+pub mod mqtt_fault;
 pub mod request;
 pub mod server;
 pub mod tls;

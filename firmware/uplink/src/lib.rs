@@ -41,6 +41,8 @@ pub mod coap;
 pub mod health;
 pub mod http;
 pub mod identity;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 pub mod store;
 #[cfg(feature = "tls")]
 pub mod tls;

@@ -60,18 +60,18 @@ use rand_core::RngCore;
 use static_cell::{ConstStaticCell, StaticCell};
 use wary::{Draw, Failure, ledger::Ledger};
 use wary_outbox::{Config as OutboxConfig, Outbox};
-#[cfg(all(feature = "tls", feature = "coap"))]
-compile_error!("the uplink is built with one transport: `tls` or `coap`, not both");
+#[cfg(any(all(feature = "tls", feature = "coap"), all(feature = "coap", feature = "mqtt")))]
+compile_error!("the uplink is built with one transport: `coap` goes with neither `tls` nor `mqtt`");
 
-#[cfg(not(any(feature = "tls", feature = "coap")))]
+#[cfg(not(any(feature = "tls", feature = "coap", feature = "mqtt")))]
 use wary_uplink::HttpTransport;
-use wary_uplink::health::BootWait;
 #[cfg(not(feature = "coap"))]
+use wary_uplink::POLICY;
+use wary_uplink::health::BootWait;
+#[cfg(all(not(feature = "coap"), any(feature = "tls", not(feature = "mqtt"))))]
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
 use wary_uplink::{Config, Credential, FLEET, SplitMix64, Store, Transport, parse_device_id, sense, uplink};
-#[cfg(not(feature = "coap"))]
-use wary_uplink::{PATH, POLICY};
 
 /// The host as seen from QEMU's user-mode network.
 const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
@@ -89,14 +89,27 @@ const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
 const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
 type Flash = CutFlash<PsramFlash>;
-#[cfg(not(feature = "coap"))]
+#[cfg(all(not(feature = "coap"), any(feature = "tls", not(feature = "mqtt"))))]
 type NetBuffers = Buffers<1024, 1024, 1024>;
 
-#[cfg(not(feature = "coap"))]
+#[cfg(all(not(feature = "coap"), any(feature = "tls", not(feature = "mqtt"))))]
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
 #[cfg(feature = "coap")]
 static COAP_BUFFERS: ConstStaticCell<wary_uplink::coap::Buffers> =
     ConstStaticCell::new(wary_uplink::coap::Buffers::new());
+
+/// Feature `mqtt`: the socket's buffers and the client's arena, the socket the client and the
+/// transport share, and the login (the transport holds them for the whole run). MQTT over TLS
+/// is not built yet: with both features the uplink posts over HTTPS.
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
+static MQTT_BUFFERS: ConstStaticCell<wary_uplink::mqtt::Buffers<1024, 1024, 256>> =
+    ConstStaticCell::new(wary_uplink::mqtt::Buffers::new());
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
+static MQTT_SOCKET: StaticCell<wary_uplink::mqtt::SharedSocket<'static>> = StaticCell::new();
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
+static MQTT_ARENA: StaticCell<wary_uplink::mqtt::BumpBuffer<'static>> = StaticCell::new();
+#[cfg(all(feature = "mqtt", not(feature = "tls")))]
+static MQTT_LOGIN: StaticCell<Credential> = StaticCell::new();
 
 /// Feature `tls`: the name the server's certificate must carry (sent as SNI and `Host`), and
 /// the CA its chain must lead to, both fixed at build time (see build.rs).
@@ -283,10 +296,10 @@ async fn main(spawner: Spawner) {
     defmt::info!("DHCP lease after {=u64} ms: {}", started.elapsed().as_millis(), stack.config_v4());
 
     let server = SocketAddrV4::new(HOST, args.port);
-    #[cfg(not(any(feature = "tls", feature = "coap")))]
+    #[cfg(not(any(feature = "tls", feature = "coap", feature = "mqtt")))]
     let http = {
-        let mut http =
-            HttpTransport::new(stack, server, PATH, BUFFERS.take()).with_credential(args.credential.as_ref());
+        let mut http = HttpTransport::new(stack, server, wary_uplink::PATH, BUFFERS.take())
+            .with_credential(args.credential.as_ref());
         if let Some(ms) = args.idle_ms {
             http = http.idle_limit(Duration::from_millis(ms));
         }
@@ -308,7 +321,7 @@ async fn main(spawner: Spawner) {
         wary_uplink::tls::TlsTransport::new(
             stack,
             server,
-            PATH,
+            wary_uplink::PATH,
             pinned,
             BUFFERS.take(),
             TLS_READ.take(),
@@ -333,6 +346,25 @@ async fn main(spawner: Spawner) {
     let policy = &wary_uplink::coap::POLICY;
     #[cfg(not(feature = "coap"))]
     let policy = &POLICY;
+    // The broker at `port=` (the device logs in with its id and `token=`, required).
+    #[cfg(all(feature = "mqtt", not(feature = "tls")))]
+    let http = {
+        let Some(credential) = args.credential.clone() else {
+            defmt::error!("feature mqtt: no token= to log in to the broker with");
+            exit(exit_code::FAIL)
+        };
+        let (rx, tx, arena) = MQTT_BUFFERS.take().parts();
+        let socket = MQTT_SOCKET.init(wary_uplink::mqtt::shared_socket(stack, rx, tx));
+        let arena = MQTT_ARENA.init(wary_uplink::mqtt::BumpBuffer::new(arena));
+        wary_uplink::mqtt::MqttTransport::new(
+            stack,
+            server,
+            args.device,
+            MQTT_LOGIN.init(credential),
+            socket,
+            arena,
+        )
+    };
     let reply = ResetInReply { inner: http, armed: args.reset_in_reply == Some(boot) };
     let mut transport = CrashAfterExchange { inner: reply, armed: boot <= args.crash_loop, sent: 0 };
     let delay = ResetInBackoff { inner: Delay, armed: args.reset_in_backoff == Some(boot) };
@@ -346,6 +378,8 @@ async fn main(spawner: Spawner) {
     counts.log();
     #[cfg(feature = "coap")]
     transport.inner.inner.coap_counts().log();
+    #[cfg(all(feature = "mqtt", not(feature = "tls")))]
+    transport.inner.inner.mqtt_counts().log();
     if s.all_landed() {
         exit(exit_code::PASS)
     } else {
