@@ -12,7 +12,7 @@
 //! handshake, because embedded-tls 0.19 reads a server's `NewSessionTicket` and throws it away
 //! (it keeps neither the ticket nor a resumption secret), and its only PSK is an external one
 //! (`TlsConfig::with_psk`, binder label `ext binder`), which a rustls server does not offer (it
-//! accepts only its own tickets, bound with `res binder`). docs/resets.md gives what a
+//! accepts only its own tickets, bound with `res binder`). firmware/README.md gives what a
 //! reconnect costs.
 //!
 //! **What is verified** (embedded-tls's `rustpki` verifier, wrapped in [`Verifier`]): each
