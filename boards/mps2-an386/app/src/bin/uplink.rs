@@ -127,8 +127,8 @@ struct Args {
     crash_loop: u32,
     boot_base: Option<u64>,
     boot_cap: Option<u64>,
-    /// `keepalive=off`: one connection per request (`Connection: close`), for comparisons.
-    /// Plain HTTP only: the TLS transport opens a connection per request.
+    /// `keepalive=off`: one connection per request (`Connection: close`), for comparisons;
+    /// over TLS also one handshake per request.
     #[cfg_attr(feature = "tls", allow(dead_code))]
     keepalive: bool,
     /// `idle_ms=`: how long a kept connection may idle (the transport's default otherwise).
