@@ -61,6 +61,11 @@ pub enum Route {
     /// holding the SHA-256 of the device's token) checks the token and the key's device part
     /// and forwards each reading to the cloud as one keyed call.
     GatewayTls,
+    /// HTTPS to the cloud through a TLS 1.3 terminator (`wary_fixtures::tls::terminate`): the
+    /// firmware built with `tls` as for [`Route::GatewayTls`], each device connection relayed
+    /// to one plain connection to the cloud, so the cloud's connection faults (its idle closes)
+    /// reach the device as a TLS server's closes.
+    TlsTerminator,
 }
 
 /// A storm at the HTTP and TCP level, no resets: 503s, 429s with Retry-After in seconds and as
@@ -118,6 +123,7 @@ const WRONG_TOKEN_READINGS: u32 = 2;
 pub fn run_named(root: &Path, name: &str) -> Result<()> {
     let text = match name {
         "idle-close" => crate::keepalive::idle_close(root)?,
+        "idle-close-tls" => crate::keepalive::idle_close_tls(root)?,
         "drain" => crate::keepalive::drain(root)?,
         "crash-loop" => crate::crash_loop::run(root)?,
         "coap" => crate::coap::coap(root)?,
@@ -126,7 +132,7 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         _ => {
             let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, drain, coap, coap-storm, mqtt)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt)"
                 );
             };
             run(root, scenario)?
@@ -140,8 +146,13 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
 /// Runs `scenario` and returns its report; the first line is `uplink: key=value …` (readings,
 /// landed, gave_up, mean, p95, resets), which the demo shows.
 pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
-    let RouteRun { lines, report, elapsed, gateway_seen, tls, bins, .. } =
-        run_route(root, scenario, &Extra::default())?;
+    // Over TLS the wire is watched: handshakes and bytes per reading.
+    let pcap = (scenario.route == Route::GatewayTls).then(|| root.join("target/bench/gateway-tls.pcap"));
+    if let Some(dir) = pcap.as_deref().and_then(Path::parent) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let extra = Extra { pcap: pcap.as_deref(), ..Extra::default() };
+    let RouteRun { lines, report, elapsed, gateway_seen, tls, bins, .. } = run_route(root, scenario, &extra)?;
     let log = Log::read(&lines);
     let text = check(scenario, &log, &report)?;
     let mut out = vec![text];
@@ -154,6 +165,9 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
         if seen.refused() != 0 {
             bail!("{}: the gateway refused {} of the device's requests", scenario.name, seen.refused());
         }
+    }
+    if let Some(pcap) = &pcap {
+        out.push(tls_sessions(scenario, &lines, pcap)?);
     }
     if let Some(tls) = &tls {
         out.push(wrong_token(&bins, tls)?);
@@ -213,16 +227,24 @@ fn run_route(root: &Path, scenario: &Scenario, more: &Extra<'_>) -> Result<Route
     let mut cloud = Cloud::start(&bins.cloud, scenario.faults)?;
     let (elf, tls) = match scenario.route {
         Route::Direct => (elf_path(&firmware, "uplink"), None),
-        Route::GatewayTls => {
+        Route::GatewayTls | Route::TlsTerminator => {
             let tls = TlsRun::prepare(&firmware)?;
             (tls.elf.clone(), Some(tls))
         }
     };
     let gateway = match &tls {
-        Some(tls) => Some(GatewayProc::start(&bins.gateway, tls, cloud.port)?),
-        None => None,
+        Some(tls) if scenario.route == Route::GatewayTls => {
+            Some(GatewayProc::start(&bins.gateway, tls, cloud.port)?)
+        }
+        _ => None,
     };
-    let port = gateway.as_ref().map_or(cloud.port, |g| g.port);
+    let terminator = match &tls {
+        Some(tls) if scenario.route == Route::TlsTerminator => {
+            Some(wary_fixtures::tls::terminate(std::sync::Arc::new(tls.chain.cloud_config()?), cloud.port)?)
+        }
+        _ => None,
+    };
+    let port = gateway.as_ref().map(|g| g.port).or(terminator.as_ref().map(|t| t.port)).unwrap_or(cloud.port);
     let started = Instant::now();
     let switcher = more.switch.map(|(after, faults)| {
         let (port, faults) = (cloud.port, faults.to_owned());
@@ -238,6 +260,16 @@ fn run_route(root: &Path, scenario: &Scenario, more: &Extra<'_>) -> Result<Route
         None => None,
     };
     let gateway_seen = gateway.map(GatewayProc::stop).transpose()?;
+    if let Some(terminator) = terminator {
+        let relayed = terminator.stop();
+        let handshakes = relayed.iter().filter(|r| r.handshake).count();
+        let closed = relayed.iter().filter(|r| r.closed_by_upstream).count();
+        let failed = relayed.iter().filter(|r| r.upstream_failed).count();
+        println!(
+            "    TLS terminator: {} connections, {handshakes} handshakes; the cloud closed {closed} (close_notify and FIN to the device), reset {failed}",
+            relayed.len()
+        );
+    }
     let report = cloud.stop()?;
     let elapsed = started.elapsed().as_secs_f64();
     if let Some(seen) = &gateway_seen
@@ -290,6 +322,7 @@ fn host_bins(root: &Path, route: Route) -> Result<HostBins> {
     let packages: &[&str] = match route {
         Route::Direct => &["-p", "wary-cloud"],
         Route::GatewayTls => &["-p", "wary-cloud", "-p", "wary-gateway"],
+        Route::TlsTerminator => &["-p", "wary-cloud"],
     };
     step(&format!(
         "building the host programs ({})",
@@ -387,6 +420,8 @@ struct TlsRun {
     cert: PathBuf,
     key: PathBuf,
     credentials: PathBuf,
+    /// The run's chain: the TLS terminator's certificate comes from it.
+    chain: wary_fixtures::tls::TestChain,
 }
 
 impl TlsRun {
@@ -401,11 +436,11 @@ impl TlsRun {
             key: dir.join("gateway.key"),
             credentials: dir.join("credentials"),
             dir,
+            chain: wary_fixtures::tls::TestChain::new()?,
         };
-        let chain = wary_fixtures::tls::TestChain::new()?;
         let ca = run.dir.join("pinned-ca.der");
-        std::fs::write(&ca, chain.root.der())?;
-        let (cert, key) = chain.leaf_pem(SERVER_NAME)?;
+        std::fs::write(&ca, run.chain.root.der())?;
+        let (cert, key) = run.chain.leaf_pem(SERVER_NAME)?;
         std::fs::write(&run.cert, cert)?;
         std::fs::write(&run.key, key)?;
         let digest: String = Sha256::digest(TOKEN.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
@@ -562,6 +597,60 @@ impl GatewaySeen {
             .collect();
         if shown.is_empty() { "no calls, no refusals".into() } else { shown.join(", ") }
     }
+}
+
+/// The most TLS handshakes per delivered reading the `gateway-tls` run may take: the session is
+/// kept across attempts and readings, so a handful of handshakes carry all 15 readings (one
+/// handshake per request would be 1.0 or more).
+const TLS_HANDSHAKES_PER_READING: f64 = 0.34;
+
+/// The TLS route's connections: the device's TCP connections (each carries one full TLS 1.3
+/// handshake), the SYNs and bytes on its wire from the pcap, per delivered reading; added to
+/// target/bench/results.json (`device_gateway_tls`). Fails if the session was not kept.
+fn tls_sessions(scenario: &Scenario, lines: &[String], pcap: &Path) -> Result<String> {
+    let counts = crate::keepalive::http_counts(lines)?;
+    let get = |k: &str| counts.get(k).copied().unwrap_or(0);
+    let (syns, frames, bytes) = crate::keepalive::wire_totals(pcap)?;
+    let n = f64::from(scenario.readings);
+    let handshakes = get("connects");
+    let per_reading = handshakes as f64 / n;
+    let text = format!(
+        "TLS sessions: {handshakes} handshakes ({syns} SYNs on the wire) for {} readings in {} exchanges \
+         ({} on a reused session; {} closed by the gateway and seen before a write, {} idled out): \
+         {per_reading:.3} handshakes per reading; {frames} frames, {bytes} B on the wire ({:.0} B per reading)",
+        scenario.readings,
+        get("exchanges"),
+        get("reused"),
+        get("stale_before_write"),
+        get("idle_closed"),
+        bytes as f64 / n,
+    );
+    let results = pcap.with_file_name("results.json");
+    let mut all = std::fs::read_to_string(&results)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    all["device_gateway_tls"] = serde_json::json!({
+        "readings": scenario.readings,
+        "handshakes": handshakes,
+        "syns": syns,
+        "exchanges": get("exchanges"),
+        "frames": frames,
+        "bytes": bytes,
+        "handshakes_per_reading": per_reading,
+        "bytes_per_reading": bytes as f64 / n,
+    });
+    std::fs::write(&results, serde_json::to_string_pretty(&all)?)
+        .with_context(|| format!("writing {}", results.display()))?;
+    if per_reading > TLS_HANDSHAKES_PER_READING {
+        bail!(
+            "{text}
+{}: the TLS session was not kept (at most {TLS_HANDSHAKES_PER_READING} handshakes per reading)",
+            scenario.name
+        );
+    }
+    Ok(text)
 }
 
 /// The same TLS uplink with a token the gateway does not know, against a calm cloud: every

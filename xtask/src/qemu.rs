@@ -65,11 +65,14 @@ pub fn qemu(root: &Path) -> Result<()> {
     board(root)
 }
 
-/// The kept connections' scenarios: `idle-close` and `drain` (see xtask/src/keepalive.rs).
+/// The kept connections' scenarios: `idle-close` (plain and over TLS) and `drain` (see
+/// xtask/src/keepalive.rs).
 fn keep_alive_scenarios(root: &Path) -> Result<()> {
-    for (name, text) in
-        [("idle-close", crate::keepalive::idle_close(root)?), ("drain", crate::keepalive::drain(root)?)]
-    {
+    for (name, text) in [
+        ("idle-close", crate::keepalive::idle_close(root)?),
+        ("idle-close-tls", crate::keepalive::idle_close_tls(root)?),
+        ("drain", crate::keepalive::drain(root)?),
+    ] {
         step(&format!("device scenario `{name}` passed"));
         println!("{text}");
     }

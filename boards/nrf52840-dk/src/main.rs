@@ -101,6 +101,9 @@ static TLS_READ: ConstStaticCell<[u8; wary_uplink::tls::MAX_RECORD]> =
     ConstStaticCell::new([0; wary_uplink::tls::MAX_RECORD]);
 #[cfg(feature = "tls")]
 static TLS_WRITE: ConstStaticCell<[u8; 1024]> = ConstStaticCell::new([0; 1024]);
+/// The TLS transport's socket, which it keeps (and connects again) for its whole life.
+#[cfg(feature = "tls")]
+static TLS_SOCKET: StaticCell<embassy_net::tcp::TcpSocket<'static>> = StaticCell::new();
 const _: () = assert!(config::path(PATH), "WARY_PATH: an absolute path of visible ASCII, such as /readings");
 
 /// Time between temperature readings. Flash wear sets the floor: the queue erases a page per
@@ -285,12 +288,15 @@ async fn main(spawner: Spawner) {
     let http = {
         use rand_chacha::rand_core::SeedableRng;
         let pinned = wary_uplink::tls::Pinned { ca: PINNED_CA, server_name: SERVER_NAME };
+        let (rx, tx, head) = BUFFERS.take().parts();
+        let socket = TLS_SOCKET.init(embassy_net::tcp::TcpSocket::new(stack, rx, tx));
         wary_uplink::tls::TlsTransport::new(
             stack,
             server,
             PATH,
             pinned,
-            BUFFERS.take(),
+            socket,
+            head,
             TLS_READ.take(),
             TLS_WRITE.take(),
             rand_chacha::ChaCha20Rng::from_seed(_tls_seed),

@@ -270,7 +270,7 @@ mod tests {
         drop(stream);
 
         let mut stream = TcpStream::connect(("127.0.0.1", fixture.port)).unwrap();
-        stream.write_all(b"GET /ok HTTP/1.0\r\nContent-Length: 0\r\n\r\n").unwrap();
+        stream.write_all(b"GET /ok HTTP/1.0\r\nConnection: upgrade\r\nContent-Length: 0\r\n\r\n").unwrap();
         let mut reply = String::new();
         stream.read_to_string(&mut reply).unwrap();
         drop(stream);

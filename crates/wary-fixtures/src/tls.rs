@@ -5,10 +5,11 @@
 //!
 //! The private keys live in this process's memory only and die with it.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use rcgen::{
@@ -18,7 +19,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
 
 use crate::request::{Expect, Served, read_request};
-use crate::server::{Server, linger_until_closed};
+use crate::server::{HANDLER_LIFETIME, Server, linger_until_closed};
 
 /// The cloud's name in the test chain: a reserved test domain. Must match `SERVER_NAME` in
 /// the `tls-probe` firmware.
@@ -104,6 +105,12 @@ impl TestChain {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let cert = params.signed_by(&key, issuer)?;
         Ok((cert, key))
+    }
+
+    /// The cloud's TLS 1.3 configuration: its leaf for [`SERVER_NAME`], sent with the
+    /// intermediate, which a device pinning [`TestChain::root`] accepts.
+    pub fn cloud_config(&self) -> Result<ServerConfig> {
+        tls13(&Self::leaf(SERVER_NAME, &self.intermediate, Some(&self.intermediate))?)
     }
 
     /// One server configuration per case: name (the probe's command-line key), TLS config,
@@ -408,4 +415,94 @@ mod tests {
         assert!(verifier.verify_server_cert(&certs[0], &certs[1..], &named(SERVER_NAME), &[], now).is_ok());
         assert!(verifier.verify_server_cert(&certs[0], &certs[1..], &named(OTHER_NAME), &[], now).is_err());
     }
+}
+
+/// What the TLS terminator saw on one device connection.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Relayed {
+    /// The handshake completed.
+    pub handshake: bool,
+    /// Bytes from the device to the upstream.
+    pub up: usize,
+    /// Bytes from the upstream to the device.
+    pub down: usize,
+    /// The upstream closed first: the device got the session's `close_notify` and a FIN.
+    pub closed_by_upstream: bool,
+    /// The upstream reset or refused: the device's connection was dropped with no
+    /// `close_notify`.
+    pub upstream_failed: bool,
+}
+
+/// How long each side is waited on before the relay looks at the other.
+const RELAY_POLL: Duration = Duration::from_millis(2);
+
+/// Starts a TLS 1.3 terminator on 127.0.0.1: each device connection gets a handshake with
+/// `config`, then one plain TCP connection to 127.0.0.1:`upstream`, and bytes are relayed both
+/// ways. The upstream's close becomes the session's close (a `close_notify`, then a FIN), its
+/// reset or refusal a dropped connection; the device's close closes the upstream. So a plain
+/// server's connection faults (the test cloud's idle closes, racing the next request) reach
+/// the device over TLS.
+pub fn terminate(config: Arc<ServerConfig>, upstream: u16) -> Result<Server<Relayed>> {
+    Ok(Server::start(move |stream, done: &AtomicBool| relay(stream, config.clone(), upstream, done))?)
+}
+
+fn relay(stream: TcpStream, config: Arc<ServerConfig>, upstream: u16, done: &AtomicBool) -> Relayed {
+    let mut seen = Relayed::default();
+    let Ok(server) = ServerConnection::new(config) else { return seen };
+    let mut tls = StreamOwned::new(server, stream);
+    while tls.conn.is_handshaking() {
+        if tls.conn.complete_io(&mut tls.sock).is_err() {
+            return seen;
+        }
+    }
+    seen.handshake = true;
+    let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else {
+        seen.upstream_failed = true;
+        return seen;
+    };
+    if tls.sock.set_read_timeout(Some(RELAY_POLL)).is_err() || up.set_read_timeout(Some(RELAY_POLL)).is_err()
+    {
+        return seen;
+    }
+    let _ = up.set_nodelay(true);
+    let _ = tls.sock.set_nodelay(true);
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    let idle = |err: &std::io::Error| matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut);
+    while !done.load(Ordering::SeqCst) && started.elapsed() < HANDLER_LIFETIME {
+        match tls.read(&mut buf) {
+            // The device closed (close_notify or FIN): so does the upstream connection.
+            Ok(0) => break,
+            Ok(n) => {
+                seen.up += n;
+                if up.write_all(buf.get(..n).unwrap_or_default()).is_err() {
+                    seen.upstream_failed = true;
+                    return seen;
+                }
+            }
+            Err(err) if idle(&err) => {}
+            Err(_) => break,
+        }
+        match up.read(&mut buf) {
+            Ok(0) => {
+                seen.closed_by_upstream = true;
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+                break;
+            }
+            Ok(n) => {
+                seen.down += n;
+                if tls.write_all(buf.get(..n).unwrap_or_default()).and_then(|()| tls.flush()).is_err() {
+                    break;
+                }
+            }
+            Err(err) if idle(&err) => {}
+            // Reset by the upstream: the device's connection is dropped without a close_notify.
+            Err(_) => {
+                seen.upstream_failed = true;
+                return seen;
+            }
+        }
+    }
+    seen
 }

@@ -6,6 +6,15 @@
 //! device (never sent), one after the last record of the request was handed to TCP may have
 //! landed. One ChaCha20 generator, seeded once with 256 bits, serves every handshake in turn.
 //!
+//! **One handshake per connection, not per reading**: [`TlsTransport`] keeps its TLS session
+//! across attempts and readings under the same rules as the plain transport's kept connection
+//! (see [`TlsTransport`]). **No resumption across reconnects**: a new connection pays a full
+//! handshake, because embedded-tls 0.19 reads a server's `NewSessionTicket` and throws it away
+//! (it keeps neither the ticket nor a resumption secret), and its only PSK is an external one
+//! (`TlsConfig::with_psk`, binder label `ext binder`), which a rustls server does not offer (it
+//! accepts only its own tickets, bound with `res binder`). firmware/README.md gives what a
+//! reconnect costs.
+//!
 //! **What is verified** (embedded-tls's `rustpki` verifier, wrapped in [`Verifier`]): each
 //! certificate the server sends is signed by the one above it, up to the pinned CA; a DNS name
 //! of the leaf (or its common name) matches the name the device asked for (sent as SNI); the
@@ -19,10 +28,12 @@
 //! (embedded-tls's `p384`, `ed25519` and `rsa` features are left off: the first two cost about
 //! 130 KiB of flash, RSA needs `alloc`).
 
+use core::marker::PhantomData;
 use core::net::SocketAddrV4;
+use core::ptr::NonNull;
 
 use embassy_net::Stack;
-use embassy_net::tcp::TcpSocket;
+use embassy_net::tcp::{State, TcpSocket};
 use embassy_time::{Duration, Instant, with_deadline};
 use embedded_io_async::{ErrorType, Read, Write};
 use embedded_tls::pki::CertVerifier;
@@ -31,10 +42,11 @@ use embedded_tls::{
     MaxFragmentLength, NoClock, TlsCipherSuite, TlsConfig, TlsConnection, TlsContext, TlsError, TlsVerifier,
 };
 use rand_chacha::ChaCha20Rng;
+use wary::Failure;
 
 use crate::http::{self, Buffers, Handed, HttpError, Post, Response, Timing};
 use crate::identity::Credential;
-use crate::transport::{Answer, Counts, Message, Transport, answer};
+use crate::transport::{Answer, Check, Counts, KeepAlive, Message, Transport, answer, failure};
 
 /// The largest TLS 1.3 record body a server may send (2^14 bytes of plaintext, a content-type
 /// byte, up to 255 bytes of padding and tag): a read buffer this size takes any server's
@@ -166,6 +178,30 @@ fn handshake_failure(err: TlsError) -> HttpError {
     }
 }
 
+/// Runs the handshake on `tls` (an open TCP connection under it) against `pinned` by
+/// `deadline`, asking for `max_fragment` records when given: every failure is before the
+/// request was sent. Returns embedded-tls's own error beside ours when one ended it.
+async fn handshake<S: Read + Write>(
+    tls: &mut TlsConnection<'_, S, Suite>,
+    pinned: &Pinned<'_>,
+    max_fragment: Option<MaxFragmentLength>,
+    rng: &mut ChaCha20Rng,
+    deadline: Instant,
+) -> (Result<(), HttpError>, Option<TlsError>) {
+    let mut config = TlsConfig::new().with_server_name(pinned.server_name);
+    if let Some(max) = max_fragment {
+        config = config.with_max_fragment_length(max);
+    }
+    let mut provider = Provider::new(rng, pinned.ca);
+    match with_deadline(deadline, tls.open(TlsContext::new(&config, &mut provider))).await {
+        Err(_) => (Err(HttpError::HandshakeTimeout), None),
+        Ok(Err(err)) => (Err(handshake_failure(err)), Some(err)),
+        // Finished without a verified certificate and signature: nobody was authenticated.
+        Ok(Ok(())) if !provider.authenticated() => (Err(HttpError::Tls), Some(TlsError::InvalidCertificate)),
+        Ok(Ok(())) => (Ok(()), None),
+    }
+}
+
 /// What a TLS exchange adds to its result for a measuring tool: the time of each phase, and
 /// embedded-tls's own error where one ended the exchange (the handshake's refusal, or a
 /// record after the request that could not be read), which [`HttpError`] names only by phase.
@@ -211,28 +247,15 @@ pub async fn post_tls<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD
         return (Err(err), trace);
     }
     trace.timing.connect_us = started.elapsed().as_micros();
-    let mut config = TlsConfig::new().with_server_name(pinned.server_name);
-    if let Some(max) = records.max_fragment {
-        config = config.with_max_fragment_length(max);
-    }
     let mut handed = Handed(&mut socket);
     let mut tls: TlsConnection<'_, _, Suite> = TlsConnection::new(&mut handed, records.read, records.write);
-    let mut provider = Provider::new(rng, pinned.ca);
     let handshake_at = Instant::now();
-    let opened = with_deadline(deadline, tls.open(TlsContext::new(&config, &mut provider))).await;
+    let (opened, tls_error) = handshake(&mut tls, pinned, records.max_fragment, rng, deadline).await;
     trace.timing.handshake_us = handshake_at.elapsed().as_micros();
+    trace.tls_error = tls_error;
     let result = match opened {
-        Err(_) => Err(HttpError::HandshakeTimeout),
-        Ok(Err(err)) => {
-            trace.tls_error = Some(err);
-            Err(handshake_failure(err))
-        }
-        // Finished without a verified certificate and signature: nobody was authenticated.
-        Ok(Ok(())) if !provider.authenticated() => {
-            trace.tls_error = Some(TlsError::InvalidCertificate);
-            Err(HttpError::Tls)
-        }
-        Ok(Ok(())) => {
+        Err(err) => Err(err),
+        Ok(()) => {
             let sent_at = Instant::now();
             let mut watched = Watched { conn: &mut tls, error: None };
             let reply = http::send_and_read(&mut watched, head_len, request.body, head, deadline).await;
@@ -299,33 +322,157 @@ where
     }
 }
 
-/// Keyed writes as HTTPS `POST`s to one server, authenticated by a pinned CA.
-pub struct TlsTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> {
+/// The TCP connection under a kept TLS session: the transport's socket, which embedded-tls
+/// reads and writes through this while the transport checks and closes it between exchanges.
+/// `flush` returns at once, as [`Handed`]'s does: bytes count as sent once TCP holds them.
+///
+/// It holds a pointer rather than a `&mut` because the socket has two users: the session
+/// ([`TlsConnection`] owns its delegate and lends it to nobody) and the transport (which must
+/// see the server's FIN, RST or unread bytes before writing on a kept connection, and send its
+/// own FIN or RST). Both go through [`Link`], which hands out the socket only through
+/// `&mut Link`: while a TLS future runs it borrows `Link::tls`, so the transport cannot reach
+/// the socket at the same time.
+struct Tcp<'a, 's> {
+    socket: NonNull<TcpSocket<'s>>,
+    _borrow: PhantomData<&'a mut TcpSocket<'s>>,
+}
+
+impl ErrorType for Tcp<'_, '_> {
+    type Error = embassy_net::tcp::Error;
+}
+
+impl Read for Tcp<'_, '_> {
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
+        // SAFETY: the pointer comes from the `&'a mut TcpSocket` the transport was built with,
+        // which outlives this; the only other user is `Link::socket`, which needs `&mut Link`
+        // and so cannot run while the session (inside `Link`) is being read or written.
+        let socket = unsafe { self.socket.as_mut() };
+        socket.read(buf).await
+    }
+}
+
+impl Write for Tcp<'_, '_> {
+    async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+        // SAFETY: as in `read`.
+        let socket = unsafe { self.socket.as_mut() };
+        socket.write(buf).await
+    }
+
+    async fn flush(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// A buffer lent to one TLS session after another: embedded-tls keeps a session's record
+/// buffers for the session's whole life (`&'a mut`) and gives them back to nobody, so a
+/// transport that opens a new session after the last one ended lends the same memory again.
+struct Lent<'a> {
+    buf: NonNull<[u8]>,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Lent<'a> {
+    fn new(buf: &'a mut [u8]) -> Self {
+        Lent { buf: NonNull::from(buf), _borrow: PhantomData }
+    }
+
+    /// The buffer, for a new session.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may still hold a slice an earlier call returned (the session that had it was
+    /// dropped).
+    unsafe fn lend(&mut self) -> &'a mut [u8] {
+        // SAFETY: the caller's promise: this is the only live reference to the buffer, which
+        // the transport borrowed for `'a`.
+        unsafe { &mut *self.buf.as_ptr() }
+    }
+}
+
+/// The socket, the TLS session on it (when one is open), and the session's record buffers.
+struct Link<'a, 's> {
+    socket: NonNull<TcpSocket<'s>>,
+    tls: Option<TlsConnection<'a, Tcp<'a, 's>, Suite>>,
+    read: Lent<'a>,
+    write: Lent<'a>,
+    _borrow: PhantomData<&'a mut TcpSocket<'s>>,
+}
+
+impl<'a, 's> Link<'a, 's> {
+    /// The socket, for connecting, checking and closing: never while a session's future runs
+    /// (it borrows `self.tls`, this borrows all of `self`).
+    fn socket(&mut self) -> &mut TcpSocket<'s> {
+        // SAFETY: see `Tcp`: the session's delegate is the pointer's only other user, and it
+        // runs only inside a future that borrows `self.tls`, which `&mut self` excludes.
+        unsafe { self.socket.as_mut() }
+    }
+
+    /// A new session on the connected socket, in place of any old one.
+    fn new_session(&mut self) -> &mut TlsConnection<'a, Tcp<'a, 's>, Suite> {
+        // The old session (and its hold on the buffers) ends before they are lent again.
+        self.tls = None;
+        // SAFETY: the only holder of the buffers, the old session, was just dropped.
+        let (read, write) = unsafe { (self.read.lend(), self.write.lend()) };
+        let delegate = Tcp { socket: self.socket, _borrow: PhantomData };
+        self.tls.insert(TlsConnection::new(delegate, read, write))
+    }
+
+    /// Ends the session and the connection: after a clean answer, the session's
+    /// `close_notify` and a FIN; otherwise an RST. Waits at most until `deadline`.
+    async fn end(&mut self, clean: bool, deadline: Instant) {
+        if let Some(tls) = self.tls.take()
+            && clean
+        {
+            // close_notify, so the server sees a clean end rather than a truncation.
+            let _ = with_deadline(deadline, tls.close()).await;
+        }
+        http::finish(self.socket(), clean, deadline).await;
+    }
+}
+
+/// Keyed writes as HTTPS `POST`s to one server, authenticated by a pinned CA, over one TLS
+/// session kept across attempts and readings.
+///
+/// The session lives exactly as long as its TCP connection, under the rules of
+/// [`HttpTransport`](crate::HttpTransport)'s kept connection: it is opened (TCP, then a full
+/// handshake) by [`Transport::open`] when none is open, and ends when the server's reply says
+/// so (`Connection: close`, HTTP/1.0, a body to the connection's end), a reply's body was not
+/// read to its framed end, an exchange failed, the server's FIN or RST or any unread bytes were
+/// seen before a request (a `close_notify` alert from the server is such bytes: the server is
+/// closing), it idled past the limit ([`IDLE_LIMIT`](crate::transport::IDLE_LIMIT) by default),
+/// or the uplink closed it. A write on a connection the server had closed is classified and
+/// counted ([`Counts`]) as over plain HTTP. The server's `NewSessionTicket` messages, sent
+/// after the handshake, are read (and dropped) with the first reply.
+pub struct TlsTransport<'a, 's> {
     stack: Stack<'s>,
     server: SocketAddrV4,
     path: &'a str,
     pinned: Pinned<'a>,
-    buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
-    read: &'a mut [u8],
-    write: &'a mut [u8],
+    link: Link<'a, 's>,
+    head: &'a mut [u8],
     rng: ChaCha20Rng,
     credential: Option<&'a Credential>,
     counts: Counts,
+    keep: KeepAlive,
+    /// The end of the attempt `open` was called for, which `send` shares.
+    deadline: Option<Instant>,
 }
 
-impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
-    TlsTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
-{
-    /// Posts to `path` on `server` (authenticated as `pinned`) through `stack`, with TLS record
-    /// buffers `read` ([`MAX_RECORD`] bytes take any server) and `write`, and handshake
-    /// randomness from `rng` (seed it from a hardware RNG, never a constant).
+impl<'a, 's> TlsTransport<'a, 's> {
+    /// Posts to `path` on `server` (authenticated as `pinned`) through `stack` on `socket` (the
+    /// transport's for its whole life; it connects it again after each close), with `head` for
+    /// the request head and the reply's header block, TLS record buffers `read` ([`MAX_RECORD`]
+    /// bytes take any server) and `write`, and handshake randomness from `rng` (seed it from a
+    /// hardware RNG, never a constant). Keeps a session for at most
+    /// [`IDLE_LIMIT`](crate::transport::IDLE_LIMIT) between requests.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         stack: Stack<'s>,
         server: SocketAddrV4,
         path: &'a str,
         pinned: Pinned<'a>,
-        buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
+        socket: &'a mut TcpSocket<'s>,
+        head: &'a mut [u8],
         read: &'a mut [u8],
         write: &'a mut [u8],
         rng: ChaCha20Rng,
@@ -335,12 +482,19 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
             server,
             path,
             pinned,
-            buffers,
-            read,
-            write,
+            link: Link {
+                socket: NonNull::from(socket),
+                tls: None,
+                read: Lent::new(read),
+                write: Lent::new(write),
+                _borrow: PhantomData,
+            },
+            head,
             rng,
             credential: None,
             counts: Counts::default(),
+            keep: KeepAlive::new(Some(crate::transport::IDLE_LIMIT)),
+            deadline: None,
         }
     }
 
@@ -352,40 +506,145 @@ impl<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
         self
     }
 
+    /// Keeps a session for at most `limit` between requests (keep it under the server's own
+    /// idle timeout).
+    #[must_use]
+    pub fn idle_limit(mut self, limit: Duration) -> Self {
+        self.keep = KeepAlive::new(Some(limit));
+        self
+    }
+
+    /// One connection and handshake per request, each with `Connection: close` (no
+    /// keep-alive).
+    #[must_use]
+    pub fn connection_per_request(mut self) -> Self {
+        self.keep = KeepAlive::new(None);
+        self
+    }
+
     /// What the transport saw so far.
     pub fn counts(&self) -> Counts {
         self.counts
     }
+
+    /// Whether the kept session can carry a request now; ends it (counted) when it cannot.
+    async fn check_kept(&mut self) {
+        match self.keep.check(self.link.socket(), &mut self.counts) {
+            Check::None | Check::Usable => {}
+            Check::Stale => {
+                defmt::info!("https: the kept connection was closed by the server; a new one");
+                self.end(false).await;
+            }
+            Check::Idle => self.end(true).await,
+        }
+    }
+
+    /// Ends the session and its connection.
+    async fn end(&mut self, clean: bool) {
+        self.keep.forget();
+        let deadline = Instant::now().saturating_add(http::CLOSE_GRACE);
+        self.link.end(clean, deadline).await;
+    }
+
+    /// Makes sure a session is open by `deadline`: a TCP connection and a full handshake.
+    async fn ensure_open(&mut self, deadline: Instant) -> Result<(), HttpError> {
+        self.check_kept().await;
+        if self.keep.is_open() {
+            return Ok(());
+        }
+        if !self.stack.is_link_up() || self.stack.config_v4().is_none() {
+            return Err(HttpError::NoNetwork);
+        }
+        self.link.tls = None;
+        let socket = self.link.socket();
+        // A socket left closing (FIN sent, TIME-WAIT) must be closed before it connects again.
+        if socket.state() != State::Closed {
+            socket.abort();
+            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
+            let _ = embassy_time::with_timeout(grace, socket.flush()).await;
+        }
+        self.counts.connects = self.counts.connects.saturating_add(1);
+        if let Err(err) = http::connect(self.link.socket(), self.server, deadline).await {
+            http::finish(self.link.socket(), false, deadline).await;
+            return Err(err);
+        }
+        let tls = self.link.new_session();
+        let (opened, _) = handshake(tls, &self.pinned, None, &mut self.rng, deadline).await;
+        match opened {
+            Ok(()) => {
+                self.keep.opened();
+                Ok(())
+            }
+            Err(err) => {
+                self.link.end(false, deadline).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// One request on the open session (opening one if there is none).
+    async fn exchange(&mut self, message: &Message<'_>, deadline: Instant) -> Result<Response, HttpError> {
+        self.ensure_open(deadline).await?;
+        let reused = self.keep.is_reused();
+        let request = Post {
+            path: self.path,
+            idempotency_key: message.key,
+            body: message.body,
+            credential: self.credential,
+        };
+        // Nothing is written when the head cannot be encoded: the session stays as it was.
+        let head_len =
+            http::encode_head_for(&request, self.pinned.server_name, !self.keep.keeps(), self.head).await?;
+        if reused {
+            self.counts.reused = self.counts.reused.saturating_add(1);
+        }
+        let (result, reusable) = match self.link.tls.as_mut() {
+            Some(tls) => http::send_and_read_framed(tls, head_len, message.body, self.head, deadline).await,
+            // `ensure_open` left a session open; without one nothing was sent.
+            None => (Err(HttpError::SendFailed), false),
+        };
+        if let (Err(err), true) = (&result, reused) {
+            self.counts.record_stale(*err);
+        }
+        if !self.keep.replied(result.is_ok() && reusable) {
+            self.link.end(result.is_ok(), deadline).await;
+        }
+        match &result {
+            Ok(reply) => defmt::debug!("https: {} ({=bool} reused)", reply, reused),
+            Err(err) => defmt::debug!("https: {} in phase {} ({=bool} reused)", err, err.phase(), reused),
+        }
+        result
+    }
 }
 
-impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
-    for TlsTransport<'_, '_, SOCKET_RX, SOCKET_TX, HEAD>
-{
-    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
-        // One connection and handshake per message, as over plain HTTP.
+impl Transport for TlsTransport<'_, '_> {
+    async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
         let deadline = Instant::now().saturating_add(limit.into());
+        self.deadline = Some(deadline);
+        match self.ensure_open(deadline).await {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                let result = Err(err);
+                self.counts.record(&result);
+                defmt::debug!("https: {} in phase {}", err, err.phase());
+                Err(failure(err))
+            }
+        }
+    }
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
+        let by_limit = Instant::now().saturating_add(limit.into());
+        let deadline = self.deadline.take().map_or(by_limit, |open| open.min(by_limit));
         for (message, slot) in messages.iter().zip(answers.iter_mut()) {
-            let request = Post {
-                path: self.path,
-                idempotency_key: message.key,
-                body: message.body,
-                credential: self.credential,
-            };
-            let records = Records { read: &mut *self.read, write: &mut *self.write, max_fragment: None };
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (result, _) = post_tls(
-                self.stack,
-                self.server,
-                &request,
-                left,
-                self.buffers,
-                records,
-                &self.pinned,
-                &mut self.rng,
-            )
-            .await;
+            let result = self.exchange(message, deadline).await;
             self.counts.record(&result);
             *slot = answer(result);
+        }
+    }
+
+    async fn close(&mut self) {
+        if self.keep.is_open() {
+            self.end(true).await;
         }
     }
 }

@@ -189,18 +189,118 @@ pub struct HttpTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize,
     head: &'a mut [u8],
     credential: Option<&'a Credential>,
     counts: Counts,
-    /// `None`: one connection per request (`Connection: close`).
-    idle_limit: Option<embassy_time::Duration>,
-    /// The kept connection: when its last reply ended, and how many requests it carried.
-    kept: Option<Kept>,
+    /// The kept connection's bookkeeping.
+    keep: KeepAlive,
     /// The end of the attempt `open` was called for, which `send` shares.
     deadline: Option<Instant>,
 }
 
-#[derive(Clone, Copy)]
+/// The life of a kept connection, the same for every transport over TCP (plain HTTP here,
+/// HTTPS in `tls::TlsTransport`): whether one is open, when its last reply ended, how many
+/// requests it carried, and whether it may carry the next one. The transport owns the socket
+/// and does the closing; this says when.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeepAlive {
+    /// `None`: one connection per request (`Connection: close`).
+    idle_limit: Option<embassy_time::Duration>,
+    /// The kept connection: when its last reply ended, and how many requests it carried.
+    kept: Option<Kept>,
+}
+
+#[derive(Clone, Copy, Debug)]
 struct Kept {
     last_reply: Instant,
     requests: u32,
+}
+
+/// What [`KeepAlive::check`] found about the kept connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// No connection is open: the next request needs a new one.
+    None,
+    /// The kept connection can carry the next request.
+    Usable,
+    /// The server closed it (FIN or RST seen) or sent bytes nobody asked for: end it with an
+    /// RST (counted as [`Counts::stale_before_write`]).
+    Stale,
+    /// It idled past the limit, or it carried its one request: end it cleanly (counted as
+    /// [`Counts::idle_closed`] when idle).
+    Idle,
+}
+
+impl KeepAlive {
+    /// Keeps connections for at most `idle_limit` between requests; `None`: one connection per
+    /// request.
+    pub(crate) const fn new(idle_limit: Option<embassy_time::Duration>) -> Self {
+        KeepAlive { idle_limit, kept: None }
+    }
+
+    /// Whether requests leave the connection open (no `Connection: close`).
+    pub(crate) const fn keeps(&self) -> bool {
+        self.idle_limit.is_some()
+    }
+
+    /// Whether a connection is open.
+    pub(crate) const fn is_open(&self) -> bool {
+        self.kept.is_some()
+    }
+
+    /// Whether the open connection carried a request before.
+    pub(crate) fn is_reused(&self) -> bool {
+        self.kept.is_some_and(|kept| kept.requests > 0)
+    }
+
+    /// Whether the kept connection, on `socket`, can carry a request now, counting what ends
+    /// it; the connection is forgotten unless it is [`Check::Usable`] (the caller ends it).
+    pub(crate) fn check(&mut self, socket: &TcpSocket<'_>, counts: &mut Counts) -> Check {
+        let Some(kept) = self.kept else { return Check::None };
+        // One connection per request: a connection that carried one is not reused (it was
+        // ended after its reply); a fresh one is the request's own.
+        let idle_past = match self.idle_limit {
+            Some(limit) => kept.last_reply.elapsed() > limit,
+            None => kept.requests > 0,
+        };
+        // Anything but a clean, quiet, established connection: the server's FIN (close-wait),
+        // its RST (closed), or bytes nobody asked for.
+        let usable = socket.state() == State::Established && socket.may_send() && !socket.can_recv();
+        if !usable {
+            counts.stale_before_write = counts.stale_before_write.saturating_add(1);
+            self.kept = None;
+            Check::Stale
+        } else if idle_past {
+            counts.idle_closed = counts.idle_closed.saturating_add(1);
+            self.kept = None;
+            Check::Idle
+        } else {
+            Check::Usable
+        }
+    }
+
+    /// A new connection is open (counted by the caller when it connects).
+    pub(crate) fn opened(&mut self) {
+        self.kept = Some(Kept { last_reply: Instant::now(), requests: 0 });
+    }
+
+    /// The open connection carried a request whose reply left it `reusable` (false after any
+    /// failure): it is kept, or forgotten (and the caller ends it). Returns whether it is kept.
+    pub(crate) fn replied(&mut self, reusable: bool) -> bool {
+        match self.kept.as_mut() {
+            Some(kept) if self.idle_limit.is_some() && reusable => {
+                kept.last_reply = Instant::now();
+                kept.requests = kept.requests.saturating_add(1);
+                true
+            }
+            _ => {
+                self.kept = None;
+                false
+            }
+        }
+    }
+
+    /// The connection ends (closed by the caller).
+    pub(crate) fn forget(&mut self) {
+        self.kept = None;
+    }
 }
 
 /// What the transport saw, for the summary: counts only, never header text or payloads.
@@ -299,8 +399,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
             head,
             credential: None,
             counts: Counts::default(),
-            idle_limit: Some(IDLE_LIMIT),
-            kept: None,
+            keep: KeepAlive::new(Some(IDLE_LIMIT)),
             deadline: None,
         }
     }
@@ -317,14 +416,14 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     /// own idle timeout).
     #[must_use]
     pub fn idle_limit(mut self, limit: embassy_time::Duration) -> Self {
-        self.idle_limit = Some(limit);
+        self.keep = KeepAlive::new(Some(limit));
         self
     }
 
     /// One connection per request, each with `Connection: close` (no keep-alive).
     #[must_use]
     pub fn connection_per_request(mut self) -> Self {
-        self.idle_limit = None;
+        self.keep = KeepAlive::new(None);
         self
     }
 
@@ -335,30 +434,19 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
 
     /// Whether the kept connection can carry a request now; ends it (counted) when it cannot.
     async fn check_kept(&mut self) {
-        let Some(kept) = self.kept else { return };
-        // One connection per request: a connection that carried one is not reused (it was
-        // ended after its reply); a fresh one is the request's own.
-        let idle_past = match self.idle_limit {
-            Some(limit) => kept.last_reply.elapsed() > limit,
-            None => kept.requests > 0,
-        };
-        // Anything but a clean, quiet, established connection: the server's FIN (close-wait),
-        // its RST (closed), or bytes nobody asked for.
-        let usable =
-            self.socket.state() == State::Established && self.socket.may_send() && !self.socket.can_recv();
-        if !usable {
-            self.counts.stale_before_write = self.counts.stale_before_write.saturating_add(1);
-            defmt::info!("http: the kept connection was closed by the server; a new one");
-            self.end(false).await;
-        } else if idle_past {
-            self.counts.idle_closed = self.counts.idle_closed.saturating_add(1);
-            self.end(true).await;
+        match self.keep.check(&self.socket, &mut self.counts) {
+            Check::None | Check::Usable => {}
+            Check::Stale => {
+                defmt::info!("http: the kept connection was closed by the server; a new one");
+                self.end(false).await;
+            }
+            Check::Idle => self.end(true).await,
         }
     }
 
     /// Ends the connection: a FIN after a clean answer, an RST otherwise.
     async fn end(&mut self, clean: bool) {
-        self.kept = None;
+        self.keep.forget();
         let deadline = Instant::now().saturating_add(http::CLOSE_GRACE);
         http::finish(&mut self.socket, clean, deadline).await;
     }
@@ -366,7 +454,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     /// Makes sure a connection is open by `deadline`.
     async fn ensure_open(&mut self, deadline: Instant) -> Result<(), HttpError> {
         self.check_kept().await;
-        if self.kept.is_some() {
+        if self.keep.is_open() {
             return Ok(());
         }
         if !self.stack.is_link_up() || self.stack.config_v4().is_none() {
@@ -381,7 +469,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
         self.counts.connects = self.counts.connects.saturating_add(1);
         match http::connect(&mut self.socket, self.server, deadline).await {
             Ok(()) => {
-                self.kept = Some(Kept { last_reply: Instant::now(), requests: 0 });
+                self.keep.opened();
                 Ok(())
             }
             Err(err) => {
@@ -394,7 +482,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     /// One request on the open connection (opening one if there is none).
     async fn exchange(&mut self, message: &Message<'_>, deadline: Instant) -> Result<Response, HttpError> {
         self.ensure_open(deadline).await?;
-        let reused = self.kept.is_some_and(|kept| kept.requests > 0);
+        let reused = self.keep.is_reused();
         let request = Post {
             path: self.path,
             idempotency_key: message.key,
@@ -405,8 +493,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
         if core::fmt::Write::write_fmt(&mut host, format_args!("{}", self.server)).is_err() {
             return Err(HttpError::BadRequest);
         }
-        let keep = self.idle_limit.is_some();
-        let head_len = match http::encode_head_for(&request, &host, !keep, self.head).await {
+        let head_len = match http::encode_head_for(&request, &host, !self.keep.keeps(), self.head).await {
             Ok(len) => len,
             Err(err) => {
                 // Nothing was written: the connection stays as it was.
@@ -427,15 +514,8 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
         if let (Err(err), true) = (&result, reused) {
             self.counts.record_stale(*err);
         }
-        match (&result, self.kept.as_mut()) {
-            (Ok(_), Some(kept)) if keep && reusable => {
-                kept.last_reply = Instant::now();
-                kept.requests = kept.requests.saturating_add(1);
-            }
-            _ => {
-                self.kept = None;
-                http::finish(&mut self.socket, result.is_ok(), deadline).await;
-            }
+        if !self.keep.replied(result.is_ok() && reusable) {
+            http::finish(&mut self.socket, result.is_ok(), deadline).await;
         }
         match &result {
             Ok(reply) => defmt::debug!("http: {} ({=bool} reused)", reply, reused),
@@ -473,7 +553,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     }
 
     async fn close(&mut self) {
-        if self.kept.is_some() {
+        if self.keep.is_open() {
             self.end(true).await;
         }
     }

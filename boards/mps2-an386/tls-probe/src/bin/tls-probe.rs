@@ -18,6 +18,7 @@
 use core::net::{Ipv4Addr, SocketAddrV4};
 
 use embassy_executor::Spawner;
+use embassy_net::tcp::TcpSocket;
 use embassy_time::Duration;
 use embedded_tls::{MaxFragmentLength, TlsError};
 use mps2_an386::net;
@@ -206,12 +207,15 @@ async fn main(spawner: Spawner) {
     // the policy fails at once (never resent).
     for (name, server, landed) in [("uplink-good", "good", true), ("uplink-rogue-ca", "rogue", false)] {
         let Some(port) = line.port(server) else { exit(exit_code::FAIL) };
+        let (rx, tx, head) = buffers.parts();
+        let mut socket = TcpSocket::new(stack, rx, tx);
         let mut transport = TlsTransport::new(
             stack,
             SocketAddrV4::new(HOST, port),
             "/readings",
             pinned,
-            &mut *buffers,
+            &mut socket,
+            head,
             &mut read_record[..],
             &mut write_record[..],
             ChaCha20Rng::from_seed(seed_from(&mut rng)),
@@ -221,6 +225,7 @@ async fn main(spawner: Spawner) {
         let mut answers: [Answer; 1] = [Err(Failure::Reset)];
         let message = Message { key: &key, body: reading.as_bytes() };
         transport.send(&[message], &mut answers, LIMIT.into()).await;
+        transport.close().await;
         let [answer] = answers;
         let got = wary_uplink::transport::outcome(&answer, &Rules::LENIENT).0.into_result();
         defmt::info!("{=str}: {}", name, got);
