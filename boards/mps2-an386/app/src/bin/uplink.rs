@@ -81,7 +81,8 @@ const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
 const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
 type Flash = CutFlash<PsramFlash>;
-type NetBuffers = Buffers<1024, 1024, 1024>;
+/// A 2 KiB send buffer: a batch of 16 readings (about 1.4 KB with its head) leaves in one segment.
+type NetBuffers = Buffers<1024, 2048, 1024>;
 
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
 
@@ -131,6 +132,9 @@ struct Args {
     /// `idle_ms=`: how long a kept connection may idle (the transport's default otherwise).
     #[cfg_attr(feature = "tls", allow(dead_code))]
     idle_ms: Option<u64>,
+    /// `batch=N`: up to N readings in one `POST /readings/batch` (off by default).
+    #[cfg_attr(feature = "tls", allow(dead_code))]
+    batch: usize,
 }
 
 /// The command line, or why it cannot be used.
@@ -151,6 +155,7 @@ fn args() -> Result<Args, &'static str> {
         boot_cap: None,
         keepalive: true,
         idle_ms: None,
+        batch: 1,
     };
     let (mut device, mut port, mut seed) = (None, None, None);
     for arg in &all {
@@ -190,6 +195,7 @@ fn args() -> Result<Args, &'static str> {
             "boot_cap" => a.boot_cap = Some(value.parse().map_err(|_| "boot_cap= is not milliseconds")?),
             "keepalive" => a.keepalive = value != "off",
             "idle_ms" => a.idle_ms = Some(value.parse().map_err(|_| "idle_ms= is not a number")?),
+            "batch" => a.batch = value.parse().map_err(|_| "batch= is not a number")?,
             _ => {}
         }
     }
@@ -279,6 +285,9 @@ async fn main(spawner: Spawner) {
         }
         if !args.keepalive {
             http = http.connection_per_request();
+        }
+        if args.batch > 1 {
+            http = http.batches(wary_uplink::BATCH_PATH, args.batch);
         }
         http
     };
