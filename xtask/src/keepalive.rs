@@ -43,6 +43,12 @@ pub const DRAIN: Scenario = Scenario {
     route: Route::Direct,
 };
 
+/// The drain through the gateway (plain HTTP, the device's credential checked).
+pub const DRAIN_GATEWAY: Scenario = Scenario { route: Route::Gateway, ..DRAIN };
+
+/// Readings in one batch in the drain's batch runs.
+const BATCH: u32 = 16;
+
 /// Handshakes per delivered reading with keep-alive, at most.
 const SYN_TARGET: f64 = 0.02;
 /// Bytes on the wire per delivered reading with keep-alive, at most this share of those with
@@ -210,13 +216,21 @@ pub fn drain(root: &Path) -> Result<String> {
     std::fs::create_dir_all(&dir)?;
     let mut rows = serde_json::Map::new();
     let mut text = vec![];
-    for (label, append) in [("per_request", "keepalive=off"), ("keep_alive", "")] {
+    let batch_arg = format!("batch={BATCH}");
+    let runs: [(&str, &Scenario, &str); 5] = [
+        ("per_request", &DRAIN, "keepalive=off"),
+        ("keep_alive", &DRAIN, ""),
+        ("keep_alive_gateway", &DRAIN_GATEWAY, ""),
+        ("batch", &DRAIN, &batch_arg),
+        ("batch_gateway", &DRAIN_GATEWAY, &batch_arg),
+    ];
+    for (label, scenario, append) in runs {
         step(&format!(
             "drain, {label}: {DRAIN_READINGS} readings queue while the cloud answers 503, then it is well"
         ));
         let pcap = dir.join(format!("drain-{label}.pcap"));
         let extra = Extra { append, pcap: Some(&pcap), switch: Some((OUTAGE, "seed=1")) };
-        let run = device::run_with(root, &DRAIN, &extra)?;
+        let run = device::run_with(root, scenario, &extra)?;
         run.switched_at.context("the cloud was never switched back")?;
         let wire = read_pcap(&pcap)?;
         let n = f64::from(DRAIN_READINGS);
@@ -236,6 +250,10 @@ pub fn drain(root: &Path) -> Result<String> {
             "drain_ms": wire.drain_ms,
         });
         row["readings"] = DRAIN_READINGS.into();
+        row["route"] = if scenario.route == Route::Gateway { "gateway" } else { "direct" }.into();
+        if append.starts_with("batch=") {
+            row["batch"] = BATCH.into();
+        }
         row["syns_per_reading"] = syns.into();
         row["bytes_per_reading"] = bytes.into();
         rows.insert(label.to_owned(), row);
