@@ -694,6 +694,12 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
 impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
     for HttpTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
 {
+    const BATCH: usize = MAX_BATCH;
+
+    fn batch_limit(&self) -> usize {
+        self.batch.map_or(1, |(_, most)| most)
+    }
+
     async fn open(&mut self, limit: Duration) -> Result<(), Failure> {
         let deadline = Instant::now().saturating_add(limit.into());
         self.deadline = Some(deadline);

@@ -340,6 +340,10 @@ struct ResetInReply<T> {
 impl<T: Transport> Transport for ResetInReply<T> {
     const BATCH: usize = T::BATCH;
 
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+
     async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
         self.inner.open(limit).await
     }
@@ -379,6 +383,10 @@ struct CrashAfterExchange<T> {
 
 impl<T: Transport> Transport for CrashAfterExchange<T> {
     const BATCH: usize = T::BATCH;
+
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
 
     async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
         self.inner.open(limit).await
