@@ -111,7 +111,7 @@ struct Wire {
 }
 
 /// Reads a classic pcap of Ethernet frames and splits it where the cloud came back: at the
-/// device's first SYN or request after the last 503 reply. (QEMU's `filter-dump` stamps frames with the guest's virtual
+/// device's first SYN or request after the last 503 reply (or batch answer with a 503 item). (QEMU's `filter-dump` stamps frames with the guest's virtual
 /// clock from a start time in whole seconds, so the host's clock cannot place the switch; the
 /// wire itself does.) The device's wait between the switch and its next attempt is not in the
 /// drain time.
@@ -143,7 +143,9 @@ fn read_pcap(path: &Path) -> Result<Wire> {
     }
     let last_503 = frames
         .iter()
-        .rposition(|(_, _, tcp)| tcp.is_some_and(|t| !t.from_device && t.status == Some(503)))
+        .rposition(|(_, _, tcp)| {
+            tcp.is_some_and(|t| !t.from_device && (t.status == Some(503) || t.batch_503))
+        })
         .map_or(0, |last| last + 1);
     // The device's first try after it: a SYN or a request (the outage's teardown and the
     // device's pause before its next round are the outage's).
@@ -182,6 +184,9 @@ struct Tcp {
     payload: usize,
     /// The status of an HTTP/1.1 reply starting in this segment.
     status: Option<u16>,
+    /// A batch answer in this segment answers an item 503 (`[503,` or `503,`/`503]` in its
+    /// body, which starts with `[`; a single reply's body is an object).
+    batch_503: bool,
 }
 
 /// The TCP header flags and payload length of an Ethernet/IPv4 frame, if it is TCP. The
@@ -205,7 +210,11 @@ fn tcp_of(frame: &[u8]) -> Option<Tcp> {
         .get(offset..offset + payload.min(12))
         .and_then(|p| p.strip_prefix(b"HTTP/1.1 "))
         .and_then(|code| std::str::from_utf8(code).ok()?.parse().ok());
-    Some(Tcp { syn: flags & 0x02 != 0, ack: flags & 0x10 != 0, from_device, payload, status })
+    let data = tcp.get(offset..offset + payload).unwrap_or(&[]);
+    let body = data.windows(4).position(|w| w == b"\r\n\r\n").and_then(|at| data.get(at + 4..));
+    let batch_503 = status == Some(200)
+        && body.is_some_and(|b| b.first() == Some(&b'[') && b.windows(3).any(|w| w == b"503"));
+    Some(Tcp { syn: flags & 0x02 != 0, ack: flags & 0x10 != 0, from_device, payload, status, batch_503 })
 }
 
 /// `drain`, once with one connection per request (`keepalive=off`) and once with keep-alive:

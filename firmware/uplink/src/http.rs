@@ -670,7 +670,11 @@ async fn drain<R: Read>(body: BodyReader<R>, deadline: Instant, keep: &mut [u8])
     (complete, kept)
 }
 
-async fn drain_into<R: Read>(mut body: BodyReader<R>, deadline: Instant, mut seen: impl FnMut(&[u8])) -> bool {
+async fn drain_into<R: Read>(
+    mut body: BodyReader<R>,
+    deadline: Instant,
+    mut seen: impl FnMut(&[u8]),
+) -> bool {
     let mut scratch = [0u8; 128];
     let mut total = 0usize;
     while total <= BODY_LIMIT {

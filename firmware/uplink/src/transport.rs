@@ -22,7 +22,7 @@
 //! `embassy-net` stack, whatever link is under the stack (Ethernet, PPP over a cellular modem,
 //! Wi-Fi), over one connection kept across attempts and readings (see [`HttpTransport`] for
 //! when it ends and how a write onto a connection the server closed is classified), one
-//! message per exchange (`BATCH` 1). A failed exchange maps ([`failure`]) by what it says about
+//! message per exchange unless batches are on (below). A failed exchange maps ([`failure`]) by what it says about
 //! whether the request may have reached the server:
 //!
 //! | exchange result | answer | why |
@@ -604,13 +604,15 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
         let host = self.host()?;
         let keep = self.idle_limit.is_some();
         let head_len =
-            http::encode_batch_head(path, self.credential, &host, body.content_length(), !keep, self.head).await?;
+            http::encode_batch_head(path, self.credential, &host, body.content_length(), !keep, self.head)
+                .await?;
         self.round_trip(head_len, &body, true, deadline).await
     }
 
     fn host(&self) -> Result<heapless::String<21>, HttpError> {
         let mut host = heapless::String::<21>::new();
-        core::fmt::Write::write_fmt(&mut host, format_args!("{}", self.server)).map_err(|_| HttpError::BadRequest)?;
+        core::fmt::Write::write_fmt(&mut host, format_args!("{}", self.server))
+            .map_err(|_| HttpError::BadRequest)?;
         Ok(host)
     }
 
@@ -660,7 +662,13 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
 
     /// One batch exchange for `messages`, each answered by its place (the table in the module
     /// docs).
-    async fn send_batch(&mut self, path: &str, messages: &[Message<'_>], answers: &mut [Answer], deadline: Instant) {
+    async fn send_batch(
+        &mut self,
+        path: &str,
+        messages: &[Message<'_>],
+        answers: &mut [Answer],
+        deadline: Instant,
+    ) {
         self.counts.batches = self.counts.batches.saturating_add(1);
         self.counts.batch_items =
             self.counts.batch_items.saturating_add(u32::try_from(messages.len()).unwrap_or(u32::MAX));
@@ -679,7 +687,10 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
                 Err(Failure::Reset)
             }
             Ok((reply, _)) if batch_refused(reply.status) => {
-                defmt::warn!("http: the receiver refused a batch ({=u16}): one reading per request from now on", reply.status);
+                defmt::warn!(
+                    "http: the receiver refused a batch ({=u16}): one reading per request from now on",
+                    reply.status
+                );
                 self.batch = None;
                 Err(Failure::Refused)
             }
