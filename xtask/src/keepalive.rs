@@ -1,8 +1,9 @@
 //! The device's kept connections under QEMU: `idle-close` (the cloud closes idle connections
 //! at random; every reading lands once and each write onto a closed connection is classified)
 //! and `drain` (a backlog after an outage, measured on the wire from a pcap, with one connection
-//! per request and with keep-alive). Figures go to the output and target/bench/results.json
-//! (`device_drain`).
+//! per request, with keep-alive, and with batches of 16 (docs/batches.md), direct to the cloud
+//! and through the gateway with the device's credential). Figures go to the output and
+//! target/bench/results.json (`device_drain`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -48,6 +49,10 @@ pub const DRAIN_GATEWAY: Scenario = Scenario { route: Route::Gateway, ..DRAIN };
 
 /// Readings in one batch in the drain's batch runs.
 const BATCH: u32 = 16;
+
+/// Bytes on the wire per delivered reading with batches of 16 through the gateway (the
+/// device's credential on), at most.
+const BATCH_BYTES_TARGET: f64 = 110.0;
 
 /// Handshakes per delivered reading with keep-alive, at most.
 const SYN_TARGET: f64 = 0.02;
@@ -266,6 +271,13 @@ pub fn drain(root: &Path) -> Result<String> {
         row["syns_per_reading"] = syns.into();
         row["bytes_per_reading"] = bytes.into();
         rows.insert(label.to_owned(), row);
+        if label == "batch_gateway" && (syns > SYN_TARGET || bytes > BATCH_BYTES_TARGET) {
+            bail!(
+                "{}\ndrain: batches through the gateway missed their targets ({syns:.3} SYNs per reading, at most \
+                 {SYN_TARGET}; {bytes:.0} B per reading, at most {BATCH_BYTES_TARGET})",
+                text.join("\n")
+            );
+        }
         let per_request = rows.get("per_request").and_then(|r| r["bytes_per_reading"].as_f64());
         if label == "keep_alive"
             && (syns > SYN_TARGET || per_request.is_some_and(|before| bytes > before * BYTES_SHARE))
