@@ -447,27 +447,24 @@ where
             }
             // Several due: their first attempts go out as one batch exchange, each answered by
             // its place; every reading's call then starts from its own answer (docs/batches.md).
-            let mut first: [Option<Answer>; GATHER] = Default::default();
-            if due.len() > 1 {
+            // The batch's answers, one per gathered reading, each taken by its reading's call
+            // (one array: an answer is a few hundred bytes).
+            let mut answers: [Answer; GATHER] = core::array::from_fn(|_| Err(Failure::Reset));
+            let batched = due.len() > 1;
+            if batched {
                 let messages: heapless::Vec<Message<'_>, GATHER> = due
                     .iter()
                     .map(|(_, key, body)| Message { key: key.as_str(), body: body.as_bytes() })
                     .collect();
-                let mut answers: [Answer; GATHER] = core::array::from_fn(|_| Err(Failure::Reset));
                 let n = messages.len();
-                {
-                    let mut t = transport.lock().await;
-                    let limit = attempt_limit;
-                    match t.open(limit).await {
-                        Ok(()) => t.send(&messages, answers.get_mut(..n).unwrap_or(&mut []), limit).await,
-                        Err(failure) => answers.iter_mut().for_each(|a| *a = Err(failure)),
-                    }
-                }
-                for (slot, answer) in first.iter_mut().zip(answers).take(n) {
-                    *slot = Some(answer);
+                let mut t = transport.lock().await;
+                match t.open(attempt_limit).await {
+                    Ok(()) => t.send(&messages, answers.get_mut(..n).unwrap_or(&mut []), attempt_limit).await,
+                    Err(failure) => answers.iter_mut().for_each(|a| *a = Err(failure)),
                 }
             }
-            for ((id, _, body), first) in due.iter().zip(first.iter_mut()) {
+            for ((id, _, body), slot) in due.iter().zip(answers.iter_mut()) {
+                let first = batched.then(|| core::mem::replace(slot, Err(Failure::Reset)));
                 let key = Key::from_parts(config.device, id.boot, id.seq);
                 let record_id = *id;
                 // The drain honours the pace: the wait for the next token is spent here, between
@@ -477,7 +474,7 @@ where
                 {
                     Timer::after(wait.into()).await;
                 }
-                let first = Cell::new(first.take());
+                let first = Cell::new(first);
                 let (transport, body, unreadable, first) = (&transport, body, &unreadable, &first);
                 let result = runner
                     .call(Operation::KeyedWrite, key, |attempt| async move {
