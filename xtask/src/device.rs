@@ -66,6 +66,11 @@ pub enum Route {
     /// to one plain connection to the cloud, so the cloud's connection faults (its idle closes)
     /// reach the device as a TLS server's closes.
     TlsTerminator,
+    /// Plain HTTP through the gateway, with the device's bearer credential checked (a
+    /// credentials file as on the TLS route): for measuring the wire without TLS's bytes. The
+    /// gateway answers a reading it could not land within 1 s of waits (2 s in all) with 503,
+    /// under the device's 5 s attempt limit, and lets the device post 200 readings a second.
+    Gateway,
 }
 
 /// A storm at the HTTP and TCP level, no resets: 503s, 429s with Retry-After in seconds and as
@@ -226,16 +231,21 @@ fn run_route(root: &Path, scenario: &Scenario, more: &Extra<'_>) -> Result<Route
     step(&format!("device scenario `{}`: cloud faults `{}`", scenario.name, scenario.faults));
     let mut cloud = Cloud::start(&bins.cloud, scenario.faults)?;
     let (elf, tls) = match scenario.route {
-        Route::Direct => (elf_path(&firmware, "uplink"), None),
+        Route::Direct | Route::Gateway => (elf_path(&firmware, "uplink"), None),
         Route::GatewayTls | Route::TlsTerminator => {
             let tls = TlsRun::prepare(&firmware)?;
             (tls.elf.clone(), Some(tls))
         }
     };
-    let gateway = match &tls {
-        Some(tls) if scenario.route == Route::GatewayTls => {
+    let plain = match scenario.route {
+        Route::Gateway => Some(PlainGateway::prepare()?),
+        _ => None,
+    };
+    let gateway = match (&tls, &plain) {
+        (Some(tls), _) if scenario.route == Route::GatewayTls => {
             Some(GatewayProc::start(&bins.gateway, tls, cloud.port)?)
         }
+        (None, Some(plain)) => Some(GatewayProc::start_plain(&bins.gateway, plain, cloud.port)?),
         _ => None,
     };
     let terminator = match &tls {
@@ -321,7 +331,7 @@ struct HostBins {
 fn host_bins(root: &Path, route: Route) -> Result<HostBins> {
     let packages: &[&str] = match route {
         Route::Direct => &["-p", "wary-cloud"],
-        Route::GatewayTls => &["-p", "wary-cloud", "-p", "wary-gateway"],
+        Route::GatewayTls | Route::Gateway => &["-p", "wary-cloud", "-p", "wary-gateway"],
         Route::TlsTerminator => &["-p", "wary-cloud"],
     };
     step(&format!(
@@ -494,14 +504,68 @@ struct GatewaySeen {
     metrics: Vec<String>,
 }
 
+/// The files of a plain-HTTP gateway run: the credentials file admitting [`DEVICE`] and the
+/// gateway's policy, in a temporary folder removed on drop.
+struct PlainGateway {
+    dir: PathBuf,
+    credentials: PathBuf,
+    policy: PathBuf,
+}
+
+impl PlainGateway {
+    fn prepare() -> Result<PlainGateway> {
+        use sha2::{Digest, Sha256};
+        let dir = env::temp_dir().join(format!("wary-gateway-plain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let run = PlainGateway { credentials: dir.join("credentials"), policy: dir.join("policy.json"), dir };
+        let digest: String = Sha256::digest(TOKEN.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(&run.credentials, format!("{DEVICE:016x} {digest}\n"))?;
+        std::fs::write(&run.policy, r#"{"budget": 1000, "deadline": 2000, "min_attempt": 100}"#)?;
+        Ok(run)
+    }
+}
+
+impl Drop for PlainGateway {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl GatewayProc {
     fn start(bin: &Path, tls: &TlsRun, upstream: u16) -> Result<GatewayProc> {
         let path = |p: &Path| p.to_str().map(str::to_owned).context("temp path is not UTF-8");
+        let args = [
+            "--credentials".to_owned(),
+            path(&tls.credentials)?,
+            "--tls-cert".to_owned(),
+            path(&tls.cert)?,
+            "--tls-key".to_owned(),
+            path(&tls.key)?,
+        ];
+        Self::spawn(bin, upstream, &args, "https")
+    }
+
+    fn start_plain(bin: &Path, plain: &PlainGateway, upstream: u16) -> Result<GatewayProc> {
+        let path = |p: &Path| p.to_str().map(str::to_owned).context("temp path is not UTF-8");
+        let args = [
+            "--insecure-plain-http".to_owned(),
+            "--credentials".to_owned(),
+            path(&plain.credentials)?,
+            "--policy".to_owned(),
+            path(&plain.policy)?,
+            "--rate".to_owned(),
+            "200".to_owned(),
+            "--burst".to_owned(),
+            "400".to_owned(),
+        ];
+        Self::spawn(bin, upstream, &args, "http")
+    }
+
+    fn spawn(bin: &Path, upstream: u16, args: &[String], scheme: &str) -> Result<GatewayProc> {
         let mut child = Command::new(bin)
             .args(["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
             .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
-            .args(["--credentials", &path(&tls.credentials)?])
-            .args(["--tls-cert", &path(&tls.cert)?, "--tls-key", &path(&tls.key)?])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -523,7 +587,7 @@ impl GatewayProc {
             if line.contains("metrics on http://") {
                 metrics = tail_port("metrics on ");
             }
-            if line.contains("listening on https://") {
+            if line.contains(&format!("listening on {scheme}://")) {
                 port = tail_port("listening on ");
             }
             seen.push(line.trim_end().to_owned());

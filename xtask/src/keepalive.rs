@@ -1,8 +1,9 @@
 //! The device's kept connections under QEMU: `idle-close` (the cloud closes idle connections
 //! at random; every reading lands once and each write onto a closed connection is classified)
 //! and `drain` (a backlog after an outage, measured on the wire from a pcap, with one connection
-//! per request and with keep-alive). Figures go to the output and target/bench/results.json
-//! (`device_drain`).
+//! per request, with keep-alive, and with batches of 16 (docs/batches.md), direct to the cloud
+//! and through the gateway with the device's credential). Figures go to the output and
+//! target/bench/results.json (`device_drain`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -57,6 +58,16 @@ pub const DRAIN: Scenario = Scenario {
     resets: &[],
     route: Route::Direct,
 };
+
+/// The drain through the gateway (plain HTTP, the device's credential checked).
+pub const DRAIN_GATEWAY: Scenario = Scenario { route: Route::Gateway, ..DRAIN };
+
+/// Readings in one batch in the drain's batch runs.
+const BATCH: u32 = 16;
+
+/// Bytes on the wire per delivered reading with batches of 16 through the gateway (the
+/// device's credential on), at most.
+const BATCH_BYTES_TARGET: f64 = 110.0;
 
 /// Handshakes per delivered reading with keep-alive, at most.
 const SYN_TARGET: f64 = 0.02;
@@ -130,7 +141,7 @@ struct Wire {
 }
 
 /// Reads a classic pcap of Ethernet frames and splits it where the cloud came back: at the
-/// device's first SYN or request after the last 503 reply. (QEMU's `filter-dump` stamps frames with the guest's virtual
+/// device's first SYN or request after the last 503 reply (or batch answer with a 503 item). (QEMU's `filter-dump` stamps frames with the guest's virtual
 /// clock from a start time in whole seconds, so the host's clock cannot place the switch; the
 /// wire itself does.) The device's wait between the switch and its next attempt is not in the
 /// drain time.
@@ -162,7 +173,9 @@ fn read_pcap(path: &Path) -> Result<Wire> {
     }
     let last_503 = frames
         .iter()
-        .rposition(|(_, _, tcp)| tcp.is_some_and(|t| !t.from_device && t.status == Some(503)))
+        .rposition(|(_, _, tcp)| {
+            tcp.is_some_and(|t| !t.from_device && (t.status == Some(503) || t.batch_503))
+        })
         .map_or(0, |last| last + 1);
     // The device's first try after it: a SYN or a request (the outage's teardown and the
     // device's pause before its next round are the outage's).
@@ -208,6 +221,9 @@ struct Tcp {
     payload: usize,
     /// The status of an HTTP/1.1 reply starting in this segment.
     status: Option<u16>,
+    /// A batch answer in this segment answers an item 503 (`[503,` or `503,`/`503]` in its
+    /// body, which starts with `[`; a single reply's body is an object).
+    batch_503: bool,
 }
 
 /// The TCP header flags and payload length of an Ethernet/IPv4 frame, if it is TCP. The
@@ -231,7 +247,11 @@ fn tcp_of(frame: &[u8]) -> Option<Tcp> {
         .get(offset..offset + payload.min(12))
         .and_then(|p| p.strip_prefix(b"HTTP/1.1 "))
         .and_then(|code| std::str::from_utf8(code).ok()?.parse().ok());
-    Some(Tcp { syn: flags & 0x02 != 0, ack: flags & 0x10 != 0, from_device, payload, status })
+    let data = tcp.get(offset..offset + payload).unwrap_or(&[]);
+    let body = data.windows(4).position(|w| w == b"\r\n\r\n").and_then(|at| data.get(at + 4..));
+    let batch_503 = status == Some(200)
+        && body.is_some_and(|b| b.first() == Some(&b'[') && b.windows(3).any(|w| w == b"503"));
+    Some(Tcp { syn: flags & 0x02 != 0, ack: flags & 0x10 != 0, from_device, payload, status, batch_503 })
 }
 
 /// `drain`, once with one connection per request (`keepalive=off`) and once with keep-alive:
@@ -242,13 +262,21 @@ pub fn drain(root: &Path) -> Result<String> {
     std::fs::create_dir_all(&dir)?;
     let mut rows = serde_json::Map::new();
     let mut text = vec![];
-    for (label, append) in [("per_request", "keepalive=off"), ("keep_alive", "")] {
+    let batch_arg = format!("batch={BATCH}");
+    let runs: [(&str, &Scenario, &str); 5] = [
+        ("per_request", &DRAIN, "keepalive=off"),
+        ("keep_alive", &DRAIN, ""),
+        ("keep_alive_gateway", &DRAIN_GATEWAY, ""),
+        ("batch", &DRAIN, &batch_arg),
+        ("batch_gateway", &DRAIN_GATEWAY, &batch_arg),
+    ];
+    for (label, scenario, append) in runs {
         step(&format!(
             "drain, {label}: {DRAIN_READINGS} readings queue while the cloud answers 503, then it is well"
         ));
         let pcap = dir.join(format!("drain-{label}.pcap"));
         let extra = Extra { append, pcap: Some(&pcap), switch: Some((OUTAGE, "seed=1")) };
-        let run = device::run_with(root, &DRAIN, &extra)?;
+        let run = device::run_with(root, scenario, &extra)?;
         run.switched_at.context("the cloud was never switched back")?;
         let wire = read_pcap(&pcap)?;
         let n = f64::from(DRAIN_READINGS);
@@ -268,9 +296,20 @@ pub fn drain(root: &Path) -> Result<String> {
             "drain_ms": wire.drain_ms,
         });
         row["readings"] = DRAIN_READINGS.into();
+        row["route"] = if scenario.route == Route::Gateway { "gateway" } else { "direct" }.into();
+        if append.starts_with("batch=") {
+            row["batch"] = BATCH.into();
+        }
         row["syns_per_reading"] = syns.into();
         row["bytes_per_reading"] = bytes.into();
         rows.insert(label.to_owned(), row);
+        if label == "batch_gateway" && (syns > SYN_TARGET || bytes > BATCH_BYTES_TARGET) {
+            bail!(
+                "{}\ndrain: batches through the gateway missed their targets ({syns:.3} SYNs per reading, at most \
+                 {SYN_TARGET}; {bytes:.0} B per reading, at most {BATCH_BYTES_TARGET})",
+                text.join("\n")
+            );
+        }
         let per_request = rows.get("per_request").and_then(|r| r["bytes_per_reading"].as_f64());
         if label == "keep_alive"
             && (syns > SYN_TARGET || per_request.is_some_and(|before| bytes > before * BYTES_SHARE))

@@ -271,6 +271,10 @@ impl<T> LinkAware<T> {
 impl<T: Transport> Transport for LinkAware<T> {
     const BATCH: usize = T::BATCH;
 
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+
     async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
         self.inner.open(limit).await
     }

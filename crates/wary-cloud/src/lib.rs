@@ -5,6 +5,7 @@
 //! | route | what it does |
 //! |---|---|
 //! | `POST /readings` | needs `Idempotency-Key` (400 without); the first request applies the effect and stores `201 {"id": n}`; a replay returns the stored result and applies nothing; 409 while a request with the same key is in flight |
+//! | `POST /readings/batch` | several keyed readings in one request (`wary_host::batch`, docs/batches.md): each item checked and applied exactly as a `POST /readings` of its own (same store, same per-key faults), answered `200` with one status per item, in order; a batch over [`MAX_BATCH_ITEMS`] items or [`MAX_BODY`] bytes is refused whole (413), one that is not a JSON array of `[key, body]` pairs too (400) |
 //! | `POST /legacy/readings` | applies every request, `201 {"id": n}`; an optional `X-Reading-Id` labels the effect |
 //! | `GET /legacy/readings/<reading-id>` | 200 if that reading landed at least once, else 404 |
 //! | `GET /stats` | [`Stats`] as JSON |
@@ -47,6 +48,7 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
+use wary_host::batch::ItemAnswer;
 
 pub use faults::{
     BadBodyForm, Fault, Faults, GarbageForm, IdleClose, MAX_PADDING, Refusal, RetryAfter, Rule, Scope,
@@ -56,8 +58,10 @@ use state::{Claim, State, Stored};
 pub use state::{Duplicates, KeyStats, Report, Stats};
 use wire::{Broken, SharedIo};
 
-/// Largest request body accepted (413 above).
+/// Largest request body accepted (413 above), a batch's included.
 pub const MAX_BODY: usize = 1 << 20;
+/// Most items in one batch (413 above).
+pub const MAX_BATCH_ITEMS: usize = 256;
 /// Longest idempotency key or reading id accepted (400 above).
 pub const MAX_KEY_LEN: usize = 255;
 /// Longest refusal window, in milliseconds (an hour).
@@ -425,6 +429,7 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
     let method = req.method().clone();
     match (path.as_str(), method) {
         ("/readings", Method::POST) => keyed(shared, req).await,
+        ("/readings/batch", Method::POST) => batch(shared, req).await,
         ("/legacy/readings", Method::POST) => legacy_write(shared, req).await,
         ("/stats", Method::GET) => {
             let stats = shared.state().stats();
@@ -445,11 +450,107 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
             let rid = p.trim_start_matches("/legacy/readings/").to_owned();
             legacy_read(shared, &rid).await
         }
-        ("/readings" | "/legacy/readings" | "/stats" | "/report" | "/admin/faults" | "/admin/refuse", _) => {
-            Ok(error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"))
-        }
+        (
+            "/readings" | "/readings/batch" | "/legacy/readings" | "/stats" | "/report" | "/admin/faults"
+            | "/admin/refuse",
+            _,
+        ) => Ok(error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")),
         _ => Ok(error(StatusCode::NOT_FOUND, "no such route")),
     }
+}
+
+/// `POST /readings/batch`: each item goes through what `POST /readings` does to a request of its
+/// own (key check, the key's fault stream, the store), in order. Faults that answer with a
+/// status answer the item; faults that break the connection break the whole reply at that item
+/// (items before it are applied and their answers lost with the rest; items after it are not
+/// read), as a server dying part-way through a batch would. Faults that shape a reply's body or
+/// headers do not apply to an item: it is answered by its status.
+async fn batch(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(_) => return Ok(error(StatusCode::PAYLOAD_TOO_LARGE, "body too large or broken")),
+    };
+    let limits = wary_host::batch::Limits { max_items: MAX_BATCH_ITEMS, max_bytes: MAX_BODY };
+    let items = match wary_host::batch::parse(&body, &limits) {
+        Ok(items) => items,
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            return Ok(error(status, &e.to_string()));
+        }
+    };
+    {
+        let mut state = shared.state();
+        state.batches += 1;
+        state.batch_items += items.len() as u64;
+    }
+    let mut answers = Vec::with_capacity(items.len());
+    for item in &items {
+        answers.push(batch_item(shared, &item.key, item.body.len()).await?);
+    }
+    let body = wary_host::batch::answers(&answers);
+    Ok(response(StatusCode::OK, "application/json", Bytes::from(body)))
+}
+
+/// One batch item, as [`keyed`] would treat it alone; `Err` breaks the whole reply.
+async fn batch_item(shared: &Arc<Shared>, key: &str, len: usize) -> Result<ItemAnswer, Broken> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Ok(ItemAnswer::status(400));
+    }
+    let fault = shared.pick(Endpoint::Keyed, &format!("k:{key}")).await;
+    match &fault {
+        Some(Fault::Unavailable { retry_after }) => return Ok(item_status(503, *retry_after)),
+        Some(Fault::TooManyRequests { retry_after }) => return Ok(item_status(429, *retry_after)),
+        Some(Fault::BadRequest) => return Ok(ItemAnswer::status(400)),
+        Some(Fault::DropBeforeEffect) => return Err(Broken::Close),
+        _ => {}
+    }
+    let claim = shared.state().claim(key);
+    let stored = match claim {
+        Claim::Busy => return Ok(ItemAnswer::status(409)),
+        Claim::Replay(stored) => Some(stored),
+        Claim::Fresh => {
+            slow_before(fault.as_ref()).await;
+            let stored = applies(fault.as_ref()).then(|| shared.state().apply_keyed(key, len));
+            shared.state().release(key);
+            stored
+        }
+    };
+    let status = stored.as_ref().map_or(500, |s| s.status);
+    match fault {
+        Some(Fault::ErrorAfterEffect) => Ok(ItemAnswer::status(500)),
+        Some(Fault::DropAfterEffect) => Err(Broken::Close),
+        Some(Fault::ResetAfterEffect) => Err(Broken::Reset),
+        Some(Fault::TruncatedReply) => {
+            Err(Broken::Raw { bytes: truncated_head(stored.as_ref()), label: "truncated" })
+        }
+        Some(Fault::GarbageStatus { form, .. }) => {
+            Err(Broken::Raw { bytes: Bytes::from(form.bytes()), label: "garbage" })
+        }
+        Some(Fault::Stall { ms, effect, then }) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            match then {
+                StallEnd::Close => Err(Broken::Close),
+                StallEnd::Reply if effect => Ok(ItemAnswer::status(status)),
+                StallEnd::Reply => Ok(ItemAnswer::status(504)),
+            }
+        }
+        Some(Fault::Slow { ms, before_effect: false }) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(ItemAnswer::status(status))
+        }
+        _ => Ok(ItemAnswer::status(status)),
+    }
+}
+
+/// An item's status with the fault's Retry-After in whole seconds (a date form as its offset;
+/// unreadable forms as none: a batch answer carries seconds only).
+fn item_status(status: u16, retry_after: Option<RetryAfter>) -> ItemAnswer {
+    let secs = match retry_after {
+        Some(RetryAfter::Seconds(n)) => Some(n),
+        Some(RetryAfter::Date(offset)) => Some(offset.max(0).unsigned_abs()),
+        _ => None,
+    };
+    ItemAnswer { status, retry_after_secs: secs }
 }
 
 /// A header value usable as a key or reading id: visible ASCII, 1..=MAX_KEY_LEN bytes.

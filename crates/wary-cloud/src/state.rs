@@ -86,6 +86,10 @@ pub struct Stats {
     pub requests_by_status: BTreeMap<String, u64>,
     /// Faults injected, by name; `"refuse"` counts refusal windows.
     pub faults_injected: BTreeMap<String, u64>,
+    /// Requests to `POST /readings/batch` that were read as a batch.
+    pub batches: u64,
+    /// Items in those batches.
+    pub batch_items: u64,
 }
 
 /// Everything a scenario checks at the end of a run, as `wary-cloud` prints it on shutdown and
@@ -132,6 +136,8 @@ pub(crate) struct State {
     /// Requests seen on endpoints in the fault script's scope since it was put in force, for
     /// refusal windows.
     scoped: u64,
+    pub batches: u64,
+    pub batch_items: u64,
 }
 
 impl State {
@@ -261,6 +267,8 @@ impl State {
             },
             requests_by_status: self.by_status.clone(),
             faults_injected: self.faults_injected.clone(),
+            batches: self.batches,
+            batch_items: self.batch_items,
         }
     }
 }

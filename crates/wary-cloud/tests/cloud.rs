@@ -523,3 +523,76 @@ async fn a_racing_idle_close_resets_the_connection_with_the_request_unread() {
     // The second request was never read: one request served, one key applied.
     assert_eq!(stats.requests, 1, "{stats:?}");
 }
+
+async fn post_batch(addr: SocketAddr, body: &[u8]) -> Option<Resp> {
+    send(addr, "POST", "/readings/batch", &[("Content-Type", "application/json")], body).await
+}
+
+fn batch_of(keys: &[&str]) -> Vec<u8> {
+    let items: Vec<wary_host::batch::Item> = keys
+        .iter()
+        .enumerate()
+        .map(|(n, k)| wary_host::batch::Item {
+            key: (*k).to_owned(),
+            body: format!("{{\"v\":{n}}}").into_bytes(),
+        })
+        .collect();
+    wary_host::batch::encode(&items)
+}
+
+#[tokio::test]
+async fn a_batch_applies_each_item_once_and_answers_in_order() {
+    let cloud = start("").await;
+    let addr = cloud.addr();
+    // "b" landed before on its own: in the batch it is a replay, applied once in all.
+    assert_eq!(post_keyed(addr, "b", br#"{"v":9}"#).await.unwrap().status, 201);
+    let r = post_batch(addr, &batch_of(&["a", "b", "bad key", "c"])).await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"[201,201,400,201]");
+    for key in ["a", "b", "c"] {
+        assert_eq!(cloud.key_stats(key).unwrap().effects, 1, "{key}");
+    }
+    assert_eq!(cloud.key_stats("b").unwrap().replays, 1);
+    assert_eq!(cloud.key_stats("a").unwrap().body_len, br#"{"v":0}"#.len());
+    // The same batch again changes nothing: every item is a replay.
+    let again = post_batch(addr, &batch_of(&["a", "b", "c"])).await.unwrap();
+    assert_eq!(again.body, b"[201,201,201]");
+    let s = cloud.stats();
+    assert_eq!((s.keyed_effects, s.batches, s.batch_items), (3, 2, 7));
+    assert_eq!(s.duplicates.keys, 0);
+}
+
+#[tokio::test]
+async fn batch_items_draw_their_own_faults_and_a_break_loses_the_rest() {
+    // Every item of the keyed stream is refused with a Retry-After: positional 503s, nothing applied.
+    let cloud = start("503=1:ra=4").await;
+    let r = post_batch(cloud.addr(), &batch_of(&["a", "b"])).await.unwrap();
+    assert_eq!(r.body, b"[[503,4],[503,4]]");
+    assert_eq!(cloud.stats().keyed_effects, 0);
+    // A connection break at the first item: the whole reply is lost; that item was applied
+    // (drop after effect), the later ones were never read.
+    cloud.set_faults("drop_after_effect=1".parse().unwrap()).unwrap();
+    assert!(post_batch(cloud.addr(), &batch_of(&["x", "y"])).await.is_none());
+    assert_eq!(cloud.key_stats("x").map(|k| k.effects), Some(1));
+    assert_eq!(cloud.key_stats("y"), None);
+    // The resend with the same keys, once the path is well: "x" from the store, "y" applied.
+    cloud.set_faults(Faults::default()).unwrap();
+    let r = post_batch(cloud.addr(), &batch_of(&["x", "y"])).await.unwrap();
+    assert_eq!(r.body, b"[201,201]");
+    assert_eq!((cloud.key_stats("x").unwrap().effects, cloud.key_stats("y").unwrap().effects), (1, 1));
+}
+
+#[tokio::test]
+async fn malformed_or_oversized_batches_are_refused_whole() {
+    let cloud = start("").await;
+    for bad in [&b"[]"[..], b"{\"a\":1}", br#"[["a"]]"#, b"not json"] {
+        let r = post_batch(cloud.addr(), bad).await.unwrap();
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(bad));
+    }
+    let keys: Vec<String> = (0..=wary_cloud::MAX_BATCH_ITEMS).map(|n| format!("k{n}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(post_batch(cloud.addr(), &batch_of(&refs)).await.unwrap().status, 413);
+    assert_eq!(cloud.stats().keyed_effects, 0);
+    let r = send(cloud.addr(), "GET", "/readings/batch", &[], b"").await.unwrap();
+    assert_eq!(r.status, 405);
+}

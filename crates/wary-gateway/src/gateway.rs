@@ -39,8 +39,10 @@ pub struct Config {
     pub queue: usize,
     /// Concurrent upstream calls.
     pub workers: usize,
-    /// Largest request body accepted from a device, bytes (413 above).
+    /// Largest request body accepted from a device, bytes (413 above); in a batch, each item's.
     pub max_body: usize,
+    /// Most items and bytes of one `POST /readings/batch` (413 above; docs/batches.md).
+    pub batch: wary_host::batch::Limits,
     /// Draw seed (tests and replays only; `None`: OS entropy, per process).
     pub seed: Option<u64>,
     /// Keep every attempt for a timeline.
@@ -103,7 +105,8 @@ pub enum Auth {
 
 impl Config {
     /// Defaults for `upstream`: the default policy with a 10 s wait budget and 20 s deadline,
-    /// fleet budget 100 tokens / 0.1, queue 1024, 64 workers, 16 KiB bodies, 5 s per attempt;
+    /// fleet budget 100 tokens / 0.1, queue 1024, 64 workers, 16 KiB bodies, batches of up to
+    /// 32 items in 64 KiB, 5 s per attempt;
     /// bearer credentials with no device admitted yet, 5 requests a second per device in bursts
     /// of 20, 10 s for a body, keys forwarded as they are.
     pub fn new(base: &str) -> Self {
@@ -120,6 +123,7 @@ impl Config {
             queue: 1024,
             workers: 64,
             max_body: 16 * 1024,
+            batch: wary_host::batch::Limits::default(),
             seed: None,
             timeline: false,
             auth: Auth::Bearer(Arc::new(Credentials::new())),

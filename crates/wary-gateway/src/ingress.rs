@@ -21,6 +21,13 @@
 //! reading cannot be fixed by sending it again, and an unknown one may already have landed.
 //! A key the gateway answered `unknown` is answered `unknown` again on a resend, never sent on.
 //!
+//! `POST /readings/batch` carries several readings in one request (docs/batches.md): the
+//! credential and the device's identity are checked once for the request, then every item
+//! exactly as a single reading is (its key, that the key is the device's, the device's rate, the
+//! body limit, the queue), and each item that passes goes upstream as a call of its own. The
+//! answer is `200` with one status per item, in order: the status that item would have got
+//! alone, with its Retry-After in seconds where it had one.
+//!
 //! Every refusal above the queue is answered before anything is queued or sent upstream, and
 //! counted by reason in the metrics. `GET /healthz` answers 200 for a load balancer's health
 //! checks. Header reads and TLS handshakes are bounded in time, bodies in time and size; a device that hangs up does not cancel its reading's call (it lands
@@ -43,6 +50,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use wary::Key;
+use wary_host::batch::ItemAnswer;
 
 use crate::admission::Refused;
 use crate::credentials::{Identity, device_hex, device_of_key};
@@ -52,6 +60,8 @@ use crate::upstream::Forward;
 
 /// The path devices post readings to (the cloud's own).
 pub const READINGS: &str = "/readings";
+/// The path devices post batches of readings to (the cloud's own).
+pub const BATCH: &str = wary_host::batch::BATCH_PATH;
 /// Longest idempotency key accepted, bytes (the cloud's limit).
 pub const MAX_KEY_LEN: usize = 255;
 /// How long a device may take to send its request head, by default ([`crate::Config`]'s
@@ -219,13 +229,13 @@ pub async fn handle_as(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     match (req.method(), req.uri().path()) {
-        (&Method::POST, READINGS) => {}
+        (&Method::POST, READINGS | BATCH) => {}
         (&Method::GET | &Method::HEAD, "/healthz") => {
             let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             return Ok(r);
         }
-        (_, READINGS) => {
+        (_, READINGS | BATCH) => {
             let mut r = refuse(&gw, "bad_request", StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
             r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
             return Ok(r);
@@ -240,6 +250,9 @@ pub async fn handle_as(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "request head too large",
         ));
+    }
+    if req.uri().path() == BATCH {
+        return Ok(handle_batch(&gw, certified, req).await);
     }
     let (parts, body) = req.into_parts();
     let claimed = parts.headers.get(IDEMPOTENCY_KEY).and_then(|k| device_of_key(k.as_bytes()));
@@ -327,6 +340,129 @@ pub async fn handle_as(
         Err(_) => return Ok(respond(Answer::Cancelled)),
     };
     Ok(respond(rx.await.unwrap_or(Answer::Cancelled)))
+}
+
+/// `POST /readings/batch`, past its route and head checks: the credential (401), the batch's
+/// shape and limits (400, 413, 408), then each item as [`handle_as`] treats a reading.
+async fn handle_batch(gw: &Arc<Gateway>, certified: Option<u64>, req: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let identity = match certified.filter(|d| gw.admits(*d)) {
+        Some(d) => Some(Identity::Device(d)),
+        None => gw.identify(parts.headers.get(AUTHORIZATION).map(HeaderValue::as_bytes), None),
+    };
+    let device = match identity {
+        None => None,
+        Some(Identity::Device(d)) => Some(d),
+        Some(Identity::Nobody) => {
+            let mut r =
+                refuse(gw, "unauthenticated", StatusCode::UNAUTHORIZED, "a device credential is required");
+            r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    };
+    let limits = gw.config().batch;
+    let announced = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > limits.max_bytes as u64) {
+        return refuse(gw, "bad_request", StatusCode::PAYLOAD_TOO_LARGE, "batch body too large");
+    }
+    let read = Limited::new(body, limits.max_bytes).collect();
+    let bytes = match tokio::time::timeout(gw.config().body_timeout, read).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return refuse(gw, "bad_request", StatusCode::PAYLOAD_TOO_LARGE, "batch body too large");
+        }
+        Ok(Err(_)) => return refuse(gw, "bad_request", StatusCode::BAD_REQUEST, "body broken or cut short"),
+        Err(_) => {
+            let mut r = refuse(gw, "body_timeout", StatusCode::REQUEST_TIMEOUT, "body not received in time");
+            r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+    };
+    let items = match wary_host::batch::parse(&bytes, &limits) {
+        Ok(items) => items,
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            return refuse(gw, "bad_request", status, &e.to_string());
+        }
+    };
+    // Every item is checked and queued before any answer is awaited: they go upstream side by side.
+    let pending: Vec<Result<tokio::sync::oneshot::Receiver<Answer>, ItemAnswer>> =
+        items.into_iter().map(|item| batch_item(gw, device, item)).collect();
+    let mut answers = Vec::with_capacity(pending.len());
+    for p in pending {
+        answers.push(match p {
+            Ok(rx) => item_answer(&rx.await.unwrap_or(Answer::Cancelled)),
+            Err(refused) => refused,
+        });
+    }
+    let mut r = Response::new(Full::new(Bytes::from(wary_host::batch::answers(&answers))));
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// The status an item's verdict answers it with: what [`respond`] would give it alone, its
+/// Retry-After in seconds where it has one.
+fn item_answer(answer: &Answer) -> ItemAnswer {
+    let retry_after_secs = match answer {
+        Answer::GaveUp { retry_after_secs, .. } => Some(*retry_after_secs),
+        Answer::Cancelled => Some(1),
+        _ => None,
+    };
+    ItemAnswer { status: answer.status().as_u16(), retry_after_secs }
+}
+
+/// One item of a batch, checked as [`handle_as`] checks a reading (key 400, another device's 403,
+/// the device's rate 429, body 413, queue 503) and queued; `Err` is its refusal.
+fn batch_item(
+    gw: &Gateway,
+    device: Option<u64>,
+    item: wary_host::batch::Item,
+) -> Result<tokio::sync::oneshot::Receiver<Answer>, ItemAnswer> {
+    let refused = |what: &'static str, status: StatusCode, retry_after_secs: Option<u64>| {
+        gw.count_refusal(what);
+        ItemAnswer { status: status.as_u16(), retry_after_secs }
+    };
+    let mut key = HeaderValue::from_str(&item.key)
+        .ok()
+        .filter(|k| (1..=MAX_KEY_LEN).contains(&k.len()) && k.as_bytes().iter().all(u8::is_ascii_graphic))
+        .ok_or_else(|| refused("bad_request", StatusCode::BAD_REQUEST, None))?;
+    if let Some(d) = device {
+        if gw.config().device_prefix {
+            let scoped = [device_hex(d).as_bytes(), b":", key.as_bytes()].concat();
+            key = HeaderValue::from_bytes(&scoped)
+                .ok()
+                .filter(|v| v.len() <= MAX_KEY_LEN)
+                .ok_or_else(|| refused("bad_request", StatusCode::BAD_REQUEST, None))?;
+        } else if device_of_key(key.as_bytes()) != Some(d) {
+            return Err(refused("forbidden", StatusCode::FORBIDDEN, None));
+        }
+        match gw.admit(d) {
+            Ok(()) => {}
+            Err(Refused::Rate { retry_after_secs }) => {
+                return Err(refused("rate_limited", StatusCode::TOO_MANY_REQUESTS, Some(retry_after_secs)));
+            }
+            Err(Refused::Full) => {
+                return Err(refused("admission_full", StatusCode::SERVICE_UNAVAILABLE, Some(1)));
+            }
+        }
+    }
+    if item.body.len() > gw.config().max_body {
+        return Err(refused("bad_request", StatusCode::PAYLOAD_TOO_LARGE, None));
+    }
+    let reading = Forward {
+        wary_key: wary_key(&key),
+        key,
+        body: Bytes::from(item.body),
+        content_type: Some(HeaderValue::from_static("application/json")),
+    };
+    if gw.was_surfaced(reading.wary_key) {
+        return Err(item_answer(&Answer::Unknown));
+    }
+    match gw.try_submit(reading) {
+        Ok(rx) => Ok(rx),
+        Err(GatewayError::Full) => Err(refused("full", StatusCode::SERVICE_UNAVAILABLE, Some(1))),
+        Err(_) => Err(item_answer(&Answer::Cancelled)),
+    }
 }
 
 /// Serves one device connection (plain or TLS) until it closes.

@@ -75,6 +75,12 @@ struct Args {
     /// Largest request body accepted, bytes.
     #[arg(long, default_value_t = 16 * 1024)]
     max_body: usize,
+    /// Most readings in one `POST /readings/batch` (413 above).
+    #[arg(long, default_value_t = wary_host::batch::MAX_ITEMS)]
+    batch_max_items: usize,
+    /// Largest `POST /readings/batch` body, bytes (413 above).
+    #[arg(long, default_value_t = wary_host::batch::MAX_BATCH_BYTES)]
+    batch_max_bytes: usize,
     /// Time per attempt, milliseconds.
     #[arg(long, default_value_t = 5000)]
     attempt_timeout_ms: u64,
@@ -283,6 +289,8 @@ async fn run(args: Args) -> Result<()> {
     config.queue = args.queue;
     config.workers = args.workers;
     config.max_body = args.max_body;
+    config.batch =
+        wary_host::batch::Limits { max_items: args.batch_max_items.max(1), max_bytes: args.batch_max_bytes };
     config.admission = Limits { rate_per_sec: args.rate, burst: args.burst, max_devices: args.max_devices };
     config.body_timeout = Duration::from_millis(args.body_timeout_ms);
     config.device_prefix = args.device_prefix;

@@ -16,6 +16,7 @@
 //! - [`call`]: one call driven by another loop (the tower and reqwest adapters).
 //! - [`tower`]: a `tower::retry::Policy` running a wary policy.
 
+pub mod batch;
 pub mod call;
 pub mod draw;
 pub mod http;

@@ -58,7 +58,7 @@ use embassy_time::{Duration, Instant, with_deadline};
 use embedded_io_async::{ErrorType, Read, Write};
 use heapless::Vec;
 use reqwless::headers::ContentType;
-use reqwless::request::{Method, Request, RequestBuilder};
+use reqwless::request::{Method, Request, RequestBody, RequestBuilder};
 use reqwless::response::{BodyReader, Response as RawResponse};
 
 use crate::identity::Credential;
@@ -416,6 +416,57 @@ pub async fn encode_head_for(
     Ok(capacity.saturating_sub(rest.len()))
 }
 
+/// Writes the head of a batch (`POST <path>`, no `Idempotency-Key`: each item carries its own)
+/// whose body is `content_length` bytes of JSON, with the credential if there is one, for a
+/// kept connection or, with `close`, one that ends with this exchange.
+///
+/// # Errors
+///
+/// As [`encode_head`].
+pub async fn encode_batch_head(
+    path: &str,
+    credential: Option<&Credential>,
+    host: &str,
+    content_length: usize,
+    close: bool,
+    buf: &mut [u8],
+) -> Result<usize, HttpError> {
+    if !path.starts_with('/') || !visible_ascii(path) || !visible_ascii(host) {
+        return Err(HttpError::BadRequest);
+    }
+    let mut all = [("Authorization", ""), ("Connection", "close")];
+    let mut from = 1;
+    if let (Some(credential), Some(slot)) = (credential, all.first_mut()) {
+        slot.1 = credential.header_value();
+        from = 0;
+    }
+    let to = if close { all.len() } else { all.len().saturating_sub(1) };
+    let headers: &[(&str, &str)] = all.get(from..to).unwrap_or(&[]);
+    let head = Request::post(path)
+        .host(host)
+        .content_type(ContentType::ApplicationJson)
+        .headers(headers)
+        .body(Length(content_length))
+        .build();
+    let capacity = buf.len();
+    let mut rest: &mut [u8] = buf;
+    head.write_header(&mut rest).await.map_err(|_| HttpError::BadRequest)?;
+    Ok(capacity.saturating_sub(rest.len()))
+}
+
+/// A body known by its length only, for writing a head.
+struct Length(usize);
+
+impl RequestBody for Length {
+    fn len(&self) -> Option<usize> {
+        Some(self.0)
+    }
+
+    async fn write<W: Write>(&self, _writer: &mut W) -> Result<(), W::Error> {
+        Ok(())
+    }
+}
+
 fn visible_ascii(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())
 }
@@ -480,11 +531,30 @@ pub async fn send_and_read_framed<C: Read + Write>(
     head: &mut [u8],
     deadline: Instant,
 ) -> (Result<Response, HttpError>, bool) {
-    let result = exchange(conn, head_len, body, head, deadline).await;
+    let (result, keep) = send_and_read_keeping(conn, head_len, &body, head, &mut [], deadline).await;
+    (result.map(|(response, _)| response), keep)
+}
+
+/// [`send_and_read_framed`] for any request body (a batch's, written piece by piece), keeping
+/// the first bytes of the reply's body in `keep`: the reply, how many bytes `keep` holds, and
+/// whether the connection may carry another request.
+///
+/// # Errors
+///
+/// As [`send_and_read`].
+pub async fn send_and_read_keeping<C: Read + Write, B: RequestBody>(
+    conn: &mut C,
+    head_len: usize,
+    body: &B,
+    head: &mut [u8],
+    keep: &mut [u8],
+    deadline: Instant,
+) -> (Result<(Response, usize), HttpError>, bool) {
+    let result = exchange(conn, head_len, body, head, keep, deadline).await;
     match result {
-        Ok((response, framed, close)) => {
-            let keep = reusable(framed, close, response.body_complete);
-            (Ok(response), keep)
+        Ok((response, framed, close, kept)) => {
+            let reuse = reusable(framed, close, response.body_complete);
+            (Ok((response, kept)), reuse)
         }
         Err(err) => (Err(err), false),
     }
@@ -499,17 +569,18 @@ pub const fn reusable(framed_http11: bool, close: bool, body_complete: bool) -> 
     framed_http11 && !close && body_complete
 }
 
-async fn exchange<C: Read + Write>(
+async fn exchange<C: Read + Write, B: RequestBody>(
     conn: &mut C,
     head_len: usize,
-    body: &[u8],
+    body: &B,
     head: &mut [u8],
+    keep: &mut [u8],
     deadline: Instant,
-) -> Result<(Response, bool, bool), HttpError> {
+) -> Result<(Response, bool, bool, usize), HttpError> {
     let request_head = head.get(..head_len).ok_or(HttpError::BadRequest)?;
     let sent = with_deadline(deadline, async {
         conn.write_all(request_head).await?;
-        conn.write_all(body).await?;
+        body.write(conn).await?;
         conn.flush().await
     })
     .await;
@@ -533,8 +604,9 @@ async fn exchange<C: Read + Write>(
     let body_deadline = Instant::now().checked_add(BODY_GRACE).unwrap_or(Instant::MAX).min(deadline);
     let reader = reply.body().reader();
     let framed = !matches!(reader, BodyReader::ToEnd(_));
-    response.body_complete = drain(reader, body_deadline).await;
-    Ok((response, framed && counted.first == *VERSION, close))
+    let (complete, kept) = drain(reader, body_deadline, keep).await;
+    response.body_complete = complete;
+    Ok((response, framed && counted.first == *VERSION, close, kept))
 }
 
 /// Whether a `Connection` value lists `close` (a comma-separated list of tokens, any case).
@@ -581,9 +653,28 @@ fn collect_headers<'a>(status: u16, headers: impl Iterator<Item = (&'a str, &'a 
     response
 }
 
-/// Reads and discards the body until its framing says it ended; `false` if it did not by
-/// `deadline` or within [`BODY_LIMIT`] bytes, or broke off.
-async fn drain<R: Read>(mut body: BodyReader<R>, deadline: Instant) -> bool {
+/// Reads the body until its framing says it ended, keeping its first bytes in `keep` and
+/// discarding the rest: whether it ended (`false` if it did not by `deadline` or within
+/// [`BODY_LIMIT`] bytes, or broke off), and how many bytes `keep` holds.
+async fn drain<R: Read>(body: BodyReader<R>, deadline: Instant, keep: &mut [u8]) -> (bool, usize) {
+    let mut kept = 0usize;
+    let complete = drain_into(body, deadline, |bytes| {
+        for byte in bytes {
+            if let Some(slot) = keep.get_mut(kept) {
+                *slot = *byte;
+                kept = kept.saturating_add(1);
+            }
+        }
+    })
+    .await;
+    (complete, kept)
+}
+
+async fn drain_into<R: Read>(
+    mut body: BodyReader<R>,
+    deadline: Instant,
+    mut seen: impl FnMut(&[u8]),
+) -> bool {
     let mut scratch = [0u8; 128];
     let mut total = 0usize;
     while total <= BODY_LIMIT {
@@ -605,7 +696,10 @@ async fn drain<R: Read>(mut body: BodyReader<R>, deadline: Instant) -> bool {
                     BodyReader::Chunked(chunked) => chunked.is_done(),
                 };
             }
-            Ok(Ok(n)) => total = total.saturating_add(n),
+            Ok(Ok(n)) => {
+                seen(scratch.get(..n).unwrap_or(&[]));
+                total = total.saturating_add(n);
+            }
             Ok(Err(_)) | Err(_) => return false,
         }
     }

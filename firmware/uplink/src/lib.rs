@@ -61,7 +61,7 @@ use wary::{
     Backoff, Breaker, BreakerSettings, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Guards,
     Jitter, Key, Operation, Pace, PaceSettings, Policy, Preset, Runner, Verdict, ledger::Ledger,
 };
-use wary_outbox::{BackoffMark, Settlement};
+use wary_outbox::{BackoffMark, RecordId, Settlement};
 
 pub use identity::{Credential, parse_device_id};
 
@@ -72,6 +72,11 @@ pub use transport::{Answer, HttpTransport, Reply, Transport};
 
 /// The path readings are posted to.
 pub const PATH: &str = "/readings";
+/// The path batches of readings are posted to (docs/batches.md).
+pub const BATCH_PATH: &str = "/readings/batch";
+
+/// The most readings the uplink gathers for one exchange (a transport may take fewer).
+const GATHER: usize = transport::MAX_BATCH;
 
 /// SplitMix64: a small `RngCore` for jitter draws, seeded per device and run.
 #[derive(Debug, Clone)]
@@ -341,7 +346,10 @@ impl Summary {
 /// Sends the readings in `store` until nothing is pending and the sensor has finished, or
 /// `config.max_rounds` rounds have passed. Each reading is one keyed write through the wary
 /// runner (waits on `delay`, draws from `rng`), sharing `fleet` with any other runner of the
-/// device, one [`Transport::send`] of one message per attempt, after [`Transport::open`]; the
+/// device, one [`Transport::send`] of one message per attempt, after [`Transport::open`]
+/// (when the transport takes batches, the first attempts of up to
+/// [`Transport::batch_limit`] due readings share one `send`, each reading's call starting from
+/// its own answer: docs/batches.md); the
 /// transport is closed at the end of every round that kept a reading (a pause follows), and
 /// otherwise keeps its connection for the next reading. Replies are classified here, under the
 /// policy's Retry-After rules: the one place a device reads them.
@@ -419,98 +427,146 @@ where
         let mut landed = 0u32;
         let mut after = None;
         let mut first_kept = None;
-        loop {
-            let record = match store.next_after(after).await {
-                Ok(Some(record)) => record,
-                Ok(None) => break,
-                Err(e) => {
-                    // Counted by the outbox; the round ends and the next one reads again.
-                    defmt::error!("reading the outbox failed: {}", e);
-                    kept = kept.saturating_add(1);
-                    break;
-                }
-            };
-            after = Some(record.id);
-            let key = Key::from_parts(config.device, record.id.boot, record.id.seq);
-            let body = payload(&record);
-            // The drain honours the pace: the wait for the next token is spent here, between
-            // calls, not out of the call's wait budget (asked on a copy: the call takes the token).
-            if let Some(pace) = runner.endpoint_mut().pace.as_deref_mut()
-                && let Err(wait) = { *pace }.acquire(Instant::now().into())
-            {
-                Timer::after(wait.into()).await;
-            }
-            let (transport, body, unreadable) = (&transport, &body, &unreadable);
-            let result = runner
-                .call(Operation::KeyedWrite, key, |attempt| async move {
-                    let hex = attempt.key.to_hex();
-                    let limit = attempt.remaining.map_or(attempt_limit, |left| left.min(attempt_limit));
-                    let mut transport = transport.lock().await;
-                    // `open` and `send` share the attempt's limit (see `Transport::open`).
-                    transport.open(limit).await?;
-                    // Filled by the transport; should one not, the message may have landed.
-                    let mut answers = [Err(Failure::Reset)];
-                    let message = Message { key: &hex, body: body.as_bytes() };
-                    transport.send(&[message], &mut answers, limit).await;
-                    let [answer] = answers;
-                    let (outcome, reading) = transport::outcome(&answer, rules);
-                    if reading.unreadable > 0 {
-                        unreadable.set(unreadable.get().saturating_add(1));
-                    }
-                    outcome.into_result()
-                })
-                .await;
-            let verdict = match result {
-                Ok(()) => Verdict::Ok,
-                Err(stopped) => stopped.verdict,
-            };
-            let settle = Settle::of(&verdict);
-            if let Some(how) = settle.settlement() {
-                match store.settle(record.id, how).await {
-                    Ok(_) => {}
+        'round: loop {
+            // The readings due now, in outbox order: up to the transport's batch at once.
+            let mut read_failed = false;
+            let mut due: heapless::Vec<(RecordId, heapless::String<32>, heapless::String<64>), GATHER> =
+                heapless::Vec::new();
+            let most = transport.lock().await.batch_limit().clamp(1, GATHER);
+            while due.len() < most {
+                let record = match store.next_after(after).await {
+                    Ok(Some(record)) => record,
+                    Ok(None) => break,
                     Err(e) => {
-                        // The reading stays pending and goes out again with the same key: the
-                        // cloud answers the resend from its record, without a second effect.
-                        summary.flash_errors = summary.flash_errors.saturating_add(1);
-                        defmt::error!("settling reading {} failed ({}): it stays pending", record.id, e);
+                        // Counted by the outbox; the round ends and the next one reads again.
+                        defmt::error!("reading the outbox failed: {}", e);
+                        kept = kept.saturating_add(1);
+                        read_failed = true;
+                        break;
                     }
+                };
+                after = Some(record.id);
+                let hex = Key::from_parts(config.device, record.id.boot, record.id.seq).to_hex();
+                let _ = due.push((record.id, hex, payload(&record)));
+            }
+            if due.is_empty() {
+                break;
+            }
+            // Several due: their first attempts go out as one batch exchange, each answered by
+            // its place; every reading's call then starts from its own answer (docs/batches.md).
+            // The batch's answers, one per gathered reading, each taken by its reading's call
+            // (one array: an answer is a few hundred bytes).
+            let mut answers: [Answer; GATHER] = core::array::from_fn(|_| Err(Failure::Reset));
+            let batched = due.len() > 1;
+            if batched {
+                let messages: heapless::Vec<Message<'_>, GATHER> = due
+                    .iter()
+                    .map(|(_, key, body)| Message { key: key.as_str(), body: body.as_bytes() })
+                    .collect();
+                let n = messages.len();
+                let mut t = transport.lock().await;
+                match t.open(attempt_limit).await {
+                    Ok(()) => t.send(&messages, answers.get_mut(..n).unwrap_or(&mut []), attempt_limit).await,
+                    Err(failure) => answers.iter_mut().for_each(|a| *a = Err(failure)),
                 }
             }
-            match settle {
-                Settle::Landed => {
-                    summary.landed = summary.landed.saturating_add(1);
-                    landed = landed.saturating_add(1);
-                    defmt::info!("LANDED boot={=u32:08x} seq={=u32}", record.id.boot, record.id.seq);
-                    if !healthy && Instant::now().as_millis() >= u64::from(config.healthy_after.as_millis()) {
-                        match store.mark_healthy().await {
-                            Ok(_) => {
-                                healthy = true;
-                                defmt::info!("HEALTHY: boot {=u32} marked healthy", boot);
+            for ((id, _, body), slot) in due.iter().zip(answers.iter_mut()) {
+                let first = batched.then(|| core::mem::replace(slot, Err(Failure::Reset)));
+                let key = Key::from_parts(config.device, id.boot, id.seq);
+                let record_id = *id;
+                // The drain honours the pace: the wait for the next token is spent here, between
+                // calls, not out of the call's wait budget (asked on a copy: the call takes the token).
+                if let Some(pace) = runner.endpoint_mut().pace.as_deref_mut()
+                    && let Err(wait) = { *pace }.acquire(Instant::now().into())
+                {
+                    Timer::after(wait.into()).await;
+                }
+                let first = Cell::new(first);
+                let (transport, body, unreadable, first) = (&transport, body, &unreadable, &first);
+                let result = runner
+                    .call(Operation::KeyedWrite, key, |attempt| async move {
+                        // The batch's answer is this reading's first attempt.
+                        let answer = match first.take() {
+                            Some(answer) => answer,
+                            None => {
+                                let hex = attempt.key.to_hex();
+                                let limit =
+                                    attempt.remaining.map_or(attempt_limit, |left| left.min(attempt_limit));
+                                let mut transport = transport.lock().await;
+                                // `open` and `send` share the attempt's limit (see `Transport::open`).
+                                transport.open(limit).await?;
+                                // Filled by the transport; should one not, the message may have landed.
+                                let mut answers = [Err(Failure::Reset)];
+                                let message = Message { key: &hex, body: body.as_bytes() };
+                                transport.send(&[message], &mut answers, limit).await;
+                                let [answer] = answers;
+                                answer
                             }
-                            Err(e) => defmt::error!("marking the boot healthy failed: {}", e),
+                        };
+                        let (outcome, reading) = transport::outcome(&answer, rules);
+                        if reading.unreadable > 0 {
+                            unreadable.set(unreadable.get().saturating_add(1));
+                        }
+                        outcome.into_result()
+                    })
+                    .await;
+                let verdict = match result {
+                    Ok(()) => Verdict::Ok,
+                    Err(stopped) => stopped.verdict,
+                };
+                let settle = Settle::of(&verdict);
+                if let Some(how) = settle.settlement() {
+                    match store.settle(record_id, how).await {
+                        Ok(_) => {}
+                        Err(e) => {
+                            // The reading stays pending and goes out again with the same key: the
+                            // cloud answers the resend from its record, without a second effect.
+                            summary.flash_errors = summary.flash_errors.saturating_add(1);
+                            defmt::error!("settling reading {} failed ({}): it stays pending", record_id, e);
                         }
                     }
                 }
-                Settle::Failed => {
-                    summary.failed = summary.failed.saturating_add(1);
-                    defmt::error!("reading {} failed ({}): removed", record.id, verdict);
-                }
-                Settle::Keep => {
-                    kept = kept.saturating_add(1);
-                    first_kept = first_kept.or(Some(record.id));
-                    match verdict {
-                        Verdict::GaveUp(_) => summary.gave_up = summary.gave_up.saturating_add(1),
-                        Verdict::Cancelled => summary.cancelled = summary.cancelled.saturating_add(1),
-                        _ => summary.unknown = summary.unknown.saturating_add(1),
+                match settle {
+                    Settle::Landed => {
+                        summary.landed = summary.landed.saturating_add(1);
+                        landed = landed.saturating_add(1);
+                        defmt::info!("LANDED boot={=u32:08x} seq={=u32}", record_id.boot, record_id.seq);
+                        if !healthy
+                            && Instant::now().as_millis() >= u64::from(config.healthy_after.as_millis())
+                        {
+                            match store.mark_healthy().await {
+                                Ok(_) => {
+                                    healthy = true;
+                                    defmt::info!("HEALTHY: boot {=u32} marked healthy", boot);
+                                }
+                                Err(e) => defmt::error!("marking the boot healthy failed: {}", e),
+                            }
+                        }
                     }
-                    defmt::warn!("reading {} {}: kept for a later round", record.id, verdict);
+                    Settle::Failed => {
+                        summary.failed = summary.failed.saturating_add(1);
+                        defmt::error!("reading {} failed ({}): removed", record_id, verdict);
+                    }
+                    Settle::Keep => {
+                        kept = kept.saturating_add(1);
+                        first_kept = first_kept.or(Some(record_id));
+                        match verdict {
+                            Verdict::GaveUp(_) => summary.gave_up = summary.gave_up.saturating_add(1),
+                            Verdict::Cancelled => summary.cancelled = summary.cancelled.saturating_add(1),
+                            _ => summary.unknown = summary.unknown.saturating_add(1),
+                        }
+                        defmt::warn!("reading {} {}: kept for a later round", record_id, verdict);
+                    }
+                }
+                if let Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) = verdict {
+                    let until = Instant::now().saturating_add(asked.into());
+                    hold_until = Some(hold_until.map_or(until, |h| h.max(until)));
+                    summary.held = summary.held.saturating_add(1);
+                    // The server asked the device to stay away: the rest of this round waits too.
+                    break 'round;
                 }
             }
-            if let Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) = verdict {
-                let until = Instant::now().saturating_add(asked.into());
-                hold_until = Some(hold_until.map_or(until, |h| h.max(until)));
-                summary.held = summary.held.saturating_add(1);
-                // The server asked the device to stay away: the rest of this round waits too.
+            if read_failed {
                 break;
             }
         }

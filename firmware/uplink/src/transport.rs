@@ -22,7 +22,7 @@
 //! `embassy-net` stack, whatever link is under the stack (Ethernet, PPP over a cellular modem,
 //! Wi-Fi), over one connection kept across attempts and readings (see [`HttpTransport`] for
 //! when it ends and how a write onto a connection the server closed is classified), one
-//! message per exchange (`BATCH` 1). A failed exchange maps ([`failure`]) by what it says about
+//! message per exchange unless batches are on (below). A failed exchange maps ([`failure`]) by what it says about
 //! whether the request may have reached the server:
 //!
 //! | exchange result | answer | why |
@@ -36,6 +36,19 @@
 //! | reset, closed, cut short, garbage, header block too big | `Reset` | may have landed: resent only with its key |
 //! | no reply in time | `ResponseTimeout` | may have landed |
 //! | the request cannot be encoded | `BadBody` | our own bug: no resend can fix it, so the call fails |
+//!
+//! **Batches** (off by default; [`HttpTransport::batches`]): up to [`MAX_BATCH`] messages in
+//! one `POST` to the receiver's batch endpoint, a JSON array of `[key, body]` pairs, answered
+//! by one status per message, in order (docs/batches.md). Each message's answer is read from
+//! its place in that array exactly as the status of a request of its own would be:
+//!
+//! | batch exchange result | each message's answer |
+//! |---|---|
+//! | 200 with one entry per message | `Ok(reply)` with that entry's status (and its Retry-After, seconds) |
+//! | 200 whose body is not such an array, or has another count | `Reset`: the items may have landed |
+//! | 400, 404, 405, 413, 415 or 501 (the receiver does not take this batch or batches at all) | `Refused`: nothing was applied; the transport sends one message per request from then on |
+//! | any other status (401, 403, 429, 503, …) | `Ok(reply)`: that status for every message, as a single request would have got it |
+//! | the exchange failed | the failure, by the table above, for every message |
 //!
 //! firmware/README.md sketches how an MQTT or CoAP transport fills the same table.
 
@@ -51,6 +64,141 @@ use wary::{
 
 use crate::http::{self, Buffers, HttpError, Post, Response};
 use crate::identity::Credential;
+
+/// The most messages [`HttpTransport`] puts in one batch.
+pub const MAX_BATCH: usize = 16;
+
+/// The largest batch answer kept: sixteen `[503,86400]` entries fit.
+const ANSWER_LEN: usize = 256;
+
+/// A batch's body, written piece by piece from the messages (no copy of it is held):
+/// `[["<key>",<body>],…]`.
+struct BatchBody<'m, 'b>(&'m [Message<'b>]);
+
+impl BatchBody<'_, '_> {
+    /// Every key is visible ASCII with no `"` or `\`, so it stands in a JSON string as it is.
+    fn valid(&self) -> bool {
+        !self.0.is_empty()
+            && self.0.iter().all(|m| {
+                !m.key.is_empty() && m.key.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+            })
+    }
+
+    fn content_length(&self) -> usize {
+        let items: usize =
+            self.0.iter().map(|m| m.key.len().saturating_add(m.body.len()).saturating_add(5)).sum();
+        items.saturating_add(2).saturating_add(self.0.len().saturating_sub(1))
+    }
+}
+
+impl reqwless::request::RequestBody for BatchBody<'_, '_> {
+    fn len(&self) -> Option<usize> {
+        Some(self.content_length())
+    }
+
+    async fn write<W: embedded_io_async::Write>(&self, w: &mut W) -> Result<(), W::Error> {
+        w.write_all(b"[").await?;
+        for (n, m) in self.0.iter().enumerate() {
+            if n > 0 {
+                w.write_all(b",").await?;
+            }
+            w.write_all(b"[\"").await?;
+            w.write_all(m.key.as_bytes()).await?;
+            w.write_all(b"\",").await?;
+            w.write_all(m.body).await?;
+            w.write_all(b"]").await?;
+        }
+        w.write_all(b"]").await
+    }
+}
+
+/// Reads a batch answer, `[201,[503,2],…]`, into `answers` (one entry each, in order): each a
+/// reply with the entry's status and, for a pair, its Retry-After in seconds. `false` if the
+/// body is not such an array or its count differs.
+pub fn read_batch_answer(body: &[u8], answers: &mut [Answer]) -> bool {
+    let mut at = 0usize;
+    let mut filled = 0usize;
+    let skip_ws = |at: &mut usize| {
+        while body.get(*at).is_some_and(u8::is_ascii_whitespace) {
+            *at = at.saturating_add(1);
+        }
+    };
+    let number = |at: &mut usize| -> Option<(u32, usize, usize)> {
+        let start = *at;
+        let mut n = 0u32;
+        while let Some(d) = body.get(*at).filter(|b| b.is_ascii_digit()) {
+            n = n.checked_mul(10)?.checked_add(u32::from(d.saturating_sub(b'0')))?;
+            *at = at.saturating_add(1);
+        }
+        (*at > start).then_some((n, start, *at))
+    };
+    let expect = |at: &mut usize, byte: u8| -> bool {
+        if body.get(*at) == Some(&byte) {
+            *at = at.saturating_add(1);
+            true
+        } else {
+            false
+        }
+    };
+    skip_ws(&mut at);
+    if !expect(&mut at, b'[') {
+        return false;
+    }
+    loop {
+        skip_ws(&mut at);
+        if filled == 0 && expect(&mut at, b']') {
+            break;
+        }
+        let pair = expect(&mut at, b'[');
+        skip_ws(&mut at);
+        let Some((status, _, _)) = number(&mut at) else { return false };
+        let mut reply = Response {
+            status: u16::try_from(status).unwrap_or(0),
+            retry_after: heapless::Vec::new(),
+            retry_after_dropped: 0,
+            date: None,
+            date_dropped: false,
+            body_complete: true,
+        };
+        if pair {
+            skip_ws(&mut at);
+            if !expect(&mut at, b',') {
+                return false;
+            }
+            skip_ws(&mut at);
+            let Some((_, from, to)) = number(&mut at) else { return false };
+            let digits = body.get(from..to).unwrap_or(&[]);
+            if heapless::Vec::from_slice(digits).ok().and_then(|v| reply.retry_after.push(v).ok()).is_none() {
+                reply.retry_after_dropped = 1;
+            }
+            skip_ws(&mut at);
+            if !expect(&mut at, b']') {
+                return false;
+            }
+        }
+        if !(200..=999).contains(&reply.status) {
+            return false;
+        }
+        let Some(slot) = answers.get_mut(filled) else { return false };
+        *slot = Ok(reply);
+        filled = filled.saturating_add(1);
+        skip_ws(&mut at);
+        if expect(&mut at, b']') {
+            break;
+        }
+        if !expect(&mut at, b',') {
+            return false;
+        }
+    }
+    skip_ws(&mut at);
+    at == body.len() && filled == answers.len()
+}
+
+/// Whether a whole batch's status says the receiver does not take it (the endpoint is missing,
+/// the batch too large, its format not understood), before any item was applied.
+const fn batch_refused(status: u16) -> bool {
+    matches!(status, 400 | 404 | 405 | 413 | 415 | 501)
+}
 
 /// One reading as a transport sends it.
 #[derive(Clone, Copy, Debug)]
@@ -73,6 +221,13 @@ pub type Answer = Result<Reply, Failure>;
 pub trait Transport {
     /// The most messages one [`send`](Transport::send) carries (at least 1).
     const BATCH: usize = 1;
+
+    /// How many messages the next [`send`](Transport::send) should carry in one exchange now,
+    /// 1..=[`BATCH`](Transport::BATCH): a transport whose batches are off, or whose receiver
+    /// refused one, says 1.
+    fn batch_limit(&self) -> usize {
+        Self::BATCH
+    }
 
     /// Makes the connection or session an exchange needs, or keeps the one open. Called at the
     /// start of every attempt, with the attempt's `limit`, which the following
@@ -98,6 +253,10 @@ pub trait Transport {
 
 impl<T: Transport + ?Sized> Transport for &mut T {
     const BATCH: usize = T::BATCH;
+
+    fn batch_limit(&self) -> usize {
+        (**self).batch_limit()
+    }
 
     async fn open(&mut self, limit: Duration) -> Result<(), Failure> {
         (**self).open(limit).await
@@ -193,6 +352,10 @@ pub struct HttpTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize,
     keep: KeepAlive,
     /// The end of the attempt `open` was called for, which `send` shares.
     deadline: Option<Instant>,
+    /// The batch endpoint and the most messages a batch carries, when batches are on.
+    batch: Option<(&'a str, usize)>,
+    /// The start of the last batch answer's body.
+    answer: [u8; ANSWER_LEN],
 }
 
 /// The life of a kept connection, the same for every transport over TCP (plain HTTP here,
@@ -330,6 +493,10 @@ pub struct Counts {
     pub stale_unsent: u32,
     /// Requests that left on a kept connection that then closed with no byte of reply.
     pub stale_maybe_landed: u32,
+    /// Batch exchanges started (each also counts once in `exchanges`).
+    pub batches: u32,
+    /// Messages those batches carried.
+    pub batch_items: u32,
 }
 
 impl Counts {
@@ -366,14 +533,16 @@ impl Counts {
     /// Logs the `HTTP` line the host-side scenarios read: connection counts only.
     pub fn log(&self) {
         defmt::info!(
-            "HTTP connects={=u32} exchanges={=u32} reused={=u32} idle_closed={=u32} stale_before_write={=u32} stale_unsent={=u32} stale_maybe_landed={=u32}",
+            "HTTP connects={=u32} exchanges={=u32} reused={=u32} idle_closed={=u32} stale_before_write={=u32} stale_unsent={=u32} stale_maybe_landed={=u32} batches={=u32} batch_items={=u32}",
             self.connects,
             self.exchanges,
             self.reused,
             self.idle_closed,
             self.stale_before_write,
             self.stale_unsent,
-            self.stale_maybe_landed
+            self.stale_maybe_landed,
+            self.batches,
+            self.batch_items
         );
     }
 }
@@ -401,7 +570,19 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
             counts: Counts::default(),
             keep: KeepAlive::new(Some(IDLE_LIMIT)),
             deadline: None,
+            batch: None,
+            answer: [0; ANSWER_LEN],
         }
+    }
+
+    /// Sends up to `most` messages (at most [`MAX_BATCH`]) in one `POST` to `path`, the
+    /// receiver's batch endpoint (docs/batches.md), whenever the uplink has that many due. Off
+    /// by default: a receiver must take batches. Should it refuse one whole (the table in the
+    /// module docs), the transport goes back to one message per request.
+    #[must_use]
+    pub fn batches(mut self, path: &'a str, most: usize) -> Self {
+        self.batch = (most > 1).then_some((path, most.min(MAX_BATCH)));
+        self
     }
 
     /// Sends `credential` as `Authorization: Bearer <token>` on every attempt (without this,
@@ -482,32 +663,67 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     /// One request on the open connection (opening one if there is none).
     async fn exchange(&mut self, message: &Message<'_>, deadline: Instant) -> Result<Response, HttpError> {
         self.ensure_open(deadline).await?;
-        let reused = self.keep.is_reused();
         let request = Post {
             path: self.path,
             idempotency_key: message.key,
             body: message.body,
             credential: self.credential,
         };
-        let mut host = heapless::String::<21>::new();
-        if core::fmt::Write::write_fmt(&mut host, format_args!("{}", self.server)).is_err() {
+        let host = self.host()?;
+        let keep = self.keep.keeps();
+        // Nothing was written if encoding fails: the connection stays as it was.
+        let head_len = http::encode_head_for(&request, &host, !keep, self.head).await?;
+        self.round_trip(head_len, &message.body, false, deadline).await.map(|(reply, _)| reply)
+    }
+
+    /// One batch request to `path` on the open connection (opening one if there is none): the
+    /// reply and how many bytes of its body [`HttpTransport::answer`] holds.
+    async fn exchange_batch(
+        &mut self,
+        path: &str,
+        messages: &[Message<'_>],
+        deadline: Instant,
+    ) -> Result<(Response, usize), HttpError> {
+        let body = BatchBody(messages);
+        if !body.valid() {
             return Err(HttpError::BadRequest);
         }
-        let head_len = match http::encode_head_for(&request, &host, !self.keep.keeps(), self.head).await {
-            Ok(len) => len,
-            Err(err) => {
-                // Nothing was written: the connection stays as it was.
-                return Err(err);
-            }
-        };
+        self.ensure_open(deadline).await?;
+        let host = self.host()?;
+        let keep = self.keep.keeps();
+        let head_len =
+            http::encode_batch_head(path, self.credential, &host, body.content_length(), !keep, self.head)
+                .await?;
+        self.round_trip(head_len, &body, true, deadline).await
+    }
+
+    fn host(&self) -> Result<heapless::String<21>, HttpError> {
+        let mut host = heapless::String::<21>::new();
+        core::fmt::Write::write_fmt(&mut host, format_args!("{}", self.server))
+            .map_err(|_| HttpError::BadRequest)?;
+        Ok(host)
+    }
+
+    /// Sends the encoded head and `body` on the open connection and reads the reply (keeping the
+    /// start of its body when `keep_answer`), then keeps or ends the connection by the reply.
+    async fn round_trip<B: reqwless::request::RequestBody>(
+        &mut self,
+        head_len: usize,
+        body: &B,
+        keep_answer: bool,
+        deadline: Instant,
+    ) -> Result<(Response, usize), HttpError> {
+        let reused = self.keep.is_reused();
         if reused {
             self.counts.reused = self.counts.reused.saturating_add(1);
         }
-        let (result, reusable) = http::send_and_read_framed(
+        let answer: &mut [u8] = if keep_answer { &mut self.answer } else { &mut [] };
+        let (result, reusable) = http::send_and_read_keeping(
             &mut http::Handed(&mut self.socket),
             head_len,
-            message.body,
+            body,
             self.head,
+            answer,
             deadline,
         )
         .await;
@@ -518,16 +734,63 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
             http::finish(&mut self.socket, result.is_ok(), deadline).await;
         }
         match &result {
-            Ok(reply) => defmt::debug!("http: {} ({=bool} reused)", reply, reused),
+            Ok((reply, _)) => defmt::debug!("http: {} ({=bool} reused)", reply, reused),
             Err(err) => defmt::debug!("http: {} in phase {} ({=bool} reused)", err, err.phase(), reused),
         }
         result
+    }
+
+    /// One batch exchange for `messages`, each answered by its place (the table in the module
+    /// docs).
+    async fn send_batch(
+        &mut self,
+        path: &str,
+        messages: &[Message<'_>],
+        answers: &mut [Answer],
+        deadline: Instant,
+    ) {
+        self.counts.batches = self.counts.batches.saturating_add(1);
+        self.counts.batch_items =
+            self.counts.batch_items.saturating_add(u32::try_from(messages.len()).unwrap_or(u32::MAX));
+        let result = self.exchange_batch(path, messages, deadline).await;
+        self.counts.record(&result.as_ref().map(|(reply, _)| reply.clone()).map_err(|err| *err));
+        let answers = answers.get_mut(..messages.len()).unwrap_or(&mut []);
+        let each = match result {
+            Err(err) => Err(failure(err)),
+            Ok((reply, kept)) if reply.status == 200 => {
+                let body = self.answer.get(..kept).unwrap_or(&[]);
+                if reply.body_complete && read_batch_answer(body, answers) {
+                    return;
+                }
+                // Landed or not, item by item, is unknown: each may have.
+                defmt::warn!("http: a batch answer that does not answer each item");
+                Err(Failure::Reset)
+            }
+            Ok((reply, _)) if batch_refused(reply.status) => {
+                defmt::warn!(
+                    "http: the receiver refused a batch ({=u16}): one reading per request from now on",
+                    reply.status
+                );
+                self.batch = None;
+                Err(Failure::Refused)
+            }
+            Ok((reply, _)) => Ok(reply),
+        };
+        for slot in answers.iter_mut() {
+            *slot = each.clone();
+        }
     }
 }
 
 impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
     for HttpTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
 {
+    const BATCH: usize = MAX_BATCH;
+
+    fn batch_limit(&self) -> usize {
+        self.batch.map_or(1, |(_, most)| most)
+    }
+
     async fn open(&mut self, limit: Duration) -> Result<(), Failure> {
         let deadline = Instant::now().saturating_add(limit.into());
         self.deadline = Some(deadline);
@@ -545,6 +808,10 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: Duration) {
         let by_limit = Instant::now().saturating_add(limit.into());
         let deadline = self.deadline.take().map_or(by_limit, |open| open.min(by_limit));
+        if let (Some((path, _)), true) = (self.batch, messages.len() > 1) {
+            self.send_batch(path, messages, answers, deadline).await;
+            return;
+        }
         for (message, slot) in messages.iter().zip(answers.iter_mut()) {
             let result = self.exchange(message, deadline).await;
             self.counts.record(&result);

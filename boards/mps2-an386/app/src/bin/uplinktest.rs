@@ -5,7 +5,9 @@
 //! long, each attempt's time limit capped to the time left before the call's deadline, a kept
 //! round's backoff mark on flash and the wait it makes the next run resume with; and
 //! the device credential in the request head of every attempt, in no `Debug` form, and absent
-//! when the device has none.
+//! when the device has none; batches: due readings' first attempts in one exchange, each settled
+//! by its own answer, the ones answered 503 retried alone with their keys, and the batch
+//! answer read by place.
 
 #![no_std]
 #![no_main]
@@ -90,6 +92,30 @@ impl Transport for Scripted {
 
     async fn close(&mut self) {
         self.closed += 1;
+    }
+}
+
+/// Takes batches of up to 4: in a batch, the messages at even places land (201) and those at odd
+/// places get a 503; a message alone lands. Records each exchange's keys.
+struct Batched {
+    exchanges: Vec<Vec<[u8; 32], 4>, 8>,
+}
+
+impl Transport for Batched {
+    const BATCH: usize = 4;
+
+    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], _limit: Duration) {
+        let mut keys = Vec::new();
+        for (n, (message, slot)) in messages.iter().zip(answers.iter_mut()).enumerate() {
+            let mut k = [0u8; 32];
+            for (d, s) in k.iter_mut().zip(message.key.bytes()) {
+                *d = s;
+            }
+            let _ = keys.push(k);
+            let status = if messages.len() > 1 && n % 2 == 1 { 503 } else { 201 };
+            *slot = Ok(reply(status, &[], None, true));
+        }
+        let _ = self.exchanges.push(keys);
     }
 }
 
@@ -500,6 +526,40 @@ async fn main(_spawner: Spawner) {
     tally.check(
         "resumed backoff: a round that keeps nothing clears the mark",
         store.backoff().await.is_none(),
+    );
+
+    // Batches: four due readings go out in one exchange; the two answered 503 at their places
+    // are retried alone, each with its own key; all four land once.
+    let mut t = Batched { exchanges: Vec::new() };
+    for mc in 0..4 {
+        let _ = store.push(Reading { milli_celsius: 22_000 + mc }).await;
+    }
+    let s = uplink(&config, &POLICY, &fleet, Delay, SplitMix64::new(6), &mut t, &store, &mut ledger).await;
+    let ex = &t.exchanges;
+    let batch = ex.first().cloned().unwrap_or_default();
+    tally.check("batch: the four readings' first attempts in one exchange", batch.len() == 4);
+    tally.check(
+        "batch: only the two answered 503 are sent again, alone, with their own keys",
+        ex.len() == 3
+            && ex.get(1).is_some_and(|e| e.len() == 1 && e.first() == batch.get(1))
+            && ex.get(2).is_some_and(|e| e.len() == 1 && e.first() == batch.get(3)),
+    );
+    tally.check("batch: all four landed, none left", s.landed == 4 && s.left == 0 && s.failed == 0);
+
+    // The answer's format: positional statuses, a Retry-After in seconds in a pair.
+    let mut answers: [Answer; 2] = [Err(Failure::Reset), Err(Failure::Reset)];
+    let read = wary_uplink::transport::read_batch_answer(b"[201, [503,2]]", &mut answers);
+    let retry_after_2 = matches!(&answers[1], Ok(r) if r.status == 503 && r.retry_after.first().map(|v| v.as_slice()) == Some(&b"2"[..]));
+    tally.check(
+        "batch answer: read by place",
+        read && matches!(&answers[0], Ok(r) if r.status == 201 && r.retry_after.is_empty()) && retry_after_2,
+    );
+    let mut three: [Answer; 3] = [Err(Failure::Reset), Err(Failure::Reset), Err(Failure::Reset)];
+    tally.check(
+        "batch answer: another count, or not an array, is refused",
+        !wary_uplink::transport::read_batch_answer(b"[201,201]", &mut three)
+            && !wary_uplink::transport::read_batch_answer(b"{\"a\":1}", &mut answers)
+            && !wary_uplink::transport::read_batch_answer(b"[201,[503]]", &mut answers),
     );
 
     tally.finish()
