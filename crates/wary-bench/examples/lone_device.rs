@@ -9,9 +9,7 @@
 //! 90th percentile and longest drain over 200 seeds, and how many runs drained within 240 s (the
 //! scenario's limit). docs/pacing.md reads it.
 
-use wary::{
-    Breaker, BreakerSettings, Draw, Duration, Failure, Instant, Outcome, Pace, PaceSettings, Signal,
-};
+use wary::{Breaker, BreakerSettings, Draw, Duration, Failure, Instant, Outcome, Pace, PaceSettings, Signal};
 
 /// xorshift64: enough for a model.
 struct Rng(u64);

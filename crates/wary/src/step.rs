@@ -368,6 +368,54 @@ mod tests {
     }
 
     #[test]
+    fn what_the_pace_and_the_breaker_said_goes_into_the_records() {
+        use crate::{BreakerSettings, PaceSettings, Phase};
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let key = Key::from_parts(1, 1, 1);
+        let settings = PaceSettings { start_milli: 1_000, burst: 1, ..PaceSettings::DEVICE };
+        let mut pace = Pace::new(settings).unwrap();
+        pace.on_throttled(at(0), Draw::ZERO); // 0.5/s, the next request 1 s away
+        let mut breaker = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        let mut a = Attempts::new(at(0));
+        // One ask: the wait is the bucket's, the token is taken for its end.
+        let mut guards = Guards::new(&mut pace, &mut breaker);
+        assert_eq!(a.admit_at(&mut guards, &p, at(0)), Ok(ms(1_000)));
+        assert_eq!(a.state().waited(), ms(1_000), "charged to the budget");
+        a.start(&p, at(1_000));
+        let (_, r) = a.end(
+            &p,
+            None,
+            Operation::KeyedWrite,
+            key,
+            Outcome::Failure(Failure::Refused),
+            Draw::ZERO,
+            at(1_010),
+        );
+        let said = r.admitted.unwrap();
+        assert_eq!((said.at, said.wait, said.pace.rate_milli), (ms(0), ms(1_000), 500));
+        assert_eq!(said.pace.wait(), said.wait);
+        assert_eq!((said.breaker, said.breaker_left), (Some(Phase::Closed), ms(0)));
+        // The breaker opens after two failures; the retry it refuses ends the call, and the
+        // last record says what refused it.
+        breaker.on_failure(at(1_010), Draw::ZERO);
+        breaker.on_failure(at(1_010), Draw::ZERO);
+        let mut guards = Guards::new(&mut pace, &mut breaker);
+        assert_eq!(a.admit_at(&mut guards, &p, at(1_100)), Err(GiveUp::CircuitOpen));
+        let last = a.refused(r, GiveUp::CircuitOpen);
+        let refused = last.refused.unwrap();
+        assert_eq!(
+            (refused.breaker, refused.breaker_left, refused.at),
+            (Some(Phase::Open), ms(14_910), ms(1_100))
+        );
+        assert_eq!((last.wait, last.verdict), (ms(0), Some(Verdict::GaveUp(GiveUp::CircuitOpen))));
+        // A plain call says nothing.
+        let mut plain = Attempts::new(at(0));
+        assert_eq!(plain.admit_at(&mut (), &p, at(0)), Ok(ms(0)));
+        let (_, r) = plain.end(&p, None, Operation::KeyedWrite, key, Outcome::Ok, Draw::ZERO, at(5));
+        assert_eq!((r.admitted, r.refused), (None, None));
+    }
+
+    #[test]
     fn a_step_charges_the_fleet_and_a_refused_retry_is_throttled() {
         let p = Policy::builder(Preset::Default).build().unwrap();
         let fleet = FleetBudget::new(3, 100).unwrap();
