@@ -1051,13 +1051,13 @@ mod tests {
     const RUN: &str = "\
 0.009 INFO  BOOT 1: 0 pending, boot range reset Some(Corrupted)
 0.016 INFO  ACCEPTED boot=00000001 seq=0
-0.020 INFO  wary-ledger v3 574152590a3860010000000100000000 1 keyed_write reset 0 -1 retry unit 1 68 3 3 - - -1 1 0
+0.020 INFO  wary-ledger v4 574152590a3860010000000100000000 1 keyed_write reset 0 -1 retry unit 1 68 3 3 - - -1 1 0 - -
 0.040 INFO  RESET reply: no reply after 800 ms, key=574152590a3860010000000100000000
 0.007 INFO  BOOT 2: 1 pending
 0.013 INFO  ACCEPTED boot=00000002 seq=0
-0.020 INFO  wary-ledger v3 574152590a3860010000000100000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1 0
-0.030 INFO  wary-ledger v3 574152590a3860010000000200000000 1 keyed_write status 503 -1 retry unit 1 68 3 3 - - -1 1 0
-0.040 INFO  wary-ledger v3 574152590a3860010000000200000000 2 keyed_write status 503 -1 retry unit 1 68 3 3 gave_up budget -1 1 0
+0.020 INFO  wary-ledger v4 574152590a3860010000000100000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1 0 - -
+0.030 INFO  wary-ledger v4 574152590a3860010000000200000000 1 keyed_write status 503 -1 retry unit 1 68 3 3 - - -1 1 0 - -
+0.040 INFO  wary-ledger v4 574152590a3860010000000200000000 2 keyed_write status 503 -1 retry unit 1 68 3 3 gave_up budget -1 1 0 - -
 0.041 INFO  wary-ledger v1 0a386001000000030000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1
 0.042 INFO  wary-ledger v2 0a386001000000030000000000000000 1 keyed_write ok 0 -1 ok none 0 0 19 19 ok - -1 1 0
 0.050 INFO  SUMMARY device=574152590a386001 boot=2 landed=1";

@@ -25,7 +25,7 @@ mod tests {
 
     #[test]
     fn converts_a_defmt_print_line() {
-        let line = "0.512000 INFO  wary-ledger v3 0000000000000007000000010000002a 2 keyed_write status 429 3000 retry unit 2147483648 3050 40 1200 - - -1 305419896 1";
+        let line = "0.512000 INFO  wary-ledger v4 0000000000000007000000010000002a 2 keyed_write status 429 3000 retry unit 2147483648 3050 40 1200 - - -1 305419896 1 - -";
         let r = convert(line).unwrap().unwrap();
         assert_eq!(r.key, wary::Key::from_parts(7, 1, 42));
         assert_eq!(r.attempt, 2);
@@ -36,7 +36,7 @@ mod tests {
         assert_eq!(r.policy, 0x1234_5678);
         assert_eq!(r.verdict, None);
         assert_eq!(r.wait, Duration::from_millis(3050));
-        let last = "wary-ledger v3 0000000000000007000000010000002a 3 keyed_write response_timeout 0 -1 retry none 0 0 40 5000 gave_up retry_after_too_long 9000 305419896 0";
+        let last = "wary-ledger v4 0000000000000007000000010000002a 3 keyed_write response_timeout 0 -1 retry none 0 0 40 5000 gave_up retry_after_too_long 9000 305419896 0 - -";
         let r = convert(last).unwrap().unwrap();
         assert_eq!(
             r.verdict,
@@ -47,8 +47,8 @@ mod tests {
     #[test]
     fn other_lines_are_ignored_and_broken_or_old_ones_reported() {
         assert_eq!(convert("0.1 INFO  uplink: reading 3 queued").unwrap(), None);
-        assert_eq!(convert("wary-ledger v3 abc 1 read").unwrap_err(), LineError::Missing("outcome"));
-        let bad = "wary-ledger v3 00 x read ok 0 -1 ok none 0 0 0 0 ok - -1 1 0";
+        assert_eq!(convert("wary-ledger v4 abc 1 read").unwrap_err(), LineError::Missing("outcome"));
+        let bad = "wary-ledger v4 00 x read ok 0 -1 ok none 0 0 0 0 ok - -1 1 0 - -";
         assert_eq!(convert(bad).unwrap_err(), LineError::Bad("attempt"));
         // The first version's line: its numbers were ticks and seconds, so it is refused by its
         // version, not read as if it were this one.
@@ -57,7 +57,7 @@ mod tests {
         assert_eq!(e, LineError::Version { found: 1, expected: wary::ledger::LEDGER_VERSION });
         assert_eq!(
             e.to_string(),
-            "ledger line version 1 (times were ticks and seconds), this wary reads version 3"
+            "ledger line version 1 (times were ticks and seconds), this wary reads version 4"
         );
         // The second version's line: the same fields, but its key's device part was 32 bits
         // (0a386001), so read as this version it would name another device. Refused, saying why.
@@ -66,7 +66,7 @@ mod tests {
         assert_eq!(e, LineError::Version { found: 2, expected: wary::ledger::LEDGER_VERSION });
         assert_eq!(
             e.to_string(),
-            "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"
+            "ledger line version 2 (keys held a 32-bit device id), this wary reads version 4"
         );
     }
 }

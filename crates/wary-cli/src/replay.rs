@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use wary::{
-    CallState, Class, Decision, Draw, GiveUp, Policy, Verdict,
-    ledger::{AttemptStats, Record},
+    CallState, Class, Decision, Draw, Duration, GiveUp, Phase, Policy, Verdict,
+    ledger::{Admission, AttemptStats, Record},
 };
 use wary_host::ledger::{Line, read_lines};
 
@@ -99,6 +99,8 @@ fn difference(want: &Record, got: &Record, decision: &Decision) -> String {
         format!("class {}", want.class.name())
     } else if (want.wait, want.verdict) != (got.wait, got.verdict) {
         describe(decision)
+    } else if want.refused != got.refused {
+        "no refused retry: the decision it records was not a retry".to_owned()
     } else if want.draw.is_some() != got.draw.is_some() {
         match want.draw {
             Some(_) => "a retryable outcome, whose draw the record lacks".to_owned(),
@@ -109,12 +111,47 @@ fn difference(want: &Record, got: &Record, decision: &Decision) -> String {
     }
 }
 
+/// Why what a record says the pace and the breaker said does not hold together: the pace's
+/// wait is not the one its bucket gives, a closed breaker with time left, a bucket with no rate.
+fn incoherent(a: &Admission) -> Option<String> {
+    if a.wait != a.pace.wait() {
+        Some(format!(
+            "a pace wait of {} (its bucket, {} ticks due, gives {})",
+            a.wait,
+            a.pace.due,
+            a.pace.wait()
+        ))
+    } else if a.pace.rate_milli == 0 && a.pace.due != 0 {
+        Some("a pace bucket with no rate in force".to_owned())
+    } else if a.breaker_left > Duration::ZERO
+        && a.breaker != Some(Phase::Open)
+        && a.breaker != Some(Phase::HalfOpen)
+    {
+        Some(format!(
+            "a {} breaker that refused for {}",
+            a.breaker.map_or("missing", |p| p.name()),
+            a.breaker_left
+        ))
+    } else {
+        None
+    }
+}
+
 /// Recomputes every decision of every call with [`Policy::decide`], rebuilds its record with
 /// [`Record::decided`] and compares it with the ledger's; returns the divergences.
+///
+/// What the endpoint's pace and breaker said ([`Record::admitted`], [`Record::refused`]) is
+/// checked and replayed beside the policy: each pace wait must be the one its recorded bucket
+/// gives, asked at the instant the previous attempt's wait ended, and is charged to the
+/// call's wait budget before the attempt's decision, as the call charged it
+/// ([`Policy::charge_wait`]); a breaker must have let every attempt that went through; and a
+/// retry they refused must be refused for the reason the recorded numbers give (the breaker's
+/// time left, or a pace wait the budget or the deadline cannot pay).
 pub fn replay(ledger: &Ledger) -> Vec<Divergence> {
     let mut out = Vec::new();
     for call in &ledger.calls {
         let mut state = CallState::new();
+        let mut previous: Option<&Record> = None;
         for r in &call.records {
             let diverge = |replayed: String| Divergence {
                 key: r.key.to_hex().as_str().to_owned(),
@@ -126,17 +163,77 @@ pub fn replay(ledger: &Ledger) -> Vec<Divergence> {
                 out.push(diverge(format!("no policy line for fingerprint {:08x}", r.policy)));
                 break;
             };
+            // What the pace and the breaker said before this attempt went.
+            if let Some(a) = r.admitted {
+                let asked = previous.filter(|p| p.class == Class::Retry && p.verdict.is_none());
+                let problem = incoherent(&a)
+                    .or_else(|| {
+                        (a.breaker_left > Duration::ZERO)
+                            .then(|| format!("an attempt the breaker refused for {}", a.breaker_left))
+                    })
+                    .or_else(|| {
+                        asked.filter(|p| p.total_time.saturating_add(p.wait) != a.at).map(|p| {
+                            format!(
+                                "asked at {}, not when the wait ended ({})",
+                                a.at,
+                                p.total_time.saturating_add(p.wait)
+                            )
+                        })
+                    })
+                    .or_else(|| {
+                        policy.charge_wait(&mut state, a.wait, Some(a.at)).err().map(|why| {
+                            format!(
+                                "{} before the attempt: a pace wait of {} it cannot pay",
+                                Verdict::GaveUp(why),
+                                a.wait
+                            )
+                        })
+                    });
+                if let Some(p) = problem {
+                    out.push(diverge(p));
+                    break;
+                }
+            }
             let draw = r.draw.unwrap_or(Draw::ZERO);
             let decided = policy.decide(&mut state, r.op, &r.outcome, draw, Some(r.total_time));
-            // What happened after the decision, outside the call's own state: the fleet budget
-            // (shared by every call, not in the ledger) refused the policy's retry, or a probe
-            // resolved an unknown (landed: ok; not landed: resent once).
-            let (decision, verdict) = match (decided, r.verdict) {
-                (Decision::Retry { .. }, Some(Verdict::GaveUp(GiveUp::Throttled))) => {
+            // What happened after the decision, outside the call's own state: the endpoint's
+            // pace or breaker refused the retry (replayed from what they said), the fleet
+            // budget (shared by every call, not in the ledger) refused it, or a probe resolved
+            // an unknown (landed: ok; not landed: resent once).
+            let (decision, verdict) = match (decided, r.verdict, r.refused) {
+                (Decision::Retry { wait }, Some(Verdict::GaveUp(why)), Some(a)) => {
+                    let problem = incoherent(&a)
+                        .or_else(|| {
+                            let at = r.total_time.saturating_add(wait);
+                            (a.at != at).then(|| format!("asked at {}, not when the wait ended ({at})", a.at))
+                        })
+                        .or_else(|| {
+                            let reason = if a.breaker_left > Duration::ZERO {
+                                Err(GiveUp::CircuitOpen)
+                            } else {
+                                policy.charge_wait(&mut state.clone(), a.wait, Some(a.at))
+                            };
+                            match reason {
+                                Err(reason) if reason == why => None,
+                                Err(reason) => Some(Verdict::GaveUp(reason).to_string()),
+                                Ok(()) => {
+                                    Some(format!("retry after {wait} (what the endpoint said lets it go)"))
+                                }
+                            }
+                        });
+                    if let Some(p) = problem {
+                        out.push(diverge(p));
+                        break;
+                    }
+                    (Decision::Done(Verdict::GaveUp(why)), None)
+                }
+                (Decision::Retry { .. }, Some(Verdict::GaveUp(GiveUp::Throttled)), None) => {
                     (Decision::Done(Verdict::GaveUp(GiveUp::Throttled)), None)
                 }
-                (Decision::Done(Verdict::Unknown), Some(Verdict::Ok)) => (decided, Some(Some(Verdict::Ok))),
-                (Decision::Done(Verdict::Unknown), None) => (decided, Some(None)),
+                (Decision::Done(Verdict::Unknown), Some(Verdict::Ok), _) => {
+                    (decided, Some(Some(Verdict::Ok)))
+                }
+                (Decision::Done(Verdict::Unknown), None, _) => (decided, Some(None)),
                 _ => (decided, None),
             };
             let mut want = Record::decided(
@@ -153,10 +250,15 @@ pub fn replay(ledger: &Ledger) -> Vec<Divergence> {
             if let Some(v) = verdict {
                 want = want.with_verdict(v);
             }
+            want.admitted = r.admitted;
+            if matches!((decided, decision), (Decision::Retry { .. }, Decision::Done(_))) {
+                want.refused = r.refused;
+            }
             if want != *r {
                 out.push(diverge(difference(&want, r, &decided)));
                 break;
             }
+            previous = Some(r);
         }
     }
     out

@@ -9,7 +9,8 @@ use std::process::{Command, Output, Stdio};
 use embassy_futures::block_on;
 use embedded_hal_async::delay::DelayNs;
 use wary::{
-    Duration, Failure, FleetBudget, Instant, Key, Operation, Outcome, Policy, Preset, Rule, Runner, Table,
+    Breaker, BreakerSettings, Duration, Failure, FleetBudget, Guards, Instant, Key, Operation, Outcome, Pace,
+    PaceSettings, Policy, Preset, Rule, Runner, Table,
 };
 use wary_host::ledger::{JsonLedger, Line};
 use wary_host::spec::PolicySpec;
@@ -192,6 +193,120 @@ fn replay_text(name: &str, text: &str) -> (Output, String) {
     (out, report)
 }
 
+/// Runs calls through the real runner with a pace and a breaker on (owned by the test, shared
+/// by every call, as the uplink's task owns them) into a JSON-lines ledger.
+fn write_paced_ledger() -> String {
+    let spec = PolicySpec { preset: Some("default".into()), deadline: Some(20_000), ..PolicySpec::default() };
+    let policy = spec.build().unwrap();
+    let clock = FakeClock::default();
+    let mut ledger = JsonLedger::new(Vec::new());
+    ledger.policy(&policy).unwrap();
+    let mut pace = Pace::new(PaceSettings {
+        start_milli: 400,
+        floor_milli: 25,
+        ceiling_milli: 20_000,
+        keep_percent: 50,
+        regrow: Duration::from_secs(10),
+        burst: 2,
+    })
+    .unwrap();
+    let mut breaker = Breaker::new(BreakerSettings {
+        threshold: 2,
+        open: Duration::from_secs(3),
+        max_open: Duration::from_secs(20),
+    })
+    .unwrap();
+    let refused = Outcome::Failure(Failure::Refused);
+    let scripts: [&[Outcome]; 6] = [
+        &[Outcome::status(503), Outcome::status(503), Outcome::Ok],
+        &[Outcome::Ok],
+        &[Outcome::status(503); 40],
+        &[refused, refused, refused, Outcome::Ok],
+        &[Outcome::status(429), Outcome::Ok],
+        &[refused, Outcome::Ok],
+    ];
+    for i in 0..36u32 {
+        let script = scripts[i as usize % scripts.len()];
+        let mut runner = Runner::new(&policy, Sleep(&clock), || clock.now(), Lcg(u64::from(i) + 1))
+            .ledger(&mut ledger)
+            .endpoint(Guards::new(&mut pace, &mut breaker));
+        let key = Key::from_parts(7, 2, i);
+        let _ = block_on(runner.call(Operation::KeyedWrite, key, |a| {
+            clock.0.set(clock.0.get() + 40);
+            let o = script.get(a.number as usize - 1).copied().unwrap_or(Outcome::Ok);
+            core::future::ready(o.into_result())
+        }));
+        // The time between readings.
+        clock.0.set(clock.0.get() + 5_000);
+    }
+    String::from_utf8(ledger.into_inner()).unwrap()
+}
+
+/// With the pace and the breaker on, every decision they changed replays: the pace waits
+/// charged to the budget, the retries they refused (the breaker open, a pace wait the budget
+/// could not pay). A pace wait edited on one line is reported at that line's attempt, and a
+/// version 3 line is refused with the reason.
+#[test]
+fn a_paced_ledger_replays_and_an_edited_pace_wait_is_reported() {
+    let text = write_paced_ledger();
+    let attempts: Vec<serde_json::Value> =
+        text.lines().skip(1).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let paced = |a: &&serde_json::Value| a["admitted"]["wait_ms"].as_u64().is_some_and(|w| w > 0);
+    let waited = attempts.iter().filter(paced).count();
+    let reason = |a: &serde_json::Value| a["reason"].as_str().unwrap_or("").to_owned();
+    let refused: Vec<String> = attempts.iter().filter(|a| a.get("refused").is_some()).map(reason).collect();
+    assert!(waited >= 5, "{waited} attempts waited for the pace:\n{text}");
+    assert!(refused.iter().any(|r| r == "circuit_open"), "{refused:?}");
+    assert!(refused.iter().any(|r| r == "budget" || r == "deadline"), "{refused:?}");
+    let (out, report) = replay_text("paced.jsonl", &text);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains(": 0 divergences, 0 unreadable lines"), "{report}");
+
+    // Without the charged pace waits the policy alone would decide otherwise: a replay that
+    // ignored them would not agree with this ledger (the check has something to find).
+    let plain: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("admitted");
+                o.remove("refused");
+            }
+            v.to_string()
+        })
+        .collect();
+    let (out, report) = replay_text("paced-stripped.jsonl", &plain.join("\n"));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+
+    // One pace wait edited by a millisecond.
+    let target = attempts.iter().position(|a| paced(&a)).unwrap();
+    let key = attempts[target]["key"].as_str().unwrap().to_owned();
+    let number = attempts[target]["attempt"].as_u64().unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let mut v = attempts[target].clone();
+    let w = v["admitted"]["wait_ms"].as_u64().unwrap();
+    v["admitted"]["wait_ms"] = (w + 1).into();
+    lines[target + 1] = v.to_string();
+    let (out, report) = replay_text("paced-edited.jsonl", &lines.join("\n"));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains(&format!("divergence: call {key} attempt {number}:")), "{report}");
+    assert!(report.contains(&format!("a pace wait of {} ms", w + 1)), "{report}");
+    assert!(report.contains(": 1 divergences"), "{report}");
+
+    // The same line in version 3: refused, saying why.
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines[target + 1] = lines[target + 1].replace("\"v\":4", "\"v\":3");
+    let (out, report) = replay_text("paced-v3.jsonl", &lines.join("\n"));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains(&format!(
+            "line {}: unreadable: ledger line version 3 (no record of the pace and the breaker), this wary reads version 4",
+            target + 2
+        )),
+        "{report}"
+    );
+}
+
 #[test]
 fn a_ledger_written_by_the_runner_replays_with_no_divergence() {
     let text = write_ledger();
@@ -370,8 +485,10 @@ fn a_missing_policy_line_is_a_divergence() {
 /// agree across targets. The log is the Cortex-M4's under QEMU, the `storm` scenario of
 /// `cargo xtask qemu`, captured in ledger version 2 and carried to version 3 line by line: the
 /// tag, and each key re-laid as device `574152590a386001` (the old 32-bit id in its low half),
-/// the same boot, the same sequence (every one fitted 32 bits). Nothing else changed, so its
-/// decisions still replay; `uplink-defmt-v3.log` is a capture made in version 3.
+/// the same boot, the same sequence (every one fitted 32 bits). Then carried to version 4: the
+/// tag, and `- -` appended (the firmware of the capture had no pace and no breaker, so neither
+/// said anything). Nothing else changed, so its decisions still replay;
+/// `uplink-defmt-v3-carried.log` is a capture made in version 3, carried to version 4 the same way.
 #[test]
 fn a_device_ledger_from_defmt_replays_on_the_host() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
@@ -402,15 +519,15 @@ fn a_device_ledger_from_defmt_replays_on_the_host() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the one given"));
 }
 
-/// A version 3 capture, straight from the device (`tests/data/uplink-defmt-v3.log`: the `storm`
+/// A version 3 capture from the device (`tests/data/uplink-defmt-v3-carried.log`: the `storm`
 /// scenario of `cargo xtask qemu`, the firmware given `device=574152590a386001` and a
-/// credential): every line converts and replays with no divergence, every key carries the whole
+/// credential, with no pace or breaker; carried to version 4 by its tag and `- -`): every line converts and replays with no divergence, every key carries the whole
 /// device id, and the policy's fingerprint is the one the version 2 capture carried (version 3
 /// changed the keys, not the settings' encoding).
 #[test]
 fn a_version_3_device_capture_replays_and_its_keys_carry_the_whole_device_id() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
-    let log = std::fs::read_to_string(format!("{data}/uplink-defmt-v3.log")).unwrap();
+    let log = std::fs::read_to_string(format!("{data}/uplink-defmt-v3-carried.log")).unwrap();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains(wary::ledger::DEVICE_TAG)).collect();
     assert!(lines.len() > 20, "{} device lines", lines.len());
     for line in &lines {
@@ -443,11 +560,11 @@ fn a_device_line_of_another_version_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "line 2: ledger line version 1 (times were ticks and seconds), this wary reads version 3"
+            "line 2: ledger line version 1 (times were ticks and seconds), this wary reads version 4"
         ),
         "{err}"
     );
-    assert_eq!(stdout(&out).lines().count(), 2, "the v3 lines around it");
+    assert_eq!(stdout(&out).lines().count(), 2, "the v4 lines around it");
     // A line of the second format, whose keys held a 32-bit device id, is refused the same way.
     let v2 = "0.029 INFO  wary-ledger v2 0a386001000000010000000000000000 1 keyed_write ok 0 -1 ok none 0 0 10 10 ok - -1 2599086968 0";
     let out = wary(&["ledger", "from-defmt"], &format!("{first}\n{v2}\n"));
@@ -455,7 +572,7 @@ fn a_device_line_of_another_version_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "line 2: ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"
+            "line 2: ledger line version 2 (keys held a 32-bit device id), this wary reads version 4"
         ),
         "{err}"
     );

@@ -1,5 +1,6 @@
 //! The retry timeline as SVG: time across, attempt number up; each attempt a dot coloured by
-//! outcome, the wait after it a bar, each verdict marked; phases as background bands.
+//! outcome, the wait after it a bar, each verdict marked; phases as background bands; and the
+//! requests arriving at the cloud in each second, as a line across the top.
 
 use std::fmt::Write as _;
 
@@ -22,6 +23,23 @@ fn colour(e: &Event) -> &'static str {
         None if e.outcome == Failure::BadBody.name() => "#868e96",
         None => "#c92a2a",
     }
+}
+
+/// Upstream requests arriving at the cloud in each 1 s bin, from the start of each attempt
+/// (its end less its own time), on the gateway's clock.
+pub fn arrivals(events: &[Event]) -> Vec<u32> {
+    let mut bins: Vec<u32> = Vec::new();
+    for e in events {
+        let start = e.at.as_millis().saturating_sub(u64::from(e.attempt_time.as_millis()));
+        let bin = usize::try_from(start / 1000).unwrap_or(usize::MAX);
+        if bins.len() <= bin {
+            bins.resize(bin + 1, 0);
+        }
+        if let Some(b) = bins.get_mut(bin) {
+            *b += 1;
+        }
+    }
+    bins
 }
 
 /// The SVG text for `events` and the phase `bands` (name, start, end), on the gateway's clock.
@@ -68,6 +86,26 @@ pub fn timeline(events: &[Event], bands: &[(&str, Instant, Instant)]) -> String 
         H - 12.0,
         end / 1000.0
     );
+    // Arrivals per second, scaled so the busiest second reaches a third of the plot's height.
+    let bins = arrivals(events);
+    let peak = bins.iter().copied().max().unwrap_or(0).max(1);
+    let band = (H - TOP - BOTTOM) / 3.0;
+    let points: Vec<String> = bins
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let t = Instant::from_millis(i as u64 * 1000 + 500);
+            format!("{:.1},{:.1}", x(t), TOP + band - band * f64::from(*n) / f64::from(peak))
+        })
+        .collect();
+    let _ = write!(
+        s,
+        "<polyline points=\"{}\" fill=\"none\" stroke=\"#495057\" stroke-width=\"1.2\"/>\
+         <text x=\"{:.1}\" y=\"{:.1}\" fill=\"#495057\">line: requests arriving at the cloud per second (busiest {peak}/s)</text>",
+        points.join(" "),
+        W - 420.0,
+        TOP + 12.0,
+    );
     for e in events.iter().filter(|e| e.wait > wary::Duration::ZERO) {
         let _ = write!(
             s,
@@ -101,4 +139,34 @@ pub fn timeline(events: &[Event], bands: &[(&str, Instant, Instant)]) -> String 
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use wary::{Duration, Key};
+
+    use super::*;
+
+    fn event(end_ms: u64, took_ms: u64) -> Event {
+        Event {
+            at: Instant::from_millis(end_ms),
+            key: Key::from_parts(1, 1, 1),
+            attempt: 1,
+            attempt_time: Duration::from_millis(took_ms),
+            wait: Duration::ZERO,
+            outcome: Outcome::Ok.name(),
+            code: None,
+            verdict: None,
+        }
+    }
+
+    #[test]
+    fn arrivals_are_counted_by_the_second_each_attempt_started() {
+        // Ends at 1.2 s after 300 ms: it arrived at 0.9 s, in the first second.
+        let events = [event(1_200, 300), event(1_100, 50), event(3_999, 0), event(40, 40)];
+        assert_eq!(arrivals(&events), [2, 1, 0, 1]);
+        assert!(arrivals(&[]).is_empty());
+        let svg = timeline(&events, &[]);
+        assert!(svg.contains("<polyline") && svg.contains("busiest 2/s"), "{svg}");
+    }
 }

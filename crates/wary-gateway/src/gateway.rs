@@ -64,9 +64,10 @@ pub struct Config {
     pub device_prefix: bool,
     /// Pace the upstream calls and break the circuit when the upstream is down: one
     /// [`wary::Pace`] and one [`wary::Breaker`] shared by every worker, asked before every
-    /// attempt ([`UPSTREAM_PACE`], [`UPSTREAM_BREAKER`], each field overridable in the policy's
-    /// `[pace]` and `[breaker]`); `--upstream-pacing` turns both on. Off by default until the
-    /// ledger records their state: a decision they change cannot be replayed from the ledger.
+    /// attempt. On by default ([`UPSTREAM_PACE`], [`UPSTREAM_BREAKER`], each field overridable
+    /// in the policy's `[pace]` and `[breaker]`); `--no-upstream-pacing` turns both off. The
+    /// ledger records what they said about each attempt, so `wary replay` checks the decisions
+    /// they changed.
     pub upstream_pacing: bool,
 }
 
@@ -131,7 +132,7 @@ impl Config {
             header_timeout: crate::ingress::HEADER_TIMEOUT,
             body_timeout: StdDuration::from_secs(10),
             device_prefix: false,
-            upstream_pacing: false,
+            upstream_pacing: true,
         }
     }
 }

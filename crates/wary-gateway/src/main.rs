@@ -127,11 +127,10 @@ struct Args {
     /// Send keys upstream as `<device id>:<key>` (for devices that do not use wary's key layout).
     #[arg(long)]
     device_prefix: bool,
-    /// Send upstream with the adaptive send rate and the circuit breaker (their settings are the
-    /// policy's `[pace]` and `[breaker]`). Off by default: the ledger does not record their state
-    /// yet, so `wary replay` cannot check a decision they changed.
+    /// Send upstream without the adaptive send rate and the circuit breaker (on by default;
+    /// their settings are the policy's `[pace]` and `[breaker]`).
     #[arg(long)]
-    upstream_pacing: bool,
+    no_upstream_pacing: bool,
     /// Take readings from this MQTT 5 broker (`host:port`) instead of serving HTTP: devices log
     /// in to the broker, which checks who they are and what topic they may use.
     #[arg(
@@ -294,7 +293,7 @@ async fn run(args: Args) -> Result<()> {
     config.admission = Limits { rate_per_sec: args.rate, burst: args.burst, max_devices: args.max_devices };
     config.body_timeout = Duration::from_millis(args.body_timeout_ms);
     config.device_prefix = args.device_prefix;
-    config.upstream_pacing = args.upstream_pacing;
+    config.upstream_pacing = !args.no_upstream_pacing;
     config.auth = match &args.credentials {
         Some(p) => {
             let c = Credentials::load(p).with_context(|| format!("credentials {}", p.display()))?;

@@ -302,8 +302,8 @@ impl Call {
         self.gate(adapter, now)
     }
 
-    /// Asks the endpoint at `at` (now, or when a retry's backoff wait is over), again after
-    /// each of the pace's waits: the time from `at` until the attempt may go.
+    /// Asks the endpoint at `at` (now, or when a retry's backoff wait is over): the time from
+    /// `at` until the attempt may go (the pace's token is taken for then).
     fn gate(&mut self, adapter: &Adapter, at: Instant) -> Result<Duration, GiveUp> {
         let Some(endpoint) = &adapter.endpoint else { return Ok(Duration::ZERO) };
         self.attempts.admit_at(&mut endpoint.clone(), &adapter.policy, at)
@@ -348,7 +348,7 @@ impl Call {
                         Step::Retry { wait: wait.saturating_add(more) }
                     }
                     Err(why) => {
-                        adapter.record(&Attempts::refused(record, why));
+                        adapter.record(&self.attempts.refused(record, why));
                         Step::Done(Verdict::GaveUp(why))
                     }
                 }

@@ -10,8 +10,9 @@
 //! ([`LineError::Version`]):
 //!
 //! ```text
-//! {"type":"policy","v":3,"fingerprint":"5924342a","policy":{"base_ms":100,…,"table":{…}}}
-//! {"type":"attempt","v":3,"key":"…","attempt":1,"op":"keyed_write","outcome":"status","status":503,…,"policy":"5924342a"}
+//! {"type":"policy","v":4,"fingerprint":"5924342a","policy":{"base_ms":100,…,"table":{…}}}
+//! {"type":"attempt","v":4,"key":"…","attempt":1,"op":"keyed_write","outcome":"status","status":503,…,"policy":"5924342a"}
+//! {"type":"attempt","v":4,…,"policy":"5924342a","admitted":{"at_ms":0,"breaker":"closed","breaker_ms":0,"rate_milli":50,"due":0,"wait_ms":0}}
 //! ```
 //!
 //! No line holds payload bytes, credentials or raw error text: only classes, numbers and keys.
@@ -317,15 +318,21 @@ mod tests {
         let v2 = good.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":2");
         assert_eq!(
             Line::parse(&v2).unwrap_err().to_string(),
-            "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"
+            "ledger line version 2 (keys held a 32-bit device id), this wary reads version 4"
+        );
+        // Version 3: the same fields, but nothing of what the pace and the breaker said.
+        let v3 = good.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":3");
+        assert_eq!(
+            Line::parse(&v3).unwrap_err().to_string(),
+            "ledger line version 3 (no record of the pace and the breaker), this wary reads version 4"
         );
         // A line from before versions were carried.
         let none = good.replace(&format!("\"v\":{LEDGER_VERSION},"), "");
         assert!(matches!(Line::parse(&none), Err(LineError::Version { found: None, .. })));
         // A policy line of another version too.
         let p = Line::Policy(Policy::builder(Preset::Default).build().unwrap()).to_json();
-        let p1 = p.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":4");
-        assert!(matches!(Line::parse(&p1), Err(LineError::Version { found: Some(4), .. })));
+        let p1 = p.replace(&format!("\"v\":{LEDGER_VERSION}"), "\"v\":3");
+        assert!(matches!(Line::parse(&p1), Err(LineError::Version { found: Some(3), .. })));
         // A policy line whose fingerprint is not its policy's.
         let fp = Policy::builder(Preset::Default).build().unwrap().fingerprint();
         let forged = p.replace(&format!("{fp:08x}"), "00000000");

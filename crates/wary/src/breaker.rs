@@ -92,6 +92,50 @@ impl BreakerState {
     }
 }
 
+/// A breaker's state without its instants, as a ledger records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Phase {
+    /// Requests go.
+    Closed,
+    /// Requests are refused until the open time is over (then one goes as a probe).
+    Open,
+    /// A probe is out.
+    HalfOpen,
+}
+
+impl Phase {
+    /// `closed`, `open` or `half_open`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Phase::Closed => "closed",
+            Phase::Open => "open",
+            Phase::HalfOpen => "half_open",
+        }
+    }
+
+    /// The phase of a name written by [`Phase::name`].
+    pub fn from_name(name: &str) -> Option<Phase> {
+        match name {
+            "closed" => Some(Phase::Closed),
+            "open" => Some(Phase::Open),
+            "half_open" => Some(Phase::HalfOpen),
+            _ => None,
+        }
+    }
+}
+
+impl BreakerState {
+    /// The phase, without its instants.
+    pub const fn phase(&self) -> Phase {
+        match self {
+            BreakerState::Closed { .. } => Phase::Closed,
+            BreakerState::Open { .. } => Phase::Open,
+            BreakerState::HalfOpen { .. } => Phase::HalfOpen,
+        }
+    }
+}
+
 /// What a breaker let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]

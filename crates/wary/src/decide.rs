@@ -344,8 +344,9 @@ impl Policy {
     /// [`crate::Pace`]) to the call, under the stop rules a retry's wait obeys: the attempt cap,
     /// the wait budget (the wait counts toward it) and the deadline (`elapsed` is the call's
     /// time now). A wait that does not fit is refused with the reason, and nothing is charged:
-    /// the call ends rather than sleep past what it may spend.
-    pub(crate) fn charge_wait(
+    /// the call ends rather than sleep past what it may spend. A replay charges the waits a
+    /// ledger recorded ([`crate::ledger::Admission`]) with it.
+    pub fn charge_wait(
         &self,
         state: &mut CallState,
         wait: Duration,

@@ -33,7 +33,7 @@ pub type LineError = ledger::LineError;
 
 /// [`ledger::DEVICE_FIELDS`] at its old place.
 #[deprecated(since = "0.1.0", note = "moved to `wary::ledger::DEVICE_FIELDS`")]
-pub const DEVICE_FIELDS: [&str; 17] = ledger::DEVICE_FIELDS;
+pub const DEVICE_FIELDS: [&str; 19] = ledger::DEVICE_FIELDS;
 
 /// [`ledger::DEVICE_TAG`] at its old place.
 #[deprecated(since = "0.1.0", note = "moved to `wary::ledger::DEVICE_TAG`")]

@@ -145,6 +145,7 @@ impl LineError {
         match version {
             0 | 1 => "times were ticks and seconds",
             2 => "keys held a 32-bit device id",
+            3 => "no record of the pace and the breaker",
             v if v == crate::version::LEDGER_VERSION => "the current format",
             _ => "a newer format",
         }

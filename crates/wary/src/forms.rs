@@ -2,11 +2,13 @@
 //! through the same fields, so the two formats cannot drift apart.
 
 use crate::backoff::Draw;
+use crate::breaker::Phase;
 use crate::classify::{Class, Failure, Operation, Outcome};
 use crate::decide::{GiveUp, Verdict};
 use crate::error::LineError;
 use crate::key::Key;
-use crate::record::Record;
+use crate::pace::PaceView;
+use crate::record::{Admission, Record};
 use crate::time::Duration;
 
 /// A record's fields as names and numbers, before they are checked.
@@ -27,6 +29,32 @@ pub(crate) struct Fields<'a> {
     pub(crate) reason: Option<&'a str>,
     pub(crate) asked: Option<Duration>,
     pub(crate) policy: u32,
+    pub(crate) admitted: Option<Admission>,
+    pub(crate) refused: Option<Admission>,
+}
+
+/// An admission on a device line: `breaker:breaker_left_ms:at_ms:rate_milli:due:wait_ms`, the
+/// breaker `none` without one; `-` (or a first part `-`) for no admission.
+pub(crate) fn admission_token(token: &str, field: &'static str) -> Result<Option<Admission>, LineError> {
+    let mut parts = token.split(':');
+    let breaker = parts.next().ok_or(LineError::Missing(field))?;
+    if breaker == "-" {
+        return Ok(None);
+    }
+    let breaker = match breaker {
+        "none" => None,
+        name => Some(Phase::from_name(name).ok_or(LineError::Bad(field))?),
+    };
+    let mut next = || parts.next().and_then(|p| p.parse::<u64>().ok()).ok_or(LineError::Bad(field));
+    let breaker_left = Duration::from_millis(next()?);
+    let at = Duration::from_millis(next()?);
+    let rate_milli = u32::try_from(next()?).map_err(|_| LineError::Bad(field))?;
+    let due = next()?;
+    let wait = Duration::from_millis(next()?);
+    if parts.next().is_some() {
+        return Err(LineError::Bad(field));
+    }
+    Ok(Some(Admission { at, pace: PaceView { rate_milli, due }, wait, breaker, breaker_left }))
 }
 
 impl Fields<'_> {
@@ -65,6 +93,8 @@ impl Fields<'_> {
             total_time: self.total_time,
             verdict,
             policy: self.policy,
+            admitted: self.admitted,
+            refused: self.refused,
         })
     }
 }
@@ -131,8 +161,54 @@ mod with_serde {
         }
     }
 
+    /// An admission as a JSON object, durations in milliseconds.
+    #[derive(Serialize, Deserialize)]
+    pub(crate) struct AdmissionForm {
+        at_ms: Duration,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        breaker: Option<Name>,
+        #[serde(default)]
+        breaker_ms: Duration,
+        #[serde(default)]
+        rate_milli: u32,
+        #[serde(default)]
+        due: u64,
+        #[serde(default)]
+        wait_ms: Duration,
+    }
+
+    impl From<Admission> for AdmissionForm {
+        fn from(a: Admission) -> AdmissionForm {
+            AdmissionForm {
+                at_ms: a.at,
+                breaker: a.breaker.map(|p| name(p.name())),
+                breaker_ms: a.breaker_left,
+                rate_milli: a.pace.rate_milli,
+                due: a.pace.due,
+                wait_ms: a.wait,
+            }
+        }
+    }
+
+    impl TryFrom<AdmissionForm> for Admission {
+        type Error = FormError;
+        fn try_from(f: AdmissionForm) -> Result<Admission, FormError> {
+            let breaker = match f.breaker.as_deref() {
+                None => None,
+                Some(n) => Some(Phase::from_name(n).ok_or(FormError::Line(LineError::Bad("breaker")))?),
+            };
+            Ok(Admission {
+                at: f.at_ms,
+                pace: PaceView { rate_milli: f.rate_milli, due: f.due },
+                wait: f.wait_ms,
+                breaker,
+                breaker_left: f.breaker_ms,
+            })
+        }
+    }
+
     /// A record as one JSON object: flat, with every duration in milliseconds, and the ledger
-    /// format's version as `v`.
+    /// format's version as `v`; what the endpoint said (`admitted`, `refused`) as objects.
     #[derive(Serialize, Deserialize)]
     pub(crate) struct RecordForm {
         v: u32,
@@ -160,6 +236,10 @@ mod with_serde {
         asked_ms: Option<Duration>,
         #[serde(with = "hex32")]
         policy: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        admitted: Option<AdmissionForm>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refused: Option<AdmissionForm>,
     }
 
     impl From<Record> for RecordForm {
@@ -194,6 +274,8 @@ mod with_serde {
                 reason,
                 asked_ms,
                 policy: r.policy,
+                admitted: r.admitted.map(AdmissionForm::from),
+                refused: r.refused.map(AdmissionForm::from),
             }
         }
     }
@@ -205,6 +287,8 @@ mod with_serde {
                 return Err(FormError::Line(LineError::Version { found: f.v, expected: LEDGER_VERSION }));
             }
             let key = f.key.to_hex();
+            let admitted = f.admitted.map(Admission::try_from).transpose()?;
+            let refused = f.refused.map(Admission::try_from).transpose()?;
             Fields {
                 key: &key,
                 attempt: f.attempt,
@@ -222,6 +306,8 @@ mod with_serde {
                 reason: f.reason.as_deref(),
                 asked: f.asked_ms,
                 policy: f.policy,
+                admitted,
+                refused,
             }
             .into_record()
             .map_err(FormError::Line)
@@ -494,15 +580,23 @@ mod tests {
         ];
         for r in records {
             let json = serde_json::to_string(&r).unwrap();
-            assert!(json.starts_with("{\"v\":3,"), "{json}");
+            assert!(json.starts_with("{\"v\":4,"), "{json}");
             let back: Record = serde_json::from_str(&json).unwrap();
             assert_eq!(back, r, "{json}");
         }
-        // A version 2 line is refused, and the message says why.
-        let old = serde_json::to_string(&records[0]).unwrap().replace("{\"v\":3,", "{\"v\":2,");
+        // Version 2 and 3 lines are refused, and the message says why.
+        let old = serde_json::to_string(&records[0]).unwrap().replace("{\"v\":4,", "{\"v\":2,");
         let e = serde_json::from_str::<Record>(&old).unwrap_err().to_string();
         assert!(
-            e.contains("ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"),
+            e.contains("ledger line version 2 (keys held a 32-bit device id), this wary reads version 4"),
+            "{e}"
+        );
+        let v3 = serde_json::to_string(&records[0]).unwrap().replace("{\"v\":4,", "{\"v\":3,");
+        let e = serde_json::from_str::<Record>(&v3).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "ledger line version 3 (no record of the pace and the breaker), this wary reads version 4"
+            ),
             "{e}"
         );
         let v = serde_json::to_value(records[1]).unwrap();
@@ -533,5 +627,28 @@ mod tests {
         let mut bad = v;
         bad["op"] = "peek".into();
         assert!(serde_json::from_value::<Record>(bad).is_err());
+        // What the pace and the breaker said reads back exactly, and is left out of a plain
+        // call's line.
+        assert!(serde_json::to_value(records[0]).unwrap().get("admitted").is_none());
+        let said = crate::ledger::Admission {
+            at: ms(2_010),
+            pace: crate::PaceView { rate_milli: 250, due: 3_073 },
+            wait: ms(4),
+            breaker: Some(crate::Phase::Closed),
+            breaker_left: ms(0),
+        };
+        let refused =
+            crate::ledger::Admission { breaker: Some(crate::Phase::Open), breaker_left: ms(900), ..said };
+        let r = Record { admitted: Some(said), refused: Some(refused), ..records[1] };
+        let v = serde_json::to_value(r).unwrap();
+        assert_eq!(
+            v["admitted"],
+            serde_json::json!({"at_ms": 2_010, "breaker": "closed", "breaker_ms": 0, "rate_milli": 250, "due": 3_073, "wait_ms": 4})
+        );
+        assert_eq!(v["refused"]["breaker"], "open");
+        assert_eq!(serde_json::from_value::<Record>(v.clone()).unwrap(), r);
+        let mut ajar = v;
+        ajar["refused"]["breaker"] = "ajar".into();
+        assert!(serde_json::from_value::<Record>(ajar).is_err());
     }
 }

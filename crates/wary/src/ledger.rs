@@ -23,13 +23,13 @@ use heapless::HistoryBuf;
 
 use crate::backoff::Draw;
 pub use crate::error::LineError;
-pub use crate::record::Record;
+pub use crate::record::{Admission, Record};
 use crate::time::Duration;
 
 pub use crate::version::LEDGER_VERSION;
 
 /// The tag that starts a device ledger line: `wary-ledger v` and [`LEDGER_VERSION`].
-pub const DEVICE_TAG: &str = "wary-ledger v3";
+pub const DEVICE_TAG: &str = "wary-ledger v4";
 
 /// Where records go.
 pub trait Sink {
@@ -103,9 +103,13 @@ impl<const N: usize, const B: usize> Sink for Ledger<N, B> {
 /// The device line's fields after the tag, in order: key (hex), attempt, op, outcome, status
 /// (0: none), Retry-After ms (`-1`: none), class, draw kind (`none`, `pct`, `unit`), draw value,
 /// wait ms, attempt ms, total ms, verdict (`-`: none), give-up reason (`-`), asked ms (`-1`:
-/// none), policy fingerprint (decimal), Retry-After values that could not be read. Numbers and
-/// names only: never payload bytes, credentials or error text.
-pub const DEVICE_FIELDS: [&str; 17] = [
+/// none), policy fingerprint (decimal), Retry-After values that could not be read, and what the
+/// endpoint's pace and breaker said before the attempt (`admitted`) and, on a call's last
+/// record, about the retry they refused (`refused`), each as
+/// `breaker:breaker_left_ms:at_ms:rate_milli:due:wait_ms` (`breaker` is `none`, `closed`, `open`
+/// or `half_open`; `due` in 1/1024 ms; a first part `-`: nothing said). Numbers and names only:
+/// never payload bytes, credentials or error text.
+pub const DEVICE_FIELDS: [&str; 19] = [
     "key",
     "attempt",
     "op",
@@ -123,6 +127,8 @@ pub const DEVICE_FIELDS: [&str; 17] = [
     "asked_ms",
     "policy",
     "unreadable",
+    "admitted",
+    "refused",
 ];
 
 /// Logs one record as a device line (see [`DEVICE_FIELDS`]).
@@ -150,8 +156,21 @@ fn log_record(r: &Record) {
         Some(v) => (v.name(), "-", -1),
     };
     let retry_after = r.outcome.retry_after().map_or(-1, |d| i64::from(d.as_millis()));
+    let said = |a: Option<Admission>| match a {
+        None => ("-", 0, 0, 0, 0, 0),
+        Some(a) => (
+            a.breaker.map_or("none", |p| p.name()),
+            a.breaker_left.as_millis(),
+            a.at.as_millis(),
+            a.pace.rate_milli,
+            a.pace.due,
+            a.wait.as_millis(),
+        ),
+    };
+    let (ab, al, aa, ar, ad, aw) = said(r.admitted);
+    let (rb, rl, ra, rr, rd, rw) = said(r.refused);
     defmt::info!(
-        "wary-ledger v3 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u32} {=u32} {=u32} {=str} {=str} {=i64} {=u32} {=u8}",
+        "wary-ledger v4 {=str} {=u32} {=str} {=str} {=u16} {=i64} {=str} {=str} {=u32} {=u32} {=u32} {=u32} {=str} {=str} {=i64} {=u32} {=u8} {=str}:{=u32}:{=u32}:{=u32}:{=u64}:{=u32} {=str}:{=u32}:{=u32}:{=u32}:{=u64}:{=u32}",
         key.as_str(),
         r.attempt,
         r.op.name(),
@@ -168,7 +187,19 @@ fn log_record(r: &Record) {
         reason,
         asked,
         r.policy,
-        r.outcome.failure().map_or(0, Failure::unreadable_retry_after)
+        r.outcome.failure().map_or(0, Failure::unreadable_retry_after),
+        ab,
+        al,
+        aa,
+        ar,
+        ad,
+        aw,
+        rb,
+        rl,
+        ra,
+        rr,
+        rd,
+        rw
     );
 }
 
@@ -181,13 +212,17 @@ fn log_record(_: &Record) {}
 ///
 /// ```
 /// use wary::{Duration, Verdict, ledger::parse_device_line};
-/// let line = "INFO  wary-ledger v3 00000001c0ffee010000000100000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345 0";
+/// let line = "INFO  wary-ledger v4 00000001c0ffee010000000100000001 1 keyed_write status 503 -1 retry unit 7 120 35 35 - - -1 12345 0 closed:0:0:50:0:0 -:0:0:0:0:0";
 /// let r = parse_device_line(line).unwrap();
 /// assert_eq!((r.attempt, r.wait, r.verdict), (1, Duration::from_millis(120), None));
 /// assert_eq!(r.key.device_part(), 0x0000_0001_c0ff_ee01);
-/// // A version 2 line: its key's first 8 hex digits were the device, so it is refused.
-/// let old = parse_device_line("INFO  wary-ledger v2 …").unwrap_err();
-/// assert_eq!(old.to_string(), "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3");
+/// assert_eq!(r.admitted.map(|a| a.pace.rate_milli), Some(50));
+/// // A version 3 line: it does not say what the pace and the breaker did, so it is refused.
+/// let old = parse_device_line("INFO  wary-ledger v3 …").unwrap_err();
+/// assert_eq!(
+///     old.to_string(),
+///     "ledger line version 3 (no record of the pace and the breaker), this wary reads version 4"
+/// );
 /// ```
 pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
     const PREFIX: &str = "wary-ledger v";
@@ -199,7 +234,7 @@ pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
     if found != LEDGER_VERSION {
         return Err(LineError::Version { found, expected: LEDGER_VERSION });
     }
-    let mut values = [""; 17];
+    let mut values = [""; 19];
     for (slot, name) in values.iter_mut().zip(DEVICE_FIELDS) {
         *slot = fields.next().ok_or(LineError::Missing(name))?;
     }
@@ -224,6 +259,8 @@ pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
         asked,
         policy,
         unreadable,
+        admitted,
+        refused,
     ] = values;
     fn num<T: core::str::FromStr>(s: &str, name: &'static str) -> Result<T, LineError> {
         s.parse().map_err(|_| LineError::Bad(name))
@@ -255,6 +292,8 @@ pub fn parse_device_line(line: &str) -> Result<Record, LineError> {
         reason: Some(reason).filter(|r| *r != "-"),
         asked: opt_ms(asked, "asked_ms")?,
         policy: num(policy, "policy")?,
+        admitted: crate::forms::admission_token(admitted, "admitted")?,
+        refused: crate::forms::admission_token(refused, "refused")?,
     };
     fields.into_record()
 }
@@ -358,6 +397,8 @@ mod tests {
             total_time: Duration::from_millis(15),
             verdict,
             policy: 0,
+            admitted: None,
+            refused: None,
         }
     }
 
@@ -402,7 +443,7 @@ mod tests {
 
     #[test]
     fn device_lines_read_back_every_field_and_refuse_what_is_not_one() {
-        let line = "0.1 INFO wary-ledger v3 f00d00010a3860010000000100000002 3 keyed_write status 429 2000 retry pct 50 0 12 900 gave_up retry_after_too_long 2000 305419896 2";
+        let line = "0.1 INFO wary-ledger v4 f00d00010a3860010000000100000002 3 keyed_write status 429 2000 retry pct 50 0 12 900 gave_up retry_after_too_long 2000 305419896 2 half_open:0:880:50:2048:2 -:0:0:0:0:0";
         let r = parse_device_line(line).unwrap();
         assert_eq!(r.key, Key::from_parts(0xf00d_0001_0a38_6001, 1, 2));
         assert_eq!((r.attempt, r.op, r.class), (3, Operation::KeyedWrite, Class::Retry));
@@ -421,22 +462,46 @@ mod tests {
             Some(Verdict::GaveUp(crate::GiveUp::RetryAfterTooLong { asked: Duration::from_millis(2000) }))
         );
         assert_eq!(r.policy, 0x1234_5678);
-        let ok =
-            "wary-ledger v3 000000000a3860010000000100000002 1 read reset 0 -1 retry none 0 0 1 1 - - -1 7 0";
+        let admitted = crate::ledger::Admission {
+            at: Duration::from_millis(880),
+            pace: crate::PaceView { rate_milli: 50, due: 2048 },
+            wait: Duration::from_millis(2),
+            breaker: Some(crate::Phase::HalfOpen),
+            breaker_left: Duration::ZERO,
+        };
+        assert_eq!((r.admitted, r.refused), (Some(admitted), None));
+        let refused = line.replace("-:0:0:0:0:0", "open:1500:902:0:0:0");
+        let r = parse_device_line(&refused).unwrap();
+        assert_eq!(
+            r.refused.map(|a| (a.breaker, a.breaker_left, a.at)),
+            Some((Some(crate::Phase::Open), Duration::from_millis(1_500), Duration::from_millis(902)))
+        );
+        let no_breaker = parse_device_line(&line.replace("half_open:", "none:")).unwrap();
+        assert_eq!(no_breaker.admitted.map(|a| a.breaker), Some(None));
+        for bad in ["ajar:0:0:0:0:0", "closed:0:0:0:0", "closed:0:0:0:0:0:0", "closed:x:0:0:0:0"] {
+            assert_eq!(
+                parse_device_line(&line.replace("half_open:0:880:50:2048:2", bad)),
+                Err(LineError::Bad("admitted")),
+                "{bad}"
+            );
+        }
+        let ok = "wary-ledger v4 000000000a3860010000000100000002 1 read reset 0 -1 retry none 0 0 1 1 - - -1 7 0 - -";
         assert!(parse_device_line(ok).is_ok());
         assert_eq!(parse_device_line("hello"), Err(LineError::NotALedgerLine));
         // Older and newer lines are refused by their version, with the reason.
         for (found, why) in [
-            (1, "ledger line version 1 (times were ticks and seconds), this wary reads version 3"),
-            (2, "ledger line version 2 (keys held a 32-bit device id), this wary reads version 3"),
-            (4, "ledger line version 4 (a newer format), this wary reads version 3"),
+            (1, "ledger line version 1 (times were ticks and seconds), this wary reads version 4"),
+            (2, "ledger line version 2 (keys held a 32-bit device id), this wary reads version 4"),
+            (3, "ledger line version 3 (no record of the pace and the breaker), this wary reads version 4"),
+            (5, "ledger line version 5 (a newer format), this wary reads version 4"),
         ] {
-            let e = parse_device_line(&ok.replace("v3", &format!("v{found}"))).unwrap_err();
+            let e = parse_device_line(&ok.replace("v4", &format!("v{found}"))).unwrap_err();
             assert_eq!(e, LineError::Version { found, expected: LEDGER_VERSION });
             assert_eq!(e.to_string(), why);
         }
-        assert_eq!(parse_device_line(&ok.replace(" 7 0", "")), Err(LineError::Missing("policy")));
-        assert_eq!(parse_device_line(&ok.replace(" 7 0", " 7")), Err(LineError::Missing("unreadable")));
+        assert_eq!(parse_device_line(&ok.replace(" 7 0 - -", "")), Err(LineError::Missing("policy")));
+        assert_eq!(parse_device_line(&ok.replace(" 7 0 - -", " 7")), Err(LineError::Missing("unreadable")));
+        assert_eq!(parse_device_line(&ok.replace(" 7 0 - -", " 7 0 -")), Err(LineError::Missing("refused")));
         assert_eq!(parse_device_line(&ok.replace(" 7 0", " 7 256")), Err(LineError::Bad("unreadable")));
         assert_eq!(parse_device_line(&format!("{ok} 8")), Err(LineError::TooManyFields));
         assert_eq!(parse_device_line(&ok.replace("read", "peek")), Err(LineError::Bad("op")));

@@ -43,7 +43,7 @@ mod time;
 mod version;
 
 pub use backoff::{Backoff, Draw, Jitter};
-pub use breaker::{Breaker, BreakerSettings, BreakerState, Permit};
+pub use breaker::{Breaker, BreakerSettings, BreakerState, Permit, Phase};
 pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
 // The old root names, for one release; out of the docs, where the new paths are.
@@ -54,7 +54,7 @@ pub use error::{BreakerError, DrawError, FleetBudgetError, PaceError, PolicyErro
 pub use key::Key;
 /// Where the runner writes its records ([`ledger::Sink`]).
 pub use ledger::Sink;
-pub use pace::{Pace, PaceSettings, Signal};
+pub use pace::{Pace, PaceSettings, PaceView, Signal};
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
 #[cfg(all(feature = "runner", feature = "embassy-time"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "runner", feature = "embassy-time"))))]

@@ -117,6 +117,26 @@ impl PaceSettings {
     };
 }
 
+/// What a pace says about one request at one instant ([`Pace::view`]): integer numbers only,
+/// as a ledger records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PaceView {
+    /// The rate in force, in thousandths of a request a second; 0 while the pace is open.
+    pub rate_milli: u32,
+    /// How far the bucket's next token lies past what the burst allows, in ticks of 1/1024 ms
+    /// (the bucket's own unit); 0 when a token is at hand.
+    pub due: u64,
+}
+
+impl PaceView {
+    /// The wait before the request may go: `due` rounded up to whole milliseconds (a wait is
+    /// never shortened).
+    pub const fn wait(&self) -> Duration {
+        Duration::from_millis(self.due.saturating_add(TICKS_PER_MS - 1) >> 10)
+    }
+}
+
 /// The highest rate a pace counts: 16 777 requests a second, in thousandths.
 const MAX_RATE: u32 = (1 << 24) - 1;
 /// One in Q12 fixed point.
@@ -207,18 +227,33 @@ impl Pace {
     /// Asks to send one request at `now`: `Ok` takes a token, `Err` is the wait until one is
     /// there (ask again then). Ask before every attempt, first ones included.
     pub fn acquire(&mut self, now: Instant) -> Result<(), Duration> {
-        let Some(rate) = self.rate_milli(now) else { return Ok(()) };
-        let interval = u64::from(interval_ticks(rate));
-        let now = ticks(now);
-        let tolerance = interval.saturating_mul(u64::from(self.settings.burst.saturating_sub(1)));
-        let limit = now.saturating_add(tolerance);
-        if self.tat <= limit {
-            self.tat = self.tat.max(now).saturating_add(interval);
+        let view = self.view(now);
+        if view.due == 0 {
+            self.take(now);
             Ok(())
         } else {
-            // Rounded up to whole milliseconds: a wait is never shortened.
-            let wait = self.tat.saturating_sub(limit).saturating_add(TICKS_PER_MS - 1) >> 10;
-            Err(Duration::from_millis(wait))
+            Err(view.wait())
+        }
+    }
+
+    /// What the pace says at `now`, without taking anything: the rate in force and how far the
+    /// bucket's next token lies past what its burst allows. The numbers a ledger records, from
+    /// which [`PaceView::wait`] re-derives the wait.
+    pub fn view(&self, now: Instant) -> PaceView {
+        let Some(rate) = self.rate_milli(now) else { return PaceView { rate_milli: 0, due: 0 } };
+        let interval = u64::from(interval_ticks(rate));
+        let tolerance = interval.saturating_mul(u64::from(self.settings.burst.saturating_sub(1)));
+        let limit = ticks(now).saturating_add(tolerance);
+        PaceView { rate_milli: rate, due: self.tat.saturating_sub(limit) }
+    }
+
+    /// Takes one token for a request asked about at `now` and sent when [`Pace::view`]'s wait
+    /// is over: the bucket moves one interval of the rate in force at `now`. With a token at
+    /// hand this is [`Pace::acquire`]'s `Ok`; without, the token is the one that comes free
+    /// after the wait, reserved, so the request goes then without asking again.
+    pub fn take(&mut self, now: Instant) {
+        if let Some(rate) = self.rate_milli(now) {
+            self.tat = self.tat.max(ticks(now)).saturating_add(u64::from(interval_ticks(rate)));
         }
     }
 

@@ -5,9 +5,11 @@
 //! they read and write as lines is in the line forms.
 
 use crate::backoff::Draw;
+use crate::breaker::Phase;
 use crate::classify::{Class, Failure, Operation, Outcome};
 use crate::decide::{Decision, Verdict};
 use crate::key::Key;
+use crate::pace::PaceView;
 use crate::policy::Policy;
 use crate::time::Duration;
 
@@ -38,6 +40,31 @@ pub struct Record {
     pub verdict: Option<Verdict>,
     /// [`Policy::fingerprint`] of the policy that decided.
     pub policy: u32,
+    /// What the endpoint's pace and breaker said before this attempt went (none for a plain
+    /// call): its pace wait was charged to the call's wait budget before this attempt's
+    /// decision.
+    pub admitted: Option<Admission>,
+    /// On the call's last record, when the endpoint refused the retry this attempt's decision
+    /// chose: what its pace and breaker said then (the verdict is the refusal's).
+    pub refused: Option<Admission>,
+}
+
+/// What an endpoint's pace and breaker said about one attempt ([`crate::Attempts::admit`]), in
+/// integer units: enough for a replay to re-derive the wait they added and whether they ended
+/// the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Admission {
+    /// The call's time when they were asked (for a retry: when its backoff wait ends).
+    pub at: Duration,
+    /// The pace's rate and bucket then (all zero without a pace, or while it is open).
+    pub pace: PaceView,
+    /// The pace's wait, [`PaceView::wait`], charged to the call's wait budget.
+    pub wait: Duration,
+    /// The breaker's phase then; `None` without a breaker.
+    pub breaker: Option<Phase>,
+    /// How long until the breaker would let a request through (0: it let this one through).
+    pub breaker_left: Duration,
 }
 
 impl Record {
@@ -73,6 +100,8 @@ impl Record {
             total_time,
             verdict,
             policy: policy.fingerprint(),
+            admitted: None,
+            refused: None,
         }
     }
 
@@ -96,6 +125,8 @@ impl Record {
             total_time,
             verdict: Some(Verdict::Cancelled),
             policy: policy.fingerprint(),
+            admitted: None,
+            refused: None,
         }
     }
 

@@ -379,7 +379,7 @@ impl<'a, D: DelayNs, C: Clock, R: RngCore, X: Cancel, L: Sink, E: Endpoint> Runn
                         match call.admit_at(&mut self.endpoint, policy, at) {
                             Ok(more) => wait = wait.saturating_add(more),
                             Err(why) => {
-                                self.ledger.record(&Attempts::refused(record, why));
+                                self.ledger.record(&call.refused(record, why));
                                 return Err(stopped(Verdict::GaveUp(why), &call, last));
                             }
                         }

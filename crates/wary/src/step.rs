@@ -26,9 +26,9 @@ use crate::breaker::Breaker;
 use crate::classify::{Failure, Operation, Outcome};
 use crate::decide::{CallState, Decision, GiveUp, Verdict};
 use crate::key::Key;
-use crate::pace::{Pace, Signal};
+use crate::pace::{Pace, PaceView, Signal};
 use crate::policy::Policy;
-use crate::record::Record;
+use crate::record::{Admission, Record};
 use crate::throttle::FleetBudget;
 use crate::time::{Duration, Instant};
 
@@ -38,7 +38,8 @@ use crate::time::{Duration, Instant};
 pub enum Gate {
     /// Send the attempt now.
     Go,
-    /// Wait this long (charged to the call's wait budget), then ask again.
+    /// Wait this long (charged to the call's wait budget), then send: the pace's token is
+    /// taken for then.
     Wait(Duration),
     /// The call ends here, before the attempt: the breaker is open
     /// ([`GiveUp::CircuitOpen`]), or the pace's wait would pass the wait budget or the deadline.
@@ -98,7 +99,8 @@ impl Endpoint for Guards<'_> {
 }
 
 /// One call's attempts: its [`CallState`], when it started and when its current attempt
-/// started (as the call's time then, 4 bytes). `Copy`, no allocation.
+/// started (as the call's time then, 4 bytes), and what the endpoint said about the next
+/// attempt, for its record. `Copy`, no allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Attempts {
@@ -106,12 +108,14 @@ pub struct Attempts {
     started: Instant,
     /// The call's time when the current attempt started.
     attempt_started: Duration,
+    /// The endpoint's last answer ([`Attempts::admit`]), for the next record.
+    admission: Option<Admission>,
 }
 
 impl Attempts {
     /// A call that started at `start` and has made no attempt.
     pub const fn new(start: Instant) -> Self {
-        Attempts { state: CallState::new(), started: start, attempt_started: Duration::ZERO }
+        Attempts { state: CallState::new(), started: start, attempt_started: Duration::ZERO, admission: None }
     }
 
     /// The decision's state: attempts decided, time waited.
@@ -149,16 +153,20 @@ impl Attempts {
     }
 
     /// Asks the endpoint's breaker and pace, when the call has them, whether the next attempt
-    /// may go at `now`; call it before every attempt, the first included, and again after a
-    /// [`Gate::Wait`].
+    /// may go at `now`; call it once before every attempt, the first included.
     ///
     /// An open breaker ends the call at once ([`Gate::Stop`] with [`GiveUp::CircuitOpen`]):
     /// waiting out its open time inside one call would hold the caller for minutes with
     /// nothing sent; the caller (an outbox) keeps the work for later. The pace's wait is a wait
     /// like a backoff's: it counts toward the wait budget, and one that would pass the budget
     /// or the deadline ends the call ([`GiveUp::Budget`], [`GiveUp::Deadline`]) instead of
-    /// sleeping past it. The breaker is asked again once the pace lets the attempt go, so a
-    /// half-open breaker's one probe is taken only by an attempt that is sent.
+    /// sleeping past it. Otherwise the pace's token is taken for the end of its wait
+    /// ([`Gate::Wait`]: send then, without asking again) and the breaker is asked for that
+    /// instant, so a half-open breaker's one probe is taken only by an attempt that is sent.
+    ///
+    /// What they said is kept, in integer units ([`Admission`]), for the ledger: the next
+    /// attempt's record carries it, or, when they end the call after a retry was chosen, the
+    /// last record ([`Attempts::refused`]).
     pub fn admit(
         &mut self,
         policy: &Policy,
@@ -166,53 +174,66 @@ impl Attempts {
         breaker: Option<&mut Breaker>,
         now: Instant,
     ) -> Gate {
+        let elapsed = self.elapsed(now);
+        let mut seen = Admission { at: elapsed, ..Admission::default() };
         // A copy is asked first: a half-open breaker's probe is not taken yet.
-        if let Some(mut peek) = breaker.as_deref().copied()
-            && peek.admit(now).is_err()
+        if let Some(peek) = breaker.as_deref() {
+            seen.breaker = Some(peek.state().phase());
+            if let Err(left) = { *peek }.admit(now) {
+                seen.breaker_left = left;
+                self.admission = Some(seen);
+                return Gate::Stop(GiveUp::CircuitOpen);
+            }
+        }
+        seen.pace = pace.as_deref().map_or(PaceView::default(), |p| p.view(now));
+        seen.wait = seen.pace.wait();
+        self.admission = Some(seen);
+        if seen.wait > Duration::ZERO
+            && let Err(why) = policy.charge_wait(&mut self.state, seen.wait, Some(elapsed))
         {
+            return Gate::Stop(why);
+        }
+        let go = Instant::from_millis(now.as_millis().saturating_add(u64::from(seen.wait.as_millis())));
+        if let Some(b) = breaker
+            && let Err(left) = b.admit(go)
+        {
+            // Not reached while nothing else changes the breaker: one that admits now admits
+            // later too. Kept so a breaker is never passed.
+            self.admission = Some(Admission { breaker_left: left, ..seen });
             return Gate::Stop(GiveUp::CircuitOpen);
         }
-        if let Some(pace) = pace
-            && let Err(wait) = pace.acquire(now)
-        {
-            let elapsed = self.elapsed(now);
-            return match policy.charge_wait(&mut self.state, wait, Some(elapsed)) {
-                Ok(()) => Gate::Wait(wait),
-                Err(why) => Gate::Stop(why),
-            };
+        if let Some(p) = pace {
+            p.take(now);
         }
-        match breaker.map(|b| b.admit(now)) {
-            Some(Err(_)) => Gate::Stop(GiveUp::CircuitOpen),
-            Some(Ok(_)) | None => Gate::Go,
-        }
+        if seen.wait == Duration::ZERO { Gate::Go } else { Gate::Wait(seen.wait) }
     }
 
     /// [`Attempts::admit`] through `endpoint` at `at` (now, or the instant a retry's backoff
-    /// wait ends), again after each of the pace's waits: the time from `at` until the attempt
-    /// may go (its token is taken for then), or why the call ends there. The pace's waits are
-    /// charged as they are granted.
+    /// wait ends): the time from `at` until the attempt may go (its token is taken for then),
+    /// or why the call ends there. The pace's wait is charged as it is granted.
     pub fn admit_at<E: Endpoint + ?Sized>(
         &mut self,
         endpoint: &mut E,
         policy: &Policy,
         at: Instant,
     ) -> Result<Duration, GiveUp> {
-        let mut t = at;
-        loop {
-            match endpoint.admit(self, policy, t) {
-                Gate::Go => return Ok(t.duration_since(at)),
-                Gate::Wait(w) => {
-                    t = Instant::from_millis(t.as_millis().saturating_add(u64::from(w.as_millis())))
-                }
-                Gate::Stop(why) => return Err(why),
-            }
+        match endpoint.admit(self, policy, at) {
+            Gate::Go => Ok(Duration::ZERO),
+            Gate::Wait(w) => Ok(w),
+            Gate::Stop(why) => Err(why),
         }
     }
 
     /// The record of an attempt after which the endpoint refused the retry the policy chose:
-    /// the call ends there, `gave_up` with `why`, and waits for nothing.
-    pub fn refused(record: Record, why: GiveUp) -> Record {
-        Record { wait: Duration::ZERO, verdict: Some(Verdict::GaveUp(why)), ..record }
+    /// the call ends there, `gave_up` with `why`, waits for nothing, and carries what the
+    /// endpoint said ([`Record::refused`]).
+    pub fn refused(&mut self, record: Record, why: GiveUp) -> Record {
+        Record {
+            wait: Duration::ZERO,
+            verdict: Some(Verdict::GaveUp(why)),
+            refused: self.admission.take(),
+            ..record
+        }
     }
 
     /// Tells the endpoint's pace and breaker how an attempt that ended at `now` went: the pace
@@ -280,7 +301,9 @@ impl Attempts {
             None => policy.decide(&mut self.state, op, &outcome, draw, Some(elapsed)),
         };
         let attempt_time = elapsed.saturating_sub(self.attempt_started);
-        let record = Record::decided(policy, key, number, op, outcome, draw, decision, attempt_time, elapsed);
+        let mut record =
+            Record::decided(policy, key, number, op, outcome, draw, decision, attempt_time, elapsed);
+        record.admitted = self.admission.take();
         (decision, record)
     }
 
@@ -342,6 +365,54 @@ mod tests {
         assert_eq!(a.attempts(), 2);
         let c = a.cancelled(&p, Operation::Idempotent, key, at(300));
         assert_eq!((c.attempt, c.total_time, c.verdict), (2, ms(200), Some(Verdict::Cancelled)));
+    }
+
+    #[test]
+    fn what_the_pace_and_the_breaker_said_goes_into_the_records() {
+        use crate::{BreakerSettings, PaceSettings, Phase};
+        let p = Policy::builder(Preset::Default).build().unwrap();
+        let key = Key::from_parts(1, 1, 1);
+        let settings = PaceSettings { start_milli: 1_000, burst: 1, ..PaceSettings::DEVICE };
+        let mut pace = Pace::new(settings).unwrap();
+        pace.on_throttled(at(0), Draw::ZERO); // 0.5/s, the next request 1 s away
+        let mut breaker = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        let mut a = Attempts::new(at(0));
+        // One ask: the wait is the bucket's, the token is taken for its end.
+        let mut guards = Guards::new(&mut pace, &mut breaker);
+        assert_eq!(a.admit_at(&mut guards, &p, at(0)), Ok(ms(1_000)));
+        assert_eq!(a.state().waited(), ms(1_000), "charged to the budget");
+        a.start(&p, at(1_000));
+        let (_, r) = a.end(
+            &p,
+            None,
+            Operation::KeyedWrite,
+            key,
+            Outcome::Failure(Failure::Refused),
+            Draw::ZERO,
+            at(1_010),
+        );
+        let said = r.admitted.unwrap();
+        assert_eq!((said.at, said.wait, said.pace.rate_milli), (ms(0), ms(1_000), 500));
+        assert_eq!(said.pace.wait(), said.wait);
+        assert_eq!((said.breaker, said.breaker_left), (Some(Phase::Closed), ms(0)));
+        // The breaker opens after two failures; the retry it refuses ends the call, and the
+        // last record says what refused it.
+        breaker.on_failure(at(1_010), Draw::ZERO);
+        breaker.on_failure(at(1_010), Draw::ZERO);
+        let mut guards = Guards::new(&mut pace, &mut breaker);
+        assert_eq!(a.admit_at(&mut guards, &p, at(1_100)), Err(GiveUp::CircuitOpen));
+        let last = a.refused(r, GiveUp::CircuitOpen);
+        let refused = last.refused.unwrap();
+        assert_eq!(
+            (refused.breaker, refused.breaker_left, refused.at),
+            (Some(Phase::Open), ms(14_910), ms(1_100))
+        );
+        assert_eq!((last.wait, last.verdict), (ms(0), Some(Verdict::GaveUp(GiveUp::CircuitOpen))));
+        // A plain call says nothing.
+        let mut plain = Attempts::new(at(0));
+        assert_eq!(plain.admit_at(&mut (), &p, at(0)), Ok(ms(0)));
+        let (_, r) = plain.end(&p, None, Operation::KeyedWrite, key, Outcome::Ok, Draw::ZERO, at(5));
+        assert_eq!((r.admitted, r.refused), (None, None));
     }
 
     #[test]

@@ -11,11 +11,16 @@
 ///   [`crate::Key::from_parts`]). No field was added or removed, but the key field's device part
 ///   is now the whole device id: a version 2 key read as a version 3 one would name a device
 ///   that does not exist.
+/// - 4: each attempt says what the endpoint's pace and circuit breaker said about it
+///   ([`crate::ledger::Admission`]: the pace's rate, bucket and wait, the breaker's phase and
+///   time left), and a call they ended carries what they said about the refused retry. A
+///   version 3 line cannot say whether a pace wait was charged to the call's budget, so its
+///   decisions cannot be replayed as a version 4 reader replays them.
 ///
 /// The policy's fingerprint does not hash this version but `POLICY_ENCODING`: a policy's
 /// settings are encoded as they were in version 2, so the same policy keeps its fingerprint
 /// across line versions.
-pub const LEDGER_VERSION: u32 = 3;
+pub const LEDGER_VERSION: u32 = 4;
 
 /// The version of the settings' encoding in [`crate::Policy::fingerprint`]: 2, the ledger
 /// format's version when the encoding was last changed. Fixed on its own since ledger version

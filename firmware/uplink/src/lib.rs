@@ -136,9 +136,11 @@ pub struct Config {
     /// Uptime after which a landed reading marks the boot healthy.
     pub healthy_after: Duration,
     /// Pace every attempt with [`PaceSettings::DEVICE`] and break the circuit with
-    /// [`BreakerSettings::DEVICE`] (docs/pacing.md). Off by default: with the device settings
-    /// a single device under a cloud that answers one request in eight with 503 slows to the
-    /// pace's floor, so the setting waits for device settings tuned for that (docs/pacing.md).
+    /// [`BreakerSettings::DEVICE`] (docs/pacing.md). Off by default: the device settings are
+    /// set for a herd, and a device alone under a cloud that fails a share of every request
+    /// (the `storm` scenario: one answer in eight a 503) cannot tell that from load, so it
+    /// drains at the herd's pace, about 0.1 requests/s (docs/pacing.md, *Why the device's pace
+    /// is not on by default*). Turn it on where the cloud throttles for load only.
     pub pacing: bool,
 }
 
