@@ -134,10 +134,11 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         "coap" => crate::coap::coap(root)?,
         "coap-storm" => crate::coap::coap_storm(root)?,
         "mqtt" => crate::mqtt::run(root)?,
+        "mqtt-gateway" => crate::mqtt_gateway::run(root)?,
         _ => {
             let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt, mqtt-gateway)"
                 );
             };
             run(root, scenario)?
@@ -323,12 +324,12 @@ struct RouteRun {
 }
 
 /// The host programs a route needs, built (debug) in the root workspace.
-struct HostBins {
-    cloud: PathBuf,
-    gateway: PathBuf,
+pub(crate) struct HostBins {
+    pub(crate) cloud: PathBuf,
+    pub(crate) gateway: PathBuf,
 }
 
-fn host_bins(root: &Path, route: Route) -> Result<HostBins> {
+pub(crate) fn host_bins(root: &Path, route: Route) -> Result<HostBins> {
     let packages: &[&str] = match route {
         Route::Direct => &["-p", "wary-cloud"],
         Route::GatewayTls | Route::Gateway => &["-p", "wary-cloud", "-p", "wary-gateway"],
@@ -622,7 +623,7 @@ impl Drop for GatewayProc {
 }
 
 /// `GET /metrics` from the gateway's loopback metrics port: the sample lines.
-fn scrape(port: u16) -> Result<Vec<String>> {
+pub(crate) fn scrape(port: u16) -> Result<Vec<String>> {
     let mut stream =
         std::net::TcpStream::connect(("127.0.0.1", port)).context("connecting to the gateway's metrics")?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -779,7 +780,7 @@ fn wrong_token(bins: &HostBins, tls: &TlsRun) -> Result<String> {
 }
 
 /// Puts `faults` in force on the cloud at 127.0.0.1:`port` (`POST /admin/faults`).
-fn put_faults(port: u16, faults: &str) -> Result<()> {
+pub(crate) fn put_faults(port: u16, faults: &str) -> Result<()> {
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).context("connecting to the cloud")?;
     let request = format!(
         "POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{faults}",
@@ -796,15 +797,15 @@ fn put_faults(port: u16, faults: &str) -> Result<()> {
 
 /// The test cloud as a child process: its address from its first line, its report (one JSON
 /// line) when its standard input closes.
-struct Cloud {
+pub(crate) struct Cloud {
     child: Child,
     stdin: Option<ChildStdin>,
-    port: u16,
+    pub(crate) port: u16,
     out: Option<thread::JoinHandle<String>>,
 }
 
 impl Cloud {
-    fn start(bin: &Path, faults: &str) -> Result<Cloud> {
+    pub(crate) fn start(bin: &Path, faults: &str) -> Result<Cloud> {
         let mut child = Command::new(bin)
             .args(["--listen", "127.0.0.1:0", "--faults", faults, "--exit-on-stdin-close"])
             .stdin(Stdio::piped())
@@ -830,7 +831,7 @@ impl Cloud {
     }
 
     /// Closes its standard input and reads its final report.
-    fn stop(&mut self) -> Result<serde_json::Value> {
+    pub(crate) fn stop(&mut self) -> Result<serde_json::Value> {
         if let Some(mut stdin) = self.stdin.take() {
             let _ = stdin.flush();
         }
@@ -855,13 +856,13 @@ impl Drop for Cloud {
 #[derive(Debug, Default)]
 pub(crate) struct Log {
     /// Boot numbers in the order they started.
-    boots: Vec<u32>,
+    pub(crate) boots: Vec<u32>,
     /// Every reading accepted into the outbox, as (boot, seq).
-    accepted: BTreeSet<(u32, u32)>,
+    pub(crate) accepted: BTreeSet<(u32, u32)>,
     /// `RESET` lines: kind, boot, the rest of the line.
-    resets: Vec<(String, u32, String)>,
+    pub(crate) resets: Vec<(String, u32, String)>,
     /// The last boot's `SUMMARY` fields.
-    summary: Option<String>,
+    pub(crate) summary: Option<String>,
     /// Attempts of each call that reached a verdict, and calls cut off by a reset.
     calls: Vec<u32>,
     interrupted: u32,
@@ -912,7 +913,7 @@ impl Log {
 }
 
 /// True if `line` holds any 16 consecutive hex digits of [`TOKEN`].
-fn shows_token(line: &str) -> bool {
+pub(crate) fn shows_token(line: &str) -> bool {
     (0..=TOKEN.len() - 16).any(|at| line.contains(&TOKEN[at..at + 16]))
 }
 

@@ -12,6 +12,7 @@ mod fuzz;
 mod harness;
 mod keepalive;
 mod mqtt;
+mod mqtt_gateway;
 mod msrv;
 mod mutants;
 mod net;
@@ -86,7 +87,7 @@ enum Verb {
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
     /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`,
-    /// `coap`, `coap-storm`, `mqtt`).
+    /// `coap`, `coap-storm`, `mqtt`, `mqtt-gateway`).
     Device {
         /// The scenario's name.
         name: String,

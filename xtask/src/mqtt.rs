@@ -36,7 +36,7 @@ const READINGS: u32 = 40;
 /// A wedged guest must never hold CI.
 const TIMEOUT: Duration = Duration::from_secs(240);
 /// The checker's password on the broker (a test value).
-const GATEWAY_PASSWORD: &str = "6761746577617920636865636b657220706173737764206f6e6c7920666f7220";
+pub(crate) const GATEWAY_PASSWORD: &str = "6761746577617920636865636b657220706173737764206f6e6c7920666f7220";
 
 /// The proxy's script: each entry is used by the next PUBLISH (retries included), then every
 /// PUBLISH passes. The failing PUBACK codes (0x87, 0x90, 0x99) end a reading `failed` by
@@ -63,7 +63,7 @@ const SCRIPT: [Fault; 17] = [
 
 /// Builds the uplink with `--features mqtt` and keeps its ELF apart (the plain build of the
 /// next `build` puts its own back in place).
-fn build_mqtt(firmware: &Path, keep: &Path) -> Result<(PathBuf, PathBuf)> {
+pub(crate) fn build_mqtt(firmware: &Path, keep: &Path) -> Result<(PathBuf, PathBuf)> {
     step("building the uplink and mqtttest with `--features mqtt`");
     run_firmware_cargo(
         firmware,
@@ -323,7 +323,7 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
     Ok(text.join("\n"))
 }
 
-fn hex_map(m: &BTreeMap<u8, u32>) -> String {
+pub(crate) fn hex_map(m: &BTreeMap<u8, u32>) -> String {
     let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k:#04x}: {v}")).collect();
     format!("{{{}}}", parts.join(", "))
 }
