@@ -97,6 +97,10 @@ async fn good_readings_land_and_bad_messages_are_refused_and_acknowledged() {
         assert!(cloud.key_stats(&key(0xb2, 1, 0)).is_none());
         assert!(gw.prometheus().contains("wary_gateway_mqtt_refused_total{reason=\"forbidden\"} 1\n"));
         // The same replica again: its session is kept, and nothing acknowledged comes back.
+        // `acked` counts acknowledgements handed to the client; give its event loop a moment to
+        // write them before the replica goes (dropping it is a crash: a PUBACK still queued then
+        // is never sent, and the broker rightly delivers that message again).
+        tokio::time::sleep(Duration::from_millis(500)).await;
         drop(ing);
         let again = ingress(&gw, port, "gw-1");
         let c2 = again.counts().clone();
