@@ -43,9 +43,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use coap_lite::option_value::OptionValueU16;
-use coap_lite::{
-    CoapOption, ContentFormat, MessageClass, MessageType, Packet, RequestType, ResponseType,
-};
+use coap_lite::{CoapOption, ContentFormat, MessageClass, MessageType, Packet, RequestType, ResponseType};
 use http::HeaderValue;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -321,8 +319,11 @@ fn uint(v: u32) -> Vec<u8> {
 pub fn reply(answer: &Answer) -> Reply {
     match answer {
         Answer::Landed(d) => {
-            let code =
-                if d.status == http::StatusCode::CREATED { ResponseType::Created } else { ResponseType::Changed };
+            let code = if d.status == http::StatusCode::CREATED {
+                ResponseType::Created
+            } else {
+                ResponseType::Changed
+            };
             let json = d
                 .content_type
                 .as_ref()
@@ -379,7 +380,9 @@ async fn datagram_in(shared: &Arc<Shared>, datagram: &[u8], peer: SocketAddr) {
                 let _ = tx.send(());
             }
         }
-        (MessageType::Confirmable, MessageClass::Request(method)) => request(shared, &packet, method, peer).await,
+        (MessageType::Confirmable, MessageClass::Request(method)) => {
+            request(shared, &packet, method, peer).await
+        }
         (MessageType::NonConfirmable, MessageClass::Request(_)) | (MessageType::Confirmable, _) => {
             // Non-confirmable requests could not be answered after their verdict; a CON that
             // is no request (an empty one is a "ping") gets a Reset too (section 4.3).
@@ -406,9 +409,13 @@ async fn request(shared: &Arc<Shared>, packet: &Packet, method: RequestType, pee
                     Exchange::Done(bytes) => Some(bytes.clone()),
                 }
             }
-            None if memory.exchanges.len() >= shared.config.max_exchanges => Some(
-                Reply::busy("too many exchanges; same key later").encode(MessageType::Acknowledgement, id.1, &token),
-            ),
+            None if memory.exchanges.len() >= shared.config.max_exchanges => {
+                Some(Reply::busy("too many exchanges; same key later").encode(
+                    MessageType::Acknowledgement,
+                    id.1,
+                    &token,
+                ))
+            }
             None => {
                 memory.exchanges.insert(id, Exchange::Pending { empty_acked: false });
                 memory.order.push_back((Instant::now(), id));
@@ -444,11 +451,16 @@ fn key_of(packet: &Packet) -> Result<String, Reply> {
     };
     let ok = key.len() == 32 && key.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
     let key = std::str::from_utf8(key).ok().filter(|_| ok);
-    key.map(str::to_owned).ok_or_else(|| Reply::refusal(ResponseType::BadRequest, "the key must be 32 lowercase hex digits"))
+    key.map(str::to_owned)
+        .ok_or_else(|| Reply::refusal(ResponseType::BadRequest, "the key must be 32 lowercase hex digits"))
 }
 
 /// Checks a request and submits it: the verdict's receiver, or the gateway's own refusal.
-fn forward(shared: &Shared, packet: &Packet, method: RequestType) -> Result<oneshot::Receiver<Answer>, Reply> {
+fn forward(
+    shared: &Shared,
+    packet: &Packet,
+    method: RequestType,
+) -> Result<oneshot::Receiver<Answer>, Reply> {
     let gw = &shared.gw;
     let refuse = |what: &'static str, reply: Reply| {
         gw.count_refusal(what);
@@ -457,10 +469,16 @@ fn forward(shared: &Shared, packet: &Packet, method: RequestType) -> Result<ones
     };
     for (&number, _) in packet.options() {
         if PROXY.contains(&number) {
-            return Err(refuse("bad_request", Reply::refusal(ResponseType::ProxyingNotSupported, "not a forward proxy")));
+            return Err(refuse(
+                "bad_request",
+                Reply::refusal(ResponseType::ProxyingNotSupported, "not a forward proxy"),
+            ));
         }
         if number % 2 == 1 && !UNDERSTOOD.contains(&number) {
-            return Err(refuse("bad_request", Reply::refusal(ResponseType::BadOption, "unknown critical option")));
+            return Err(refuse(
+                "bad_request",
+                Reply::refusal(ResponseType::BadOption, "unknown critical option"),
+            ));
         }
     }
     let key = key_of(packet).map_err(|r| refuse("bad_request", r))?;
@@ -489,7 +507,10 @@ fn forward(shared: &Shared, packet: &Packet, method: RequestType) -> Result<ones
         ));
     }
     if serde_json::from_slice::<serde::de::IgnoredAny>(&packet.payload).is_err() {
-        return Err(refuse("bad_request", Reply::refusal(ResponseType::BadRequest, "the payload is not JSON")));
+        return Err(refuse(
+            "bad_request",
+            Reply::refusal(ResponseType::BadRequest, "the payload is not JSON"),
+        ));
     }
     let header = HeaderValue::from_str(&key)
         .map_err(|_| refuse("bad_request", Reply::refusal(ResponseType::BadRequest, "bad key")))?;

@@ -353,7 +353,8 @@ async fn run(args: Args) -> Result<()> {
     }
     let _coap = match args.coap {
         Some(addr) => {
-            let socket = tokio::net::UdpSocket::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            let socket =
+                tokio::net::UdpSocket::bind(addr).await.with_context(|| format!("binding {addr}"))?;
             let config = wary_gateway::coap::CoapConfig {
                 piggyback_wait: Duration::from_millis(args.coap_piggyback_ms),
                 ..Default::default()
