@@ -356,3 +356,96 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file()))
         .ok_or(())
 }
+
+#[tokio::test]
+async fn an_upstream_refusal_is_its_own_4xx_and_never_resent() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let mut c = config(&cloud.url(""));
+        // No such route upstream: 404, which CoAP has as 4.04.
+        c.upstream.path = "/nowhere".to_owned();
+        let (gw, ingress, _) = gateway(c, CoapConfig::default()).await;
+        let dev = device().await;
+        let ack = verdict(&dev, ingress.local_addr(), &post(&key(9), 90, "{}")).await;
+        assert_eq!(code(&ack), MessageClass::Response(ResponseType::NotFound));
+        assert_eq!(cloud.stats().requests, 1, "a failed call is not retried");
+        assert_eq!(gw.metrics().verdicts.get("failed"), Some(&1));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_payload_over_the_limit_is_4_13_with_size1() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let mut c = config(&cloud.url(""));
+        c.max_body = 16;
+        let (_gw, ingress, _) = gateway(c, CoapConfig::default()).await;
+        let dev = device().await;
+        let (_, ack) =
+            exchange(&dev, ingress.local_addr(), &post(&key(10), 100, r#"{"padding":"0123456789"}"#)).await;
+        assert_eq!(code(&ack), MessageClass::Response(ResponseType::RequestEntityTooLarge));
+        let size1 = ack.get_first_option_as::<OptionValueU32>(CoapOption::Size1).map(|v| v.unwrap().0);
+        assert_eq!(size1, Some(16));
+        assert_eq!(cloud.stats().requests, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_message_id_is_remembered_for_the_exchange_lifetime_only() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        // A lifetime of zero: every message is past it when the next one comes.
+        let coap = CoapConfig { exchange_lifetime: Duration::ZERO, ..CoapConfig::default() };
+        let (_gw, ingress, _) = gateway(config(&cloud.url("")), coap).await;
+        let dev = device().await;
+        let datagram = post(&key(11), 110, "{}");
+        let (_, first) = exchange(&dev, ingress.local_addr(), &datagram).await;
+        let (_, second) = exchange(&dev, ingress.local_addr(), &datagram).await;
+        assert_eq!(code(&first), MessageClass::Response(ResponseType::Created));
+        // Forgotten, so forwarded again: the upstream's key store answers it as a replay.
+        assert!(matches!(
+            code(&second),
+            MessageClass::Response(ResponseType::Created | ResponseType::Changed)
+        ));
+        assert_eq!(cloud.stats().requests, 2);
+        assert_eq!(cloud.key_stats(&key(11)).unwrap().effects, 1);
+        assert_eq!(ingress.counts().duplicates.load(Ordering::Relaxed), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unacknowledged_separate_response_is_retransmitted_max_retransmit_times() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", "slow=1.0:ms=300".parse::<Faults>().unwrap()).await.unwrap();
+        let coap = CoapConfig {
+            piggyback_wait: Duration::from_millis(20),
+            ack_timeout: Duration::from_millis(30),
+            max_retransmit: 2,
+            ..CoapConfig::default()
+        };
+        let (_gw, ingress, _) = gateway(config(&cloud.url("")), coap).await;
+        let dev = device().await;
+        let (_, empty) = exchange(&dev, ingress.local_addr(), &post(&key(12), 120, "{}")).await;
+        assert_eq!(code(&empty), MessageClass::Empty);
+        // The device never acknowledges: the first transmission and 2 retransmissions, the
+        // same message each time.
+        let mut copies = Vec::new();
+        for _ in 0..3 {
+            copies.push(receive(&dev).await.0);
+        }
+        assert!(copies.iter().all(|c| *c == copies[0]), "the same message, same ID");
+        let response = Packet::from_bytes(&copies[0]).unwrap();
+        assert_eq!(response.header.get_type(), MessageType::Confirmable);
+        assert_eq!(code(&response), MessageClass::Response(ResponseType::Created));
+        // Then it stops: nothing more comes, and it is counted.
+        let mut buf = [0u8; 64];
+        let more = tokio::time::timeout(Duration::from_millis(1_000), dev.recv(&mut buf)).await;
+        assert!(more.is_err(), "no fourth transmission");
+        assert_eq!(ingress.counts().separate_unacknowledged.load(Ordering::Relaxed), 1);
+        assert_eq!(cloud.stats().requests, 1);
+    })
+    .await;
+}
