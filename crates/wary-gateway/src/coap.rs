@@ -123,6 +123,31 @@ pub struct CoapCounts {
     pub reset: AtomicU64,
 }
 
+impl CoapCounts {
+    /// The counters as Prometheus text (`wary_gateway_coap_*`).
+    pub fn prometheus(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let mut one = |name: &str, help: &str, v: &AtomicU64| {
+            let _ = writeln!(s, "# HELP wary_gateway_coap_{name} {help}");
+            let _ = writeln!(s, "# TYPE wary_gateway_coap_{name} counter");
+            let _ = writeln!(s, "wary_gateway_coap_{name} {}", v.load(Ordering::Relaxed));
+        };
+        one("exchanges_total", "Confirmable CoAP requests taken as new exchanges.", &self.exchanges);
+        one("duplicates_total", "CoAP retransmissions answered from memory.", &self.duplicates);
+        one("piggybacked_total", "CoAP verdicts sent piggybacked on the ACK.", &self.piggybacked);
+        one("separate_total", "CoAP verdicts sent as separate responses.", &self.separate);
+        one(
+            "separate_unacknowledged_total",
+            "Separate CoAP responses never acknowledged after MAX_RETRANSMIT.",
+            &self.separate_unacknowledged,
+        );
+        one("refused_total", "CoAP requests the gateway refused itself (never forwarded).", &self.refused);
+        one("reset_total", "CoAP messages rejected with a Reset.", &self.reset);
+        s
+    }
+}
+
 /// What the gateway remembers of one exchange.
 enum Exchange {
     /// The verdict is not in yet; `empty_acked` once the empty ACK went out.
@@ -198,6 +223,7 @@ impl Ingress {
     pub fn start(gw: Arc<Gateway>, socket: UdpSocket, config: CoapConfig) -> std::io::Result<Ingress> {
         let local = socket.local_addr()?;
         let counts = Arc::new(CoapCounts::default());
+        gw.attach_coap(counts.clone());
         let shared = Arc::new(Shared {
             gw,
             socket,

@@ -159,7 +159,7 @@ async fn a_reading_lands_once_and_the_ack_carries_the_verdict() {
 async fn a_retransmitted_message_id_gets_the_same_answer_from_memory() {
     within(async {
         let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
-        let (_gw, ingress, _) = gateway(config(&cloud.url("")), CoapConfig::default()).await;
+        let (gw, ingress, _) = gateway(config(&cloud.url("")), CoapConfig::default()).await;
         let dev = device().await;
         let datagram = post(&key(2), 7, "{}");
         let (first, _) = exchange(&dev, ingress.local_addr(), &datagram).await;
@@ -167,6 +167,9 @@ async fn a_retransmitted_message_id_gets_the_same_answer_from_memory() {
         assert_eq!(first, second, "the same bytes: the first answer, remembered");
         assert_eq!(cloud.stats().requests, 1, "one upstream call for one message ID");
         assert_eq!(ingress.counts().duplicates.load(Ordering::Relaxed), 1);
+        let text = gw.prometheus();
+        assert!(text.contains("wary_gateway_coap_duplicates_total 1\n"), "{text}");
+        assert!(text.contains("wary_gateway_coap_exchanges_total 1\n"), "{text}");
         // Another device (another port) may use the same message ID: its own exchange.
         let other = device().await;
         let (_, ack) = exchange(&other, ingress.local_addr(), &post(&key(3), 7, "{}")).await;
