@@ -295,8 +295,8 @@ async fn what_the_gateway_refuses_is_never_forwarded() {
     .await;
 }
 
-#[test]
-fn the_binary_refuses_coap_without_insecure_no_auth() {
+#[tokio::test]
+async fn the_binary_refuses_coap_without_insecure_no_auth_and_serves_it_with() {
     let dir = std::env::temp_dir().join(format!("wary-gw-coap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let creds = dir.join("credentials");
@@ -311,21 +311,42 @@ fn the_binary_refuses_coap_without_insecure_no_auth() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--insecure-no-auth"), "says what it needs: {err}");
     assert!(!err.contains("coap on"), "never listened: {err}");
-    // With it, the ingress starts and says it is unauthenticated.
-    let mut child = Command::new(BIN)
-        .args(["--upstream", "http://127.0.0.1:9", "--insecure-plain-http", "--no-metrics"])
-        .args(["--listen", "127.0.0.1:0", "--coap", "127.0.0.1:0", "--insecure-no-auth"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let started =
-        lines.by_ref().take(10).map_while(Result::ok).find(|l| l.contains("coap on coap://127.0.0.1:"));
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let started = started.expect("the CoAP ingress started");
-    assert!(started.contains("no authentication"), "{started}");
     std::fs::remove_dir_all(&dir).unwrap();
+    // With it, the ingress starts, says it is unauthenticated, and a reading lands through it.
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let mut child = Command::new(BIN)
+            .args(["--upstream", &cloud.url(""), "--insecure-plain-http", "--no-metrics"])
+            .args(["--listen", "127.0.0.1:0", "--coap", "127.0.0.1:0", "--insecure-no-auth"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let _child = KillOnDrop(child);
+        // Read its output to the end (a closed pipe would fail its later writes); the line
+        // naming the CoAP address comes back first.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("coap on coap://127.0.0.1:")
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let started = rx.await.ok();
+        let started = started.expect("the CoAP ingress started");
+        assert!(started.contains("no authentication"), "{started}");
+        let addr: SocketAddr =
+            started.split("coap://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+        let dev = device().await;
+        let ack = verdict(&dev, addr, &post(&key(13), 130, r#"{"seq":13}"#)).await;
+        assert_eq!(code(&ack), MessageClass::Response(ResponseType::Created));
+        assert_eq!(cloud.key_stats(&key(13)).unwrap().effects, 1);
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -352,6 +373,16 @@ async fn libcoaps_client_gets_its_answer() {
         assert_eq!(cloud.stats().requests, 1);
     })
     .await;
+}
+
+/// A gateway process, killed when the test ends however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn which(name: &str) -> Result<std::path::PathBuf, ()> {
