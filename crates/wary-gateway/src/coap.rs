@@ -26,8 +26,9 @@
 //!
 //! **Deduplication.** Each confirmable request is remembered by (peer, Message ID) for
 //! EXCHANGE_LIFETIME (RFC 7252 section 4.5): a retransmission is answered from that memory
-//! (the same piggybacked response, or the empty ACK again while the verdict is pending or was
-//! sent separately) and never makes a second upstream call. A resend with a new Message ID is a
+//! (the same piggybacked response; the empty ACK again while the verdict is pending; the empty
+//! ACK and the same separate response once that was sent, for a device that stopped listening
+//! before it came) and never makes a second upstream call. A resend with a new Message ID is a
 //! new exchange; its key, unchanged, lets the upstream deduplicate it.
 //!
 //! **No authentication.** DTLS is blocked on the device (`docs/coap.md`), so nothing on the wire
@@ -152,8 +153,9 @@ impl CoapCounts {
 enum Exchange {
     /// The verdict is not in yet; `empty_acked` once the empty ACK went out.
     Pending { empty_acked: bool },
-    /// What a retransmission of the request is answered with.
-    Done(Bytes),
+    /// What a retransmission of the request is answered with: the piggybacked response, or the
+    /// empty ACK and the separate response again.
+    Done(Vec<Bytes>),
 }
 
 type Id = (SocketAddr, u16);
@@ -430,17 +432,17 @@ async fn request(shared: &Arc<Shared>, packet: &Packet, method: RequestType, pee
                 shared.counts.duplicates.fetch_add(1, Ordering::Relaxed);
                 match known {
                     // The piggybacked answer is on its way.
-                    Exchange::Pending { empty_acked: false } => None,
-                    Exchange::Pending { empty_acked: true } => Some(empty_ack(id.1)),
-                    Exchange::Done(bytes) => Some(bytes.clone()),
+                    Exchange::Pending { empty_acked: false } => Vec::new(),
+                    Exchange::Pending { empty_acked: true } => vec![empty_ack(id.1)],
+                    Exchange::Done(replies) => replies.clone(),
                 }
             }
             None if memory.exchanges.len() >= shared.config.max_exchanges => {
-                Some(Reply::busy("too many exchanges; same key later").encode(
+                vec![Reply::busy("too many exchanges; same key later").encode(
                     MessageType::Acknowledgement,
                     id.1,
                     &token,
-                ))
+                )]
             }
             None => {
                 memory.exchanges.insert(id, Exchange::Pending { empty_acked: false });
@@ -450,18 +452,18 @@ async fn request(shared: &Arc<Shared>, packet: &Packet, method: RequestType, pee
                 match forward(shared, packet, method) {
                     Ok(rx) => {
                         tokio::spawn(exchange(shared.clone(), id, token, rx));
-                        None
+                        Vec::new()
                     }
                     Err(reply) => {
                         let bytes = reply.encode(MessageType::Acknowledgement, id.1, &token);
-                        shared.remember(id, Exchange::Done(bytes.clone()));
-                        Some(bytes)
+                        shared.remember(id, Exchange::Done(vec![bytes.clone()]));
+                        vec![bytes]
                     }
                 }
             }
         }
     };
-    if let Some(bytes) = reply_now {
+    for bytes in reply_now {
         shared.send(&bytes, peer).await;
     }
 }
@@ -568,7 +570,7 @@ async fn exchange(shared: Arc<Shared>, id: Id, token: Vec<u8>, mut rx: oneshot::
     if let Ok(answer) = tokio::time::timeout(shared.config.piggyback_wait, &mut rx).await {
         let answer = answer.unwrap_or(Answer::Cancelled);
         let bytes = reply(&answer).encode(MessageType::Acknowledgement, mid, &token);
-        shared.remember(id, Exchange::Done(bytes.clone()));
+        shared.remember(id, Exchange::Done(vec![bytes.clone()]));
         shared.counts.piggybacked.fetch_add(1, Ordering::Relaxed);
         shared.send(&bytes, peer).await;
         return;
@@ -577,12 +579,12 @@ async fn exchange(shared: Arc<Shared>, id: Id, token: Vec<u8>, mut rx: oneshot::
     shared.remember(id, Exchange::Pending { empty_acked: true });
     shared.send(&ack, peer).await;
     let answer = rx.await.unwrap_or(Answer::Cancelled);
-    // From now on a retransmission of the request (its empty ACK lost) gets the empty ACK again;
-    // the response goes on its own.
-    shared.remember(id, Exchange::Done(ack));
     shared.counts.separate.fetch_add(1, Ordering::Relaxed);
     let own = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let bytes = reply(&answer).encode(MessageType::Confirmable, own, &token);
+    // From now on a retransmission of the request (a device that stopped listening before the
+    // response came, or lost it) gets the empty ACK and the response again, from memory.
+    shared.remember(id, Exchange::Done(vec![ack, bytes.clone()]));
     let (tx, mut acked) = oneshot::channel();
     shared.memory().awaiting.insert((peer, own), tx);
     // The first timeout drawn once in [ACK_TIMEOUT, 1.5 × ACK_TIMEOUT], doubled each time.

@@ -218,9 +218,12 @@ async fn a_slow_verdict_comes_as_a_separate_response_after_an_empty_ack() {
         dev.send_to(&ack.to_bytes().unwrap(), ingress.local_addr()).await.unwrap();
         assert_eq!(cloud.stats().requests, 1);
         assert_eq!(ingress.counts().separate.load(Ordering::Relaxed), 1);
-        // The request's retransmission after the verdict: still the empty ACK, never a second call.
+        // The request's retransmission after the verdict (a device that stopped listening): the
+        // empty ACK and the same response again, from memory, never a second call.
         let (_, late) = exchange(&dev, ingress.local_addr(), &datagram).await;
         assert_eq!(code(&late), MessageClass::Empty);
+        let (_, again) = receive(&dev).await;
+        assert_eq!(again, response, "the same separate response, same message ID");
         assert_eq!(cloud.stats().requests, 1);
     })
     .await;
