@@ -135,8 +135,9 @@ async fn a_reading_lands_once_and_the_ack_carries_the_verdict() {
         let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
         let (_gw, ingress, _) = gateway(config(&cloud.url("")), CoapConfig::default()).await;
         let dev = device().await;
-        let (_, ack) =
-            exchange(&dev, ingress.local_addr(), &post(&key(1), 0x1234, r#"{"seq":1,"mC":21000}"#)).await;
+        let request = post(&key(1), 0x1234, r#"{"seq":1,"mC":21000}"#);
+        let (answer, ack) = exchange(&dev, ingress.local_addr(), &request).await;
+        println!("request {} B, piggybacked answer {} B (UDP payloads)", request.len(), answer.len());
         assert_eq!(ack.header.get_type(), MessageType::Acknowledgement, "piggybacked on the ACK");
         assert_eq!(ack.header.message_id, 0x1234);
         assert_eq!(ack.get_token(), &0x1234u16.to_be_bytes());
