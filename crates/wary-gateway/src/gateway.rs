@@ -230,6 +230,8 @@ struct Shared {
     endpoint: SharedEndpoint,
     /// The MQTT ingress's counters, once it runs (shown on `/metrics`).
     mqtt: Mutex<Option<Arc<crate::mqtt::MqttCounts>>>,
+    /// The CoAP ingress's counters, once it runs (shown on `/metrics`).
+    coap: Mutex<Option<Arc<crate::coap::CoapCounts>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -297,6 +299,7 @@ impl Gateway {
             admission: Mutex::new(Admission::new(config.admission)),
             endpoint,
             mqtt: Mutex::new(None),
+            coap: Mutex::new(None),
             config,
         });
         let workers = (0..shared.config.workers.max(1))
@@ -414,12 +417,20 @@ impl Gateway {
         if let Some(c) = lock(&self.shared.mqtt).as_ref() {
             text.push_str(&c.prometheus());
         }
+        if let Some(c) = lock(&self.shared.coap).as_ref() {
+            text.push_str(&c.prometheus());
+        }
         text
     }
 
     /// Shows an MQTT ingress's counters on `/metrics` ([`crate::mqtt::Ingress::start`] does it).
     pub(crate) fn attach_mqtt(&self, counts: Arc<crate::mqtt::MqttCounts>) {
         *lock(&self.shared.mqtt) = Some(counts);
+    }
+
+    /// Shows a CoAP ingress's counters on `/metrics` ([`crate::coap::Ingress::start`] does it).
+    pub(crate) fn attach_coap(&self, counts: Arc<crate::coap::CoapCounts>) {
+        *lock(&self.shared.coap) = Some(counts);
     }
 
     /// Stops the workers now. In-flight calls are dropped without an answer.

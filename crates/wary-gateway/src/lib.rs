@@ -17,11 +17,15 @@
 //! With `--mqtt` the readings come from an MQTT 5 broker instead, as one replica of a shared
 //! subscription, each acknowledged after its verdict ([`mqtt`]).
 //!
+//! With `--coap` devices may also send confirmable CoAP `POST`s to `/r/<key>` ([`coap`]), answered
+//! after their verdict like an HTTP request (no authentication yet: `--insecure-no-auth` only).
+//!
 //! Retry happens at exactly one layer per hop: the HTTP client does not retry on its own, and
 //! the device's resend after a 503 is paced by the gateway's Retry-After and deduplicated by
 //! its key upstream. See `docs/deployment.md` for running several replicas.
 
 pub mod admission;
+pub mod coap;
 pub mod credentials;
 pub mod gateway;
 pub mod ingress;

@@ -167,6 +167,14 @@ struct Args {
     /// (a replica taken out of the set for good; see docs/deployment.md).
     #[arg(long, requires = "mqtt")]
     mqtt_leave: bool,
+    /// Also take readings over CoAP on this UDP address (confirmable `POST /r/<key>`). CoAP has
+    /// no device authentication yet (no DTLS on the device): needs `--insecure-no-auth`.
+    #[arg(long, value_name = "UDP ADDR", conflicts_with = "mqtt")]
+    coap: Option<SocketAddr>,
+    /// CoAP: a verdict within this many milliseconds is piggybacked on the ACK; a later one
+    /// follows an empty ACK as a separate response.
+    #[arg(long, default_value_t = 1000, requires = "coap")]
+    coap_piggyback_ms: u64,
 }
 
 /// The MQTT settings, with the password from its file or variable.
@@ -314,6 +322,10 @@ async fn run(args: Args) -> Result<()> {
         Some(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
         None => Box::new(std::io::sink()),
     };
+    if args.coap.is_some() && !args.insecure_no_auth {
+        // Nothing in a plain CoAP datagram says who sent it (docs/coap.md, docs/security.md).
+        bail!("--coap has no device authentication (no DTLS or OSCORE yet): it needs --insecure-no-auth");
+    }
     let gw = Arc::new(Gateway::start(config, ledger)?);
     if !args.no_metrics {
         let listener = tokio::net::TcpListener::bind(args.metrics).await?;
@@ -339,6 +351,20 @@ async fn run(args: Args) -> Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         return Ok(());
     }
+    let _coap = match args.coap {
+        Some(addr) => {
+            let socket =
+                tokio::net::UdpSocket::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            let config = wary_gateway::coap::CoapConfig {
+                piggyback_wait: Duration::from_millis(args.coap_piggyback_ms),
+                ..Default::default()
+            };
+            let ingress = wary_gateway::coap::Ingress::start(gw.clone(), socket, config)?;
+            eprintln!("wary-gateway: coap on coap://{} (no authentication)", ingress.local_addr());
+            Some(ingress)
+        }
+        None => None,
+    };
     tokio::spawn(reload_on_hangup(gw.clone(), args.credentials.clone(), tls.clone()));
     let listener = listen(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
