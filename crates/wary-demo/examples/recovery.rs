@@ -329,6 +329,12 @@ async fn run(a: &Args, mode: Mode) -> Result<Value> {
         // Only when every reading was delivered within the limit.
         "drain_s": if finished { json!(drain_s) } else { Value::Null },
         "drain_x_ideal": if finished { json!(drain_s / ideal_s) } else { Value::Null },
+        // Otherwise the drain took longer than the run's recovery: this many times the ideal.
+        "drain_x_ideal_more_than": if finished {
+            Value::Null
+        } else {
+            json!((elapsed.as_secs_f64() - a.outage_ms as f64 / 1000.0).max(0.0) / ideal_s)
+        },
         "delivered_share": delivered as f64 / readings as f64,
         // Readings delivered a second between the outage's end and the run's, over the capacity.
         "goodput_x_capacity": delivered as f64
@@ -344,11 +350,15 @@ async fn run(a: &Args, mode: Mode) -> Result<Value> {
     });
     eprintln!(
         "  recovery, gateway {mode}: peak {:.2}× capacity, drain {}× ideal, goodput {:.2}× capacity, \
-         {} requests/reading, delivered {delivered}/{readings}, duplicates {}, lost {}{}",
+         {:.2} requests/reading, delivered {delivered}/{readings}, duplicates {}, lost {}{}",
         row["peak_x_capacity"].as_f64().unwrap_or(0.0),
-        row["drain_x_ideal"],
+        if finished {
+            format!("{:.2}", row["drain_x_ideal"].as_f64().unwrap_or(0.0))
+        } else {
+            format!("> {:.2}", row["drain_x_ideal_more_than"].as_f64().unwrap_or(0.0))
+        },
         row["goodput_x_capacity"].as_f64().unwrap_or(0.0),
-        row["requests_per_reading"],
+        row["requests_per_reading"].as_f64().unwrap_or(f64::NAN),
         row["duplicates"],
         row["lost"],
         if finished { "" } else { " (stopped at the limit)" },
