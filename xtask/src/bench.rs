@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: decision cost under callgrind (wary against backon, same run), sizes,
 //! flash deltas on thumbv7em, the fleet simulation, the optimistic-concurrency model of the AWS
-//! backoff study, and the gateway under load beside nginx;
+//! backoff study, the gateway under load beside nginx, and a recovery on real processes;
 //! printed and written to target/bench/. Installs what it needs when missing: valgrind,
 //! iai-callgrind-runner, the thumb target, llvm-tools and nginx.
 
@@ -235,7 +235,7 @@ fn mqtt_ingress(root: &Path) -> Result<()> {
 /// into results.json as `recovery`, its chart to target/bench/recovery.svg.
 fn recovery(root: &Path) -> Result<()> {
     step(
-        "recovery on real processes: test cloud at 200 requests/s after a 5 s outage, the gateway paced and unpaced",
+        "recovery on real processes: test cloud at 200 requests/s after a 5 s outage, the gateway paced (default and tuned) and unpaced",
     );
     run(
         root,

@@ -15,7 +15,9 @@
 //! and the arrivals per second against the capacity line, both modes, as SVG to `--svg`.
 //!
 //! Usage: `recovery --gateway-bin PATH --out FILE --svg FILE [--capacity C] [--sensors M]
-//! [--backlog B] [--outage-ms O] [--limit-s S]`
+//! [--backlog B] [--outage-ms O] [--limit-s S] [--capacity-retry-after spread|SECONDS]` (the
+//! last gives the capacity's 503s a Retry-After: `spread` draws it to spread the excess over the
+//! seconds it needs).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -48,6 +50,8 @@ struct Args {
     backlog: u32,
     outage_ms: u64,
     limit_s: u64,
+    /// The Retry-After of the capacity's 503s (`spread`, or a fixed spec), none by default.
+    capacity_ra: Option<String>,
 }
 
 fn args() -> Result<Args> {
@@ -60,6 +64,7 @@ fn args() -> Result<Args> {
         backlog: 2,
         outage_ms: 5_000,
         limit_s: 17,
+        capacity_ra: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -73,6 +78,7 @@ fn args() -> Result<Args> {
             "--backlog" => a.backlog = v.parse()?,
             "--outage-ms" => a.outage_ms = v.parse()?,
             "--limit-s" => a.limit_s = v.parse()?,
+            "--capacity-retry-after" => a.capacity_ra = Some(v),
             _ => bail!("unknown flag {flag}"),
         }
     }
@@ -272,7 +278,8 @@ async fn run(a: &Args, mode: Mode) -> Result<Value> {
     wait_listening(port).await?;
 
     // The outage and the capacity's windows count from here, as do the sensors.
-    let script = format!("capacity={},outage=0:ms={},scope=keyed", a.capacity, a.outage_ms);
+    let ra = a.capacity_ra.as_ref().map_or(String::new(), |ra| format!(":ra={ra}"));
+    let script = format!("capacity={}{ra},outage=0:ms={},scope=keyed", a.capacity, a.outage_ms);
     cloud.set_faults(script.parse().map_err(anyhow::Error::msg)?)?;
     let start = Instant::now();
     let tally = Arc::new(Tally::default());
@@ -495,6 +502,7 @@ async fn main() -> Result<()> {
         "readings": readings,
         "outage_s": a.outage_ms as f64 / 1000.0,
         "ideal_drain_s": readings as f64 / a.capacity as f64,
+        "capacity_retry_after": a.capacity_ra,
         "svg": a.svg.display().to_string(),
         "rows": rows,
     });
