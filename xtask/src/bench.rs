@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: decision cost under callgrind (wary against backon, same run), sizes,
 //! flash deltas on thumbv7em, the fleet simulation, the optimistic-concurrency model of the AWS
-//! backoff study, and the gateway under load beside nginx;
+//! backoff study, the gateway under load beside nginx, and a recovery on real processes;
 //! printed and written to target/bench/. Installs what it needs when missing: valgrind,
 //! iai-callgrind-runner, the thumb target, llvm-tools and nginx.
 
@@ -29,6 +29,9 @@ pub enum Part {
     Fleet,
     /// The gateway's MQTT ingress beside `mosquitto_sub` on the same stream.
     MqttIngress,
+    /// The fleet's recovery on real processes: the test cloud with a capacity and an outage, the
+    /// gateway binary paced and unpaced, sensors with a backlog.
+    Recovery,
 }
 
 /// Runs every benchmark and the simulation, or only `only`.
@@ -40,6 +43,7 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
             Part::Study => study(root)?,
             Part::Fleet => fleet(root)?,
             Part::MqttIngress => mqtt_ingress(root)?,
+            Part::Recovery => recovery(root)?,
         }
         eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
         return Ok(());
@@ -120,6 +124,7 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
     )?;
     gateway(root)?;
     mqtt_ingress(root)?;
+    recovery(root)?;
     eprintln!("\nbench finished in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -224,6 +229,41 @@ fn mqtt_ingress(root: &Path) -> Result<()> {
     let text = std::fs::read_to_string(&section).with_context(|| format!("reading {}", section.display()))?;
     let figures: serde_json::Value = serde_json::from_str(&text).context("the MQTT ingress bench's JSON")?;
     add_to_results(&out, "mqtt_ingress", figures)
+}
+
+/// The fleet's recovery on real processes (crates/wary-demo/examples/recovery.rs): its figures go
+/// into results.json as `recovery`, its chart to target/bench/recovery.svg.
+fn recovery(root: &Path) -> Result<()> {
+    step(
+        "recovery on real processes: test cloud at 200 requests/s after a 5 s outage, the gateway paced (default and tuned) and unpaced",
+    );
+    run(
+        root,
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "wary-gateway",
+            "--bin",
+            "wary-gateway",
+            "-p",
+            "wary-demo",
+            "--example",
+            "recovery",
+        ],
+    )?;
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let section = out.join("recovery.json");
+    let svg = out.join("recovery.svg");
+    let example = root.join("target/release/examples/recovery");
+    let gw = root.join("target/release/wary-gateway");
+    run(root, s(&example)?, &["--gateway-bin", s(&gw)?, "--out", s(&section)?, "--svg", s(&svg)?])?;
+    let text = std::fs::read_to_string(&section).with_context(|| format!("reading {}", section.display()))?;
+    let figures: serde_json::Value = serde_json::from_str(&text).context("the recovery run's JSON")?;
+    add_to_results(&out, "recovery", figures)
 }
 
 /// The optimistic-concurrency model alone: its section replaces (or joins) the one in

@@ -41,6 +41,17 @@
 //! reset with the request unread, as when a client writes just as the server's idle timer fires
 //! (counted as `idle_close_race`). The draws come from `(seed, connection number, reply
 //! number)`, so a run repeats.
+//!
+//! A capacity is not drawn either: `capacity=N` accepts at most `N` requests in each 1 s window
+//! (windows counted from when the script was put in force) and answers every request above that
+//! 503 at once, before any effect, as a load shedder does (counted as the fault `capacity`);
+//! `capacity=N:ra=S` adds a Retry-After to those 503s (any [`RetryAfter`] spec, or `spread`: a
+//! delay drawn uniformly from 1 s up to the seconds the window's excess needs at `N` per second,
+//! so the refused come back spread out rather than together). `outage=A:ms=M` answers every
+//! request 503 (no Retry-After) from `A` ms to `A + M` ms after the script was put in force
+//! (counted as `outage`); a script may hold several. With either, the cloud counts each 1 s
+//! window's arrivals and accepted requests ([`crate::Stats::load`]). Requests on endpoints out of
+//! scope pass untouched and uncounted; each item of a batch counts as one request.
 
 use std::fmt;
 use std::str::FromStr;
@@ -70,6 +81,100 @@ pub struct Faults {
     /// Idle keep-alive connections closed at random (none by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_close: Option<IdleClose>,
+    /// At most this many requests accepted a second, 503 above (none by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
+    /// Scheduled total outages: every request answered 503.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outages: Vec<Outage>,
+}
+
+/// A capacity: at most `per_second` requests accepted in each 1 s window, the rest answered 503
+/// at once, before any effect.
+///
+/// JSON: `{"per_second": 200, "retry_after": "spread"}`; compact: `capacity=200:ra=spread`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capacity {
+    /// Requests accepted in one 1 s window.
+    pub per_second: u64,
+    /// What the 503s above it carry (none by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<CapacityRetryAfter>,
+}
+
+/// The Retry-After of a capacity's 503s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawRetryAfter", into = "String")]
+pub enum CapacityRetryAfter {
+    /// The same value on every 503.
+    Fixed(RetryAfter),
+    /// Whole seconds drawn uniformly from 1 up to the seconds the window's excess so far needs at
+    /// the capacity (`ceil(refused / per_second)`, at least 1): the later in a busy window a
+    /// request is refused, the further out it may be sent.
+    Spread,
+}
+
+impl TryFrom<RawRetryAfter> for CapacityRetryAfter {
+    type Error = String;
+    fn try_from(raw: RawRetryAfter) -> Result<Self, String> {
+        match raw {
+            RawRetryAfter::Text(s) if s == "spread" => Ok(CapacityRetryAfter::Spread),
+            other => Ok(CapacityRetryAfter::Fixed(RetryAfter::try_from(other)?)),
+        }
+    }
+}
+
+impl From<CapacityRetryAfter> for String {
+    fn from(ra: CapacityRetryAfter) -> String {
+        match ra {
+            CapacityRetryAfter::Fixed(ra) => ra.to_string(),
+            CapacityRetryAfter::Spread => "spread".to_owned(),
+        }
+    }
+}
+
+impl FromStr for CapacityRetryAfter {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "spread" { Ok(CapacityRetryAfter::Spread) } else { Ok(CapacityRetryAfter::Fixed(s.parse()?)) }
+    }
+}
+
+impl Capacity {
+    /// The Retry-After for a request refused as the `refused`-th (from 1) over the capacity in its
+    /// window, drawn from the script's seed and the window's number.
+    pub fn retry_after(&self, faults: &Faults, window: u64, refused: u64) -> Option<RetryAfter> {
+        match self.retry_after? {
+            CapacityRetryAfter::Fixed(ra) => Some(ra),
+            CapacityRetryAfter::Spread => {
+                let span = refused.div_ceil(self.per_second.max(1)).max(1);
+                let u = faults.draw(&format!("capacity:{window}"), refused);
+                let secs = 1 + ((u * span as f64) as u64).min(span - 1);
+                Some(RetryAfter::Seconds(secs))
+            }
+        }
+    }
+}
+
+/// A scheduled total outage: from `at_ms` to `at_ms + ms` after the script was put in force,
+/// every request in scope is answered 503 without Retry-After.
+///
+/// JSON: `{"at_ms": 0, "ms": 5000}`; compact: `outage=0:ms=5000`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Outage {
+    /// Start, milliseconds after the script was put in force.
+    pub at_ms: u64,
+    /// Length in milliseconds.
+    pub ms: u64,
+}
+
+impl Outage {
+    /// Whether `elapsed_ms` after the script was put in force falls inside the outage.
+    pub fn covers(&self, elapsed_ms: u64) -> bool {
+        elapsed_ms >= self.at_ms && elapsed_ms - self.at_ms < self.ms
+    }
 }
 
 /// Closing idle keep-alive connections at random: after a reply, with probability `p`, the
@@ -501,6 +606,19 @@ impl Faults {
                 return Err(format!("refusal of {} ms is outside 1..={MAX_DELAY_MS}", refusal.ms));
             }
         }
+        if let Some(capacity) = &self.capacity
+            && capacity.per_second == 0
+        {
+            return Err("capacity needs at least 1 request a second".into());
+        }
+        for outage in &self.outages {
+            if outage.ms == 0 || outage.ms > MAX_DELAY_MS || outage.at_ms > MAX_DELAY_MS {
+                return Err(format!(
+                    "outage at {} ms for {} ms is outside 1..={MAX_DELAY_MS} ms within an hour",
+                    outage.at_ms, outage.ms
+                ));
+            }
+        }
         if let Some(idle) = &self.idle_close {
             if !(0.0..=1.0).contains(&idle.p) || !(0.0..=1.0).contains(&idle.race) {
                 return Err(format!(
@@ -520,6 +638,11 @@ impl Faults {
             return Err(format!("shares add up to {sum}, more than 1"));
         }
         Ok(())
+    }
+
+    /// Whether the script has a capacity or an outage, so that the cloud counts its load.
+    pub fn counts_load(&self) -> bool {
+        self.capacity.is_some() || !self.outages.is_empty()
     }
 
     /// Parses either JSON (text starting with `{`) or the compact form.
@@ -574,6 +697,9 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// - `refuse_at=N[:ms=M]`: a [`Refusal`] window of `M` ms (default 1000) at request `N`
 /// - `idle_close=P[:min=A][:max=B][:race=R]`: [`IdleClose`] (`A` 0 and `B` 1000 ms, `R` 0 by
 ///   default)
+/// - `capacity=N[:ra=S]`: a [`Capacity`] of `N` requests a second, its 503s with Retry-After `S`
+///   (a [`RetryAfter`] spec or `spread`)
+/// - `outage=A[:ms=M]`: an [`Outage`] from `A` ms for `M` ms (default 1000)
 /// - `NAME=SHARE[:OPT=VAL]...` with NAME one of `503`, `429`, `400`, `500`,
 ///   `drop_before_effect`, `drop_after_effect` (alias `drop`), `reset_after_effect` (alias
 ///   `reset`), `slow`, `stall`, `truncated_reply` (alias `truncated`), `garbage_status`,
@@ -624,6 +750,30 @@ impl FromStr for Faults {
                         }
                     }
                     faults.idle_close = Some(idle);
+                }
+                "capacity" => {
+                    let per_second = value
+                        .parse()
+                        .map_err(|_| format!("bad requests a second `{value}` for `capacity`"))?;
+                    let mut capacity = Capacity { per_second, retry_after: None };
+                    for &(k, v) in &opts {
+                        match k {
+                            "ra" => capacity.retry_after = Some(v.parse()?),
+                            _ => return Err(format!("`capacity` takes no option `{k}`")),
+                        }
+                    }
+                    faults.capacity = Some(capacity);
+                }
+                "outage" => {
+                    let at_ms = value.parse().map_err(|_| format!("bad start `{value}` for `outage`"))?;
+                    let mut outage = Outage { at_ms, ms: one_second() };
+                    for &(k, v) in &opts {
+                        match k {
+                            "ms" => outage.ms = v.parse().map_err(|_| format!("bad ms `{v}`"))?,
+                            _ => return Err(format!("`outage` takes no option `{k}`")),
+                        }
+                    }
+                    faults.outages.push(outage);
                 }
                 "scope" => {
                     let mut scope = Scope { keyed: false, legacy: false, read: false };
@@ -772,6 +922,15 @@ impl fmt::Display for Faults {
         for refusal in &self.refusals {
             write!(f, ",refuse_at={}:ms={}", refusal.at, refusal.ms)?;
         }
+        if let Some(capacity) = &self.capacity {
+            write!(f, ",capacity={}", capacity.per_second)?;
+            if let Some(ra) = capacity.retry_after {
+                write!(f, ":ra={}", String::from(ra))?;
+            }
+        }
+        for outage in &self.outages {
+            write!(f, ",outage={}:ms={}", outage.at_ms, outage.ms)?;
+        }
         if let Some(idle) = &self.idle_close {
             write!(f, ",idle_close={}:min={}:max={}:race={}", idle.p, idle.min_ms, idle.max_ms, idle.race)?;
         }
@@ -851,6 +1010,43 @@ mod tests {
         // A script without refusals serialises as before.
         let plain = serde_json::to_value("503=1".parse::<Faults>().unwrap()).unwrap();
         assert!(plain.get("refusals").is_none(), "{plain}");
+    }
+
+    #[test]
+    fn capacity_and_outages_parse_round_trip_and_are_checked() {
+        let f: Faults = "capacity=200:ra=spread,outage=0:ms=5000,outage=9000,seed=2".parse().unwrap();
+        assert_eq!(
+            f.capacity,
+            Some(Capacity { per_second: 200, retry_after: Some(CapacityRetryAfter::Spread) })
+        );
+        assert_eq!(f.outages, vec![Outage { at_ms: 0, ms: 5000 }, Outage { at_ms: 9000, ms: 1000 }]);
+        assert!(f.counts_load());
+        assert_eq!(f, f.to_string().parse::<Faults>().unwrap());
+        assert_eq!(f, Faults::parse_any(&serde_json::to_string(&f).unwrap()).unwrap());
+        let json = Faults::parse_any(
+            r#"{"capacity":{"per_second":50,"retry_after":3},"outages":[{"at_ms":10,"ms":20}]}"#,
+        )
+        .unwrap();
+        let fixed = Some(CapacityRetryAfter::Fixed(RetryAfter::Seconds(3)));
+        assert_eq!(json.capacity, Some(Capacity { per_second: 50, retry_after: fixed }));
+        assert!(json.outages[0].covers(10) && json.outages[0].covers(29));
+        assert!(!json.outages[0].covers(9) && !json.outages[0].covers(30));
+        // Scripts without them serialise as before and count no load.
+        let plain = serde_json::to_value("503=1".parse::<Faults>().unwrap()).unwrap();
+        assert!(plain.get("capacity").is_none() && plain.get("outages").is_none(), "{plain}");
+        assert!(!"503=1".parse::<Faults>().unwrap().counts_load());
+        for bad in [
+            "capacity=0",
+            "capacity=x",
+            "capacity=5:ra=soon",
+            "capacity=5:ms=3",
+            "outage=0:ms=0",
+            "outage=0:ms=3600001",
+            "outage=soon",
+            "outage=0:ra=1",
+        ] {
+            assert!(Faults::parse_any(bad).is_err(), "{bad} should be rejected");
+        }
     }
 
     #[test]

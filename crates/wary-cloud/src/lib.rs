@@ -18,6 +18,10 @@
 //! the client, so the store always keeps the genuine first result. Request bodies are measured,
 //! never logged or kept.
 //!
+//! A script's capacity (`capacity=N`: at most `N` requests a second, 503 at once above it) and
+//! scheduled outages (`outage=A:ms=M`: 503 to everything) model a cloud under load; with either,
+//! `GET /stats` carries each 1 s window's arrivals and accepted requests as `load`.
+//!
 //! hyper writes every well-formed reply. Faults that break the connection instead (drops, resets,
 //! truncated and garbage replies) work on the raw socket, which each connection shares between
 //! hyper and the request's handler; a refusal window (a scripted [`Refusal`],
@@ -51,11 +55,11 @@ use tokio::time::Instant;
 use wary_host::batch::ItemAnswer;
 
 pub use faults::{
-    BadBodyForm, Fault, Faults, GarbageForm, IdleClose, MAX_PADDING, Refusal, RetryAfter, Rule, Scope,
-    StallEnd,
+    BadBodyForm, Capacity, CapacityRetryAfter, Fault, Faults, GarbageForm, IdleClose, MAX_PADDING, Outage,
+    Refusal, RetryAfter, Rule, Scope, StallEnd,
 };
-use state::{Claim, State, Stored};
-pub use state::{Duplicates, KeyStats, Report, Stats};
+use state::{Claim, Gate, State, Stored};
+pub use state::{Duplicates, KeyStats, LoadBin, Report, Stats};
 use wire::{Broken, SharedIo};
 
 /// Largest request body accepted (413 above), a batch's included.
@@ -127,7 +131,18 @@ impl Shared {
         }
         let number = state.next_scoped();
         let refusal = faults.refusals.iter().filter(|r| r.at == number).map(|r| r.ms).max();
-        let fault = faults.pick(stream, ordinal).cloned();
+        let fault = match state.gate(&faults) {
+            Gate::Pass => faults.pick(stream, ordinal).cloned(),
+            Gate::Outage => {
+                state.count_fault("outage");
+                return (Some(Fault::Unavailable { retry_after: None }), refusal);
+            }
+            Gate::OverCapacity { window, refused } => {
+                state.count_fault("capacity");
+                let retry_after = faults.capacity.and_then(|c| c.retry_after(&faults, window, refused));
+                return (Some(Fault::Unavailable { retry_after }), refusal);
+            }
+        };
         if let Some(f) = &fault {
             state.count_fault(f.name());
         }
@@ -177,11 +192,11 @@ impl Cloud {
         let listener = bound?;
         let addr = listener.local_addr()?;
         let (refuse_tx, refuse_rx) = mpsc::channel(8);
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
-            faults: Mutex::new(faults),
-            refuse: refuse_tx,
-        });
+        let mut state = State::default();
+        // The capacity's windows and the outages count from here.
+        state.restart_scoped();
+        let shared =
+            Arc::new(Shared { state: Mutex::new(state), faults: Mutex::new(faults), refuse: refuse_tx });
         let (stop_tx, stop_rx) = oneshot::channel();
         let task = tokio::spawn(accept_loop(listener, addr, shared.clone(), stop_rx, refuse_rx));
         Ok(Cloud { addr, shared, stop: Some(stop_tx), task: Some(task) })

@@ -4,9 +4,34 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::faults::Faults;
 
 /// How many duplicate keys or reading ids [`Stats`] lists by name.
 const DUPLICATE_SAMPLE: usize = 100;
+/// How many 1 s windows of load are counted (a day); later requests are still gated, not counted.
+pub(crate) const MAX_LOAD_BINS: usize = 86_400;
+
+/// One 1 s window's load, under a capacity or an outage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LoadBin {
+    /// Requests in scope that arrived in the window.
+    pub arrivals: u64,
+    /// Those that passed the outage and the capacity (they may still meet a drawn fault).
+    pub accepted: u64,
+}
+
+/// What the capacity and the outages say about one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Neither applies: the request goes on to the drawn faults.
+    Pass,
+    /// Inside a scheduled outage.
+    Outage,
+    /// Over the capacity: the `refused`-th refused (from 1) in window number `window`.
+    OverCapacity { window: u64, refused: u64 },
+}
 
 /// A response as stored for replay.
 #[derive(Clone, Debug)]
@@ -90,6 +115,10 @@ pub struct Stats {
     pub batches: u64,
     /// Items in those batches.
     pub batch_items: u64,
+    /// Under a capacity or an outage: arrivals and accepted requests in each 1 s window since the
+    /// script was put in force (up to a day of them); empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub load: Vec<LoadBin>,
 }
 
 /// Everything a scenario checks at the end of a run, as `wary-cloud` prints it on shutdown and
@@ -138,6 +167,11 @@ pub(crate) struct State {
     scoped: u64,
     pub batches: u64,
     pub batch_items: u64,
+    /// When the fault script in force was put in force.
+    epoch: Option<Instant>,
+    /// The capacity's window: its number, requests accepted and refused in it.
+    window: (u64, u64, u64),
+    load: Vec<LoadBin>,
 }
 
 impl State {
@@ -150,8 +184,54 @@ impl State {
     }
 
     /// Numbers requests from 1 again, for a new fault script.
+    /// Also starts the clock of the capacity's windows and outages again, and the load count.
     pub fn restart_scoped(&mut self) {
         self.scoped = 0;
+        self.epoch = Some(Instant::now());
+        self.window = (0, 0, 0);
+        self.load.clear();
+    }
+
+    /// Applies `faults`' outages and capacity to a request in scope arriving now, and counts it
+    /// in its 1 s window when the script has either.
+    pub fn gate(&mut self, faults: &Faults) -> Gate {
+        if !faults.counts_load() {
+            return Gate::Pass;
+        }
+        let epoch = *self.epoch.get_or_insert_with(Instant::now);
+        let elapsed = Instant::now().saturating_duration_since(epoch);
+        let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        let second = elapsed.as_secs();
+        let gate = if faults.outages.iter().any(|o| o.covers(elapsed_ms)) {
+            Gate::Outage
+        } else if let Some(capacity) = &faults.capacity {
+            if self.window.0 != second {
+                self.window = (second, 0, 0);
+            }
+            if self.window.1 < capacity.per_second {
+                self.window.1 += 1;
+                Gate::Pass
+            } else {
+                self.window.2 += 1;
+                Gate::OverCapacity { window: second, refused: self.window.2 }
+            }
+        } else {
+            Gate::Pass
+        };
+        if let Ok(index) = usize::try_from(second)
+            && index < MAX_LOAD_BINS
+        {
+            if self.load.len() <= index {
+                self.load.resize(index + 1, LoadBin::default());
+            }
+            if let Some(bin) = self.load.get_mut(index) {
+                bin.arrivals += 1;
+                if gate == Gate::Pass {
+                    bin.accepted += 1;
+                }
+            }
+        }
+        gate
     }
 
     /// The number of this request among those on endpoints in scope, counting from 1.
@@ -269,6 +349,7 @@ impl State {
             faults_injected: self.faults_injected.clone(),
             batches: self.batches,
             batch_items: self.batch_items,
+            load: self.load.clone(),
         }
     }
 }
@@ -289,4 +370,86 @@ fn key_stats(e: &KeyEntry) -> KeyStats {
 
 fn id_body(id: u64) -> Bytes {
     Bytes::from(format!("{{\"id\":{id}}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::faults::{CapacityRetryAfter, RetryAfter};
+
+    fn gates(state: &mut State, faults: &Faults, n: usize) -> Vec<Gate> {
+        (0..n).map(|_| state.gate(faults)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn capacity_and_outage_follow_the_clock_and_are_counted_per_second() {
+        let faults: Faults = "capacity=3,outage=2000:ms=1000".parse().unwrap();
+        let mut state = State::default();
+        state.restart_scoped();
+        let pass = Gate::Pass;
+        assert_eq!(
+            gates(&mut state, &faults, 5),
+            [
+                pass,
+                pass,
+                pass,
+                Gate::OverCapacity { window: 0, refused: 1 },
+                Gate::OverCapacity { window: 0, refused: 2 }
+            ]
+        );
+        // A new window accepts `per_second` again.
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        assert_eq!(
+            gates(&mut state, &faults, 4),
+            [pass, pass, pass, Gate::OverCapacity { window: 1, refused: 1 }]
+        );
+        // Inside the outage everything is refused, capacity or not.
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert_eq!(gates(&mut state, &faults, 2), [Gate::Outage, Gate::Outage]);
+        // It ends after its `ms`.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(gates(&mut state, &faults, 1), [pass]);
+        let load: Vec<(u64, u64)> = state.stats().load.iter().map(|b| (b.arrivals, b.accepted)).collect();
+        assert_eq!(load, [(5, 3), (4, 3), (2, 0), (1, 1)]);
+        // A new script starts the clock and the count again.
+        state.restart_scoped();
+        assert_eq!(gates(&mut state, &faults, 1), [pass]);
+        assert_eq!(state.stats().load, [LoadBin { arrivals: 1, accepted: 1 }]);
+    }
+
+    #[test]
+    fn without_capacity_or_outage_nothing_is_gated_or_counted() {
+        let faults: Faults = "503=0.5,refuse_at=3".parse().unwrap();
+        let mut state = State::default();
+        state.restart_scoped();
+        assert!(gates(&mut state, &faults, 10).iter().all(|g| *g == Gate::Pass));
+        assert!(state.stats().load.is_empty());
+        let json = serde_json::to_value(state.stats()).unwrap();
+        assert!(json.get("load").is_none(), "{json}");
+    }
+
+    #[test]
+    fn spread_retry_after_covers_the_seconds_the_excess_needs() {
+        let faults: Faults = "capacity=10:ra=spread,seed=5".parse().unwrap();
+        let capacity = faults.capacity.unwrap();
+        assert_eq!(capacity.retry_after, Some(CapacityRetryAfter::Spread));
+        let secs = |refused: u64| match capacity.retry_after(&faults, 3, refused) {
+            Some(RetryAfter::Seconds(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        // The first ten refused fit in the next second.
+        assert!((1..=10).all(|r| secs(r) == 1));
+        // The 200th refused may be sent up to 20 s out, and the draws use that span.
+        let late: Vec<u64> = (191..=200).chain(1000..1100).map(secs).collect();
+        assert!(late.iter().all(|s| (1..=110).contains(s)), "{late:?}");
+        assert!((191..=200).map(secs).all(|s| s <= 20));
+        assert!(late.iter().any(|s| *s > 10), "{late:?}");
+        // A fixed value is sent as is; none without `ra`.
+        let fixed: Faults = "capacity=10:ra=4".parse().unwrap();
+        assert_eq!(fixed.capacity.unwrap().retry_after(&fixed, 0, 7), Some(RetryAfter::Seconds(4)));
+        let bare: Faults = "capacity=10".parse().unwrap();
+        assert_eq!(bare.capacity.unwrap().retry_after(&bare, 0, 7), None);
+    }
 }

@@ -596,3 +596,52 @@ async fn malformed_or_oversized_batches_are_refused_whole() {
     let r = send(cloud.addr(), "GET", "/readings/batch", &[], b"").await.unwrap();
     assert_eq!(r.status, 405);
 }
+
+#[tokio::test]
+async fn an_outage_answers_503_to_everything_and_applies_nothing() {
+    let cloud = start("outage=0:ms=3600000").await;
+    for n in 0..4 {
+        let resp = post_keyed(cloud.addr(), &format!("outage-{n}"), b"{}").await.expect("a reply");
+        assert_eq!(resp.status, 503);
+        assert!(resp.header("retry-after").is_none(), "{resp:?}");
+    }
+    let stats = cloud.stats();
+    assert_eq!(stats.effects_total, 0);
+    assert_eq!(stats.faults_injected.get("outage"), Some(&4));
+    let arrivals: u64 = stats.load.iter().map(|b| b.arrivals).sum();
+    let accepted: u64 = stats.load.iter().map(|b| b.accepted).sum();
+    assert_eq!((arrivals, accepted), (4, 0));
+    // Outside the script's scope nothing is gated: the probe still answers.
+    cloud.set_faults("outage=0:ms=3600000,scope=keyed".parse().unwrap()).unwrap();
+    assert_eq!(probe(cloud.addr(), "never-written").await, 404);
+    assert!(cloud.stats().load.is_empty(), "a new script counts from nothing");
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_capacity_accepts_at_most_its_rate_in_each_second_and_refuses_the_rest_at_once() {
+    let cloud = start("capacity=2:ra=9").await;
+    let mut refused = 0;
+    for n in 0..8 {
+        let resp = post_keyed(cloud.addr(), &format!("cap-{n}"), b"{}").await.expect("a reply");
+        match resp.status {
+            201 => {}
+            503 => {
+                assert_eq!(resp.header("retry-after"), Some("9"));
+                refused += 1;
+            }
+            other => panic!("status {other}"),
+        }
+    }
+    let stats = cloud.stats();
+    // However the requests fell into seconds: in each, the first 2 accepted and the rest refused;
+    // every accepted one applied, every other refused before its effect.
+    assert!(stats.load.iter().all(|b| b.accepted == b.arrivals.min(2)), "{:?}", stats.load);
+    let accepted: u64 = stats.load.iter().map(|b| b.accepted).sum();
+    let arrivals: u64 = stats.load.iter().map(|b| b.arrivals).sum();
+    assert_eq!(arrivals, 8);
+    assert_eq!(stats.keyed_effects, accepted);
+    assert_eq!(arrivals - accepted, refused);
+    assert_eq!(stats.faults_injected.get("capacity").copied().unwrap_or(0), refused);
+    cloud.shutdown().await;
+}
