@@ -6,8 +6,9 @@
 //! gateway as the demo's sensors do, one reading at a time, and waiting out the gateway's
 //! Retry-After on a 503 before sending the same reading again.
 //!
-//! Run twice: the gateway with its upstream pace and breaker (the default), then with
-//! `--no-upstream-pacing`. For each: the cloud's arrivals and accepted requests in each second
+//! Three runs: the gateway with its upstream pace and breaker (`--upstream-pacing`, default
+//! settings), the same with the pace tuned for a known capacity, and the gateway's default (no
+//! upstream pace). For each: the cloud's arrivals and accepted requests in each second
 //! (the cloud counts them), the peak arrival rate over the capacity after the outage, the time
 //! from the outage's end to the last reading delivered over the ideal (backlog ÷ capacity), the
 //! requests at the cloud per delivered reading, and every reading checked once at the cloud
@@ -228,12 +229,12 @@ async fn sensor(client: HttpClient, url: String, id: u32, backlog: u32, start: I
 /// How the gateway sends upstream.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// Its defaults: the upstream pace and breaker on (`UPSTREAM_PACE`, `UPSTREAM_BREAKER`).
+    /// `--upstream-pacing` with the defaults `UPSTREAM_PACE`, `UPSTREAM_BREAKER`.
     Paced,
     /// The pace with a floor and a regrow for a cloud whose capacity the operator knows
     /// ([`TUNED_POLICY`]).
     Tuned,
-    /// `--no-upstream-pacing`.
+    /// Its defaults: no upstream pace or breaker.
     Unpaced,
 }
 
@@ -265,8 +266,8 @@ async fn run(a: &Args, mode: Mode) -> Result<Value> {
         .args(["--insecure-no-auth", "--insecure-plain-http", "--no-metrics", "--rate", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    if !paced {
-        cmd.arg("--no-upstream-pacing");
+    if paced {
+        cmd.arg("--upstream-pacing");
     }
     let policy_file = std::env::temp_dir().join(format!("wary-recovery-policy-{}.json", std::process::id()));
     if mode_name == Mode::Tuned.name() {
@@ -458,9 +459,9 @@ fn svg(a: &Args, rows: &[Value]) -> String {
             .map(|(t, n)| format!("{:.1},{:.1}", x(t as f64 + 0.5), y(*n as f64)))
             .collect();
         let label = match name.as_str() {
-            "paced" => "gateway, pace and breaker (defaults)",
+            "paced" => "gateway --upstream-pacing (default settings)",
             "paced_tuned" => "gateway, pace floor 50/s, regrow 2 s",
-            _ => "gateway --no-upstream-pacing",
+            _ => "gateway (default: no upstream pace)",
         };
         let _ = write!(
             s,

@@ -64,10 +64,11 @@ pub struct Config {
     pub device_prefix: bool,
     /// Pace the upstream calls and break the circuit when the upstream is down: one
     /// [`wary::Pace`] and one [`wary::Breaker`] shared by every worker, asked before every
-    /// attempt. On by default ([`UPSTREAM_PACE`], [`UPSTREAM_BREAKER`], each field overridable
-    /// in the policy's `[pace]` and `[breaker]`); `--no-upstream-pacing` turns both off. The
-    /// ledger records what they said about each attempt, so `wary replay` checks the decisions
-    /// they changed.
+    /// attempt ([`UPSTREAM_PACE`], [`UPSTREAM_BREAKER`], each field overridable in the policy's
+    /// `[pace]` and `[breaker]`); `--upstream-pacing` turns both on. Off by default: after an
+    /// outage the default pace holds a gateway's queued calls at its floor (docs/pacing.md, "On
+    /// real processes"). The ledger records what they said about each attempt, so `wary replay`
+    /// checks the decisions they changed.
     pub upstream_pacing: bool,
 }
 
@@ -132,7 +133,7 @@ impl Config {
             header_timeout: crate::ingress::HEADER_TIMEOUT,
             body_timeout: StdDuration::from_secs(10),
             device_prefix: false,
-            upstream_pacing: true,
+            upstream_pacing: false,
         }
     }
 }

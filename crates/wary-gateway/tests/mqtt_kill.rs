@@ -34,14 +34,16 @@ async fn free_port() -> u16 {
 }
 
 /// The replicas' policy: the default, with the upstream pace's floor at 100 requests a second.
-/// The pace stays on (as it is by default), but this cloud answers one request in ten with 503
-/// at random, which the pace reads as overload and would cut to its 5 a second floor: draining
-/// the 400 readings that way takes over a minute, and this test is about the kill.
+/// The replicas run with the pace and breaker on (`--upstream-pacing`), but this cloud answers
+/// one request in ten with 503 at random, which the pace reads as overload and would cut to its
+/// 5 a second floor: draining the 400 readings that way takes over a minute, and this test is
+/// about the kill.
 const POLICY: &str = r#"{"pace":{"floor_milli":100000}}"#;
 
 fn replica(broker: u16, upstream: &str, id: &str, metrics: u16, policy: &std::path::Path) -> Child {
     Command::new(BIN)
         .args(["--mqtt", &format!("127.0.0.1:{broker}"), "--mqtt-client-id", id])
+        .arg("--upstream-pacing")
         .arg("--policy")
         .arg(policy)
         .args(["--mqtt-password-env", "WARY_TEST_MQTT_PASSWORD", "--upstream", upstream])
