@@ -532,9 +532,10 @@ where
     }
 }
 
-/// The answer for a call's result. A give-up's Retry-After is the wait the upstream asked for
-/// when that is what stopped the call, else the policy's largest backoff ceiling: the earliest
-/// a resend is worth making, whole seconds, at least 1.
+/// The answer for a call's result. A give-up's Retry-After is the wait the upstream asked for,
+/// passed on as it was asked (a cloud that spreads its asks spreads the devices behind the
+/// gateway, rather than all of them coming back after one fixed wait), else the policy's
+/// largest backoff ceiling; whole seconds, at least 1.
 fn answer(policy: &Policy, result: Result<Delivered, Stopped>) -> Answer {
     let s = match result {
         Ok(d) => return Answer::Landed(d),
@@ -547,10 +548,10 @@ fn answer(policy: &Policy, result: Result<Delivered, Stopped>) -> Answer {
         Verdict::Cancelled => Answer::Cancelled,
         Verdict::GaveUp(reason) => {
             let asked = match reason {
-                GiveUp::RetryAfterTooLong { asked } => asked,
-                _ => s.last.and_then(|f| f.retry_after()).unwrap_or(Duration::ZERO),
+                GiveUp::RetryAfterTooLong { asked } => Some(asked),
+                _ => s.last.and_then(|f| f.retry_after()),
             };
-            let ms = asked.max(policy.backoff().cap).as_millis();
+            let ms = asked.unwrap_or(policy.backoff().cap).as_millis();
             Answer::GaveUp { reason, retry_after_secs: u64::from(ms.div_ceil(1000).max(1)) }
         }
     }
@@ -674,6 +675,12 @@ mod tests {
             ),
         );
         assert_eq!(a, Answer::GaveUp { reason: GiveUp::Throttled, retry_after_secs: 7 });
+        // An ask shorter than the cap is passed on as asked (1.2 s, rounded up), not raised to it.
+        let a = answer(
+            &p,
+            stopped(Verdict::GaveUp(GiveUp::Budget), Some(wary::Failure::status_after(503, ms(1_200)))),
+        );
+        assert_eq!(a, Answer::GaveUp { reason: GiveUp::Budget, retry_after_secs: 2 });
         let asked = ms(60_001);
         let a = answer(&p, stopped(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }), None));
         assert_eq!(a, Answer::GaveUp { reason: GiveUp::RetryAfterTooLong { asked }, retry_after_secs: 61 });
