@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::device::{Extra, Log, Route, Scenario, check};
-use crate::harness::{TARGET, build, describe_exit, elf_path, run_firmware_cargo};
+use crate::harness::{TARGET, build, build_uplink_variant, describe_exit, elf_path};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, have, step};
 
 /// The libcoap run: 12 readings, no resets, no faults of ours (the server is libcoap's).
@@ -83,28 +83,10 @@ pub(crate) fn build_coap_uplink(root: &Path, dir: &Path) -> Result<PathBuf> {
     let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
     step("building the uplink with `--features coap`");
-    run_firmware_cargo(
-        &firmware,
-        crate::harness::QEMU_BOARD,
-        &[
-            "build",
-            "--release",
-            "--locked",
-            "--workspace",
-            "--bin",
-            "uplink",
-            "--bin",
-            "coaptest",
-            "--features",
-            "wary-qemu/coap",
-        ],
-        &[],
-    )?;
+    let elf = dir.join("uplink-coap");
+    build_uplink_variant(&firmware, "wary-qemu/coap", &["coaptest"], &[], &elf)?;
     // The transport's outcome table, on target, first.
     crate::qemu::run_under_qemu(&elf_path(&firmware, "coaptest"), "coaptest")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let elf = dir.join("uplink-coap");
-    std::fs::copy(elf_path(&firmware, "uplink"), &elf).context("keeping the CoAP uplink's ELF")?;
     // The plain build puts its own ELF back in place for the other scenarios.
     build(&firmware)?;
     record_size(root, &elf, &elf_path(&firmware, "uplink"))?;

@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::harness::{
-    TARGET, build, describe_exit, elf_path, run_firmware_cargo, start_qemu, wait_with_timeout,
-};
+use crate::harness::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// The device id the firmware is given on its command line (`device=`), in every key. Its low
@@ -134,11 +132,12 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         "coap" => crate::coap::coap(root)?,
         "coap-storm" => crate::coap::coap_storm(root)?,
         "mqtt" => crate::mqtt::run(root)?,
+        "mqtt-tls" => crate::mqtt_tls::run(root)?,
         "mqtt-gateway" => crate::mqtt_gateway::run(root)?,
         _ => {
             let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt, mqtt-gateway)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt, mqtt-tls, mqtt-gateway)"
                 );
             };
             run(root, scenario)?
@@ -460,24 +459,13 @@ impl TlsRun {
             format!("# the QEMU device of `cargo xtask qemu`\n{DEVICE:016x} {digest}\n"),
         )?;
         let ca_arg = ca.to_str().context("temp path is not UTF-8")?.to_owned();
-        // The whole workspace's features, as `build` resolves them, so nothing else rebuilds.
-        run_firmware_cargo(
+        crate::harness::build_uplink_variant(
             firmware,
-            crate::harness::QEMU_BOARD,
-            &[
-                "build",
-                "--release",
-                "--locked",
-                "--workspace",
-                "--bin",
-                "uplink",
-                "--features",
-                "wary-qemu/tls",
-            ],
+            "wary-qemu/tls",
+            &[],
             &[("WARY_CA_DER", ca_arg.as_str()), ("WARY_SERVER_NAME", SERVER_NAME)],
+            &run.elf,
         )?;
-        // The plain build of the next `build` puts its own ELF back in place.
-        std::fs::copy(elf_path(firmware, "uplink"), &run.elf).context("keeping the TLS uplink's ELF")?;
         Ok(run)
     }
 }

@@ -29,6 +29,31 @@ pub(crate) fn build(firmware: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Builds the QEMU board's `uplink` (and the other binaries in `bins`) with the board crate's
+/// `features` and the environment `vars`, the whole workspace's features resolved as one (so
+/// nothing else rebuilds), and keeps the uplink's ELF as `keep` (the plain build of the next
+/// [`build`] puts its own back in place).
+pub(crate) fn build_uplink_variant(
+    firmware: &Path,
+    features: &str,
+    bins: &[&str],
+    vars: &[(&str, &str)],
+    keep: &Path,
+) -> Result<()> {
+    let mut args = vec!["build", "--release", "--locked", "--workspace", "--bin", "uplink"];
+    for bin in bins {
+        args.extend(["--bin", bin]);
+    }
+    args.extend(["--features", features]);
+    run_firmware_cargo(firmware, QEMU_BOARD, &args, vars)?;
+    if let Some(dir) = keep.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::copy(elf_path(firmware, "uplink"), keep)
+        .with_context(|| format!("keeping the uplink's ELF built with {features}"))?;
+    Ok(())
+}
+
 /// Runs cargo in `dir` (a board's folder, `label` in messages) without the
 /// caller's RUSTFLAGS: they would replace the `rustflags` of its .cargo/config.toml, and with
 /// them the linker scripts. Arguments that start with a toolchain (`+1.91.0`) go to rustup's

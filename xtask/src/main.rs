@@ -13,6 +13,7 @@ mod harness;
 mod keepalive;
 mod mqtt;
 mod mqtt_gateway;
+mod mqtt_tls;
 mod msrv;
 mod mutants;
 mod net;
@@ -87,7 +88,7 @@ enum Verb {
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
     /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`,
-    /// `coap`, `coap-storm`, `mqtt`, `mqtt-gateway`).
+    /// `coap`, `coap-storm`, `mqtt`, `mqtt-tls`, `mqtt-gateway`).
     Device {
         /// The scenario's name.
         name: String,

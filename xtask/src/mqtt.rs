@@ -28,7 +28,7 @@ use wary_fixtures::mosquitto::{Broker, GATEWAY_USER, Login, READINGS_FILTER, Set
 use wary_fixtures::mqtt_fault::{Fault, Proxy};
 
 use crate::device::{DEVICE, Extra, TOKEN, key_hex, run_uplink};
-use crate::harness::{TARGET, build, describe_exit, elf_path, run_firmware_cargo};
+use crate::harness::{TARGET, build, build_uplink_variant, describe_exit, elf_path};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_mosquitto, ensure_targets, step};
 
 /// Readings the sensor makes.
@@ -65,25 +65,8 @@ const SCRIPT: [Fault; 17] = [
 /// next `build` puts its own back in place).
 pub(crate) fn build_mqtt(firmware: &Path, keep: &Path) -> Result<(PathBuf, PathBuf)> {
     step("building the uplink and mqtttest with `--features mqtt`");
-    run_firmware_cargo(
-        firmware,
-        crate::harness::QEMU_BOARD,
-        &[
-            "build",
-            "--release",
-            "--locked",
-            "--workspace",
-            "--bin",
-            "uplink",
-            "--bin",
-            "mqtttest",
-            "--features",
-            "wary-qemu/mqtt",
-        ],
-        &[],
-    )?;
     let elf = keep.join("uplink-mqtt");
-    std::fs::copy(elf_path(firmware, "uplink"), &elf).context("keeping the MQTT uplink's ELF")?;
+    build_uplink_variant(firmware, "wary-qemu/mqtt", &["mqtttest"], &[], &elf)?;
     Ok((elf, elf_path(firmware, "mqtttest")))
 }
 
@@ -178,7 +161,7 @@ pub fn run(root: &Path) -> Result<String> {
 fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
     let device = format!("{DEVICE:016x}");
     let logins = [Login::new(device.clone(), TOKEN), Login::new(GATEWAY_USER, GATEWAY_PASSWORD)];
-    let mut broker = Broker::start(&dir.join("broker"), &logins, &Settings::default())?;
+    let broker = Broker::start(&dir.join("broker"), &logins, &Settings::default())?;
     let broker_port = broker.port();
     let proxy = Arc::new(Proxy::start(broker_port)?);
     proxy.script(SCRIPT);
@@ -201,17 +184,7 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
     // The broker's restart, once half of the readings' publishes went through the proxy.
     let restarter = {
         let proxy = Arc::clone(&proxy);
-        thread::spawn(move || -> Result<(Broker, bool)> {
-            let end = Instant::now() + TIMEOUT;
-            while Instant::now() < end {
-                if proxy.counts().publishes >= READINGS / 2 {
-                    broker.restart()?;
-                    return Ok((broker, true));
-                }
-                thread::sleep(Duration::from_millis(20));
-            }
-            Ok((broker, false))
-        })
+        restart_when(broker, move || proxy.counts().publishes >= READINGS / 2)
     };
     let pcap = root.join("target/bench/mqtt.pcap");
     std::fs::create_dir_all(root.join("target/bench"))?;
@@ -323,13 +296,32 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
     Ok(text.join("\n"))
 }
 
+/// Restarts `broker` (cleanly: it saves its sessions) from a thread once `due` says so, polling
+/// it for at most [`TIMEOUT`]; the thread gives the broker back, and whether it restarted.
+pub(crate) fn restart_when(
+    mut broker: Broker,
+    due: impl Fn() -> bool + Send + 'static,
+) -> thread::JoinHandle<Result<(Broker, bool)>> {
+    thread::spawn(move || {
+        let end = Instant::now() + TIMEOUT;
+        while Instant::now() < end {
+            if due() {
+                broker.restart()?;
+                return Ok((broker, true));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok((broker, false))
+    })
+}
+
 pub(crate) fn hex_map(m: &BTreeMap<u8, u32>) -> String {
     let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k:#04x}: {v}")).collect();
     format!("{{{}}}", parts.join(", "))
 }
 
 /// The keys of the readings the firmware accepted (`ACCEPTED boot=… seq=…`).
-fn accepted_keys(lines: &[String]) -> BTreeSet<String> {
+pub(crate) fn accepted_keys(lines: &[String]) -> BTreeSet<String> {
     lines
         .iter()
         .filter_map(|l| l.find("ACCEPTED ").map(|at| &l[at + 9..]))
@@ -344,15 +336,15 @@ fn accepted_keys(lines: &[String]) -> BTreeSet<String> {
 
 /// What the checker received: per key, the distinct payloads; all messages; those with no key.
 #[derive(Default, Debug)]
-struct Tally {
-    payloads: BTreeMap<String, BTreeSet<String>>,
-    messages: usize,
-    keyless: usize,
+pub(crate) struct Tally {
+    pub(crate) payloads: BTreeMap<String, BTreeSet<String>>,
+    pub(crate) messages: usize,
+    pub(crate) keyless: usize,
 }
 
 impl Tally {
     /// Reads `mosquitto_sub -F '%P|%p'` lines: `name:value` user properties, `|`, the payload.
-    fn of(lines: &[String]) -> Tally {
+    pub(crate) fn of(lines: &[String]) -> Tally {
         let mut t = Tally::default();
         for line in lines {
             let Some((props, payload)) = line.split_once('|') else { continue };
@@ -371,13 +363,13 @@ impl Tally {
 
 /// Frames, bytes and SYNs from the device in a classic pcap of Ethernet frames.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Wire {
-    frames: u64,
-    bytes: u64,
-    syns: u64,
+pub(crate) struct Wire {
+    pub(crate) frames: u64,
+    pub(crate) bytes: u64,
+    pub(crate) syns: u64,
 }
 
-fn read_pcap(path: &Path) -> Result<Wire> {
+pub(crate) fn read_pcap(path: &Path) -> Result<Wire> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut wire = Wire::default();
     let mut at = 24;
@@ -400,7 +392,7 @@ fn read_pcap(path: &Path) -> Result<Wire> {
     Ok(wire)
 }
 
-fn wire_row(wire: &Wire, readings: u32, note: &str) -> serde_json::Value {
+pub(crate) fn wire_row(wire: &Wire, readings: u32, note: &str) -> serde_json::Value {
     let n = f64::from(readings);
     serde_json::json!({
         "readings": readings,
@@ -414,7 +406,7 @@ fn wire_row(wire: &Wire, readings: u32, note: &str) -> serde_json::Value {
 }
 
 /// Sets `device_mqtt.<name>` in target/bench/results.json.
-fn write_figures(root: &Path, name: &str, row: serde_json::Value) -> Result<()> {
+pub(crate) fn write_figures(root: &Path, name: &str, row: serde_json::Value) -> Result<()> {
     let results = root.join("target/bench/results.json");
     let mut all = std::fs::read_to_string(&results)
         .ok()

@@ -62,6 +62,7 @@ pub fn qemu(root: &Path) -> Result<()> {
     let mqtt = crate::mqtt::run(root)?;
     step("device scenario `mqtt` passed");
     println!("{mqtt}");
+    crate::device::run_named(root, "mqtt-tls")?;
     crate::device::run_named(root, "mqtt-gateway")?;
     board(root)
 }

@@ -8,6 +8,9 @@
 //! - The gateway logs in as [`GATEWAY_USER`] and may read `wary/+/readings` (which a shared
 //!   subscription `$share/<group>/wary/+/readings` needs).
 //! - Anonymous clients are refused.
+//! - With [`Settings::tls`], a second listener takes TLS (the certificate chain and key given)
+//!   beside the plain one, with the same logins and ACL: devices connect to
+//!   [`Broker::tls_port`], checkers and gateways on 127.0.0.1 may keep the plain port.
 //!
 //! The broker keeps its state in the directory it was started in (`mosquitto.db`, written on a
 //! clean stop and every [`Settings::autosave_secs`]), so [`Broker::restart`] brings back the
@@ -68,11 +71,20 @@ pub struct Settings {
     pub autosave_secs: u32,
     /// `persistent_client_expiration`, e.g. `"1h"` (None: sessions never expire).
     pub session_expiry: Option<String>,
+    /// A TLS listener as well: the server's certificate chain (PEM, leaf first) and its key
+    /// (PEM) files.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { max_queued_messages: 1_000, max_inflight_messages: 20, autosave_secs: 1, session_expiry: None }
+        Self {
+            max_queued_messages: 1_000,
+            max_inflight_messages: 20,
+            autosave_secs: 1,
+            session_expiry: None,
+            tls: None,
+        }
     }
 }
 
@@ -80,6 +92,7 @@ impl Default for Settings {
 pub struct Broker {
     dir: PathBuf,
     port: u16,
+    tls_port: Option<u16>,
     child: Option<Child>,
 }
 
@@ -92,8 +105,9 @@ impl Broker {
         write_passwords(&dir, logins)?;
         fs::write(dir.join("acl"), acl())?;
         let port = free_port()?;
-        fs::write(dir.join("mosquitto.conf"), config(&dir, port, settings))?;
-        let mut broker = Self { dir, port, child: None };
+        let tls_port = settings.tls.as_ref().map(|_| free_port()).transpose()?;
+        fs::write(dir.join("mosquitto.conf"), config(&dir, port, tls_port, settings))?;
+        let mut broker = Self { dir, port, tls_port, child: None };
         broker.spawn()?;
         Ok(broker)
     }
@@ -101,6 +115,11 @@ impl Broker {
     /// The port on 127.0.0.1 (the QEMU guest reaches it at 10.0.2.2 on the same port).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS listener's port on 127.0.0.1, when [`Settings::tls`] asked for one.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// The directory holding the config, the persistence file and `mosquitto.log`.
@@ -154,7 +173,8 @@ impl Broker {
         self.child = Some(child);
         let end = Instant::now() + Duration::from_secs(10);
         while Instant::now() < end {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            let listening = |port: u16| TcpStream::connect(("127.0.0.1", port)).is_ok();
+            if listening(self.port) && self.tls_port.is_none_or(listening) {
                 return Ok(());
             }
             if let Some(child) = self.child.as_mut()
@@ -197,7 +217,7 @@ fn acl() -> String {
     format!("pattern write wary/%u/readings\n\nuser {GATEWAY_USER}\ntopic read {READINGS_FILTER}\n")
 }
 
-fn config(dir: &Path, port: u16, settings: &Settings) -> String {
+fn config(dir: &Path, port: u16, tls_port: Option<u16>, settings: &Settings) -> String {
     let mut c = String::new();
     let d = dir.display();
     // Run as whoever started it (as root, mosquitto would otherwise switch to user `mosquitto`,
@@ -208,6 +228,12 @@ fn config(dir: &Path, port: u16, settings: &Settings) -> String {
     let _ = writeln!(c, "password_file {d}/passwd");
     let _ = writeln!(c, "acl_file {d}/acl");
     let _ = writeln!(c, "listener {port} 127.0.0.1");
+    if let (Some(tls_port), Some((cert, key))) = (tls_port, &settings.tls) {
+        // The options after a `listener` line are that listener's.
+        let _ = writeln!(c, "listener {tls_port} 127.0.0.1");
+        let _ = writeln!(c, "certfile {}", cert.display());
+        let _ = writeln!(c, "keyfile {}", key.display());
+    }
     let _ = writeln!(c, "persistence true");
     let _ = writeln!(c, "persistence_location {d}/");
     let _ = writeln!(c, "persistence_file mosquitto.db");

@@ -98,6 +98,13 @@ impl TestChain {
         Ok((format!("{}{}", cert.pem(), self.intermediate.pem()), key.serialize_pem()))
     }
 
+    /// A leaf for `name` issued by the rogue CA, as PEM (certificate, key): the same name and
+    /// shape as [`TestChain::leaf_pem`]'s, but no path to the pinned root.
+    pub fn rogue_leaf_pem(&self, name: &str) -> Result<(String, String)> {
+        let (cert, key) = Self::leaf_cert(name, &self.rogue)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
     fn leaf_cert(name: &str, issuer: &CertifiedIssuer<'static, KeyPair>) -> Result<(Certificate, KeyPair)> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(vec![name.to_owned()])?;

@@ -8,6 +8,13 @@
 //! to the caller and resends nothing by itself, so the wary runner decides every resend, as for
 //! HTTP. firmware/README.md compares it with minimq.
 //!
+//! **Plain or TLS**: the client speaks over a [`Pipe`]: the plain TCP socket ([`SharedSocket`]),
+//! or with feature `tls` a TLS 1.3 session on it ([`crate::tls::TlsPipe`], the server's chain
+//! checked against a pinned CA as for HTTPS). Over TLS the handshake is part of the connect: a
+//! handshake that fails or times out ends `open` before anything was sent, and the session
+//! lives exactly as long as its MQTT connection (one handshake per connection, not per
+//! reading).
+//!
 //! **Logging in**: user name = the device id as 16 lowercase hex digits, password = the
 //! device's token (64 hex digits, never logged); the broker's ACL lets a device publish only
 //! under its own topic. Client id = `wary-` and the device id. Clean Start 1, Session Expiry 0:
@@ -126,6 +133,63 @@ impl Write for Link<'_> {
     }
 }
 
+/// The connection the MQTT client speaks over: the plain socket ([`SharedSocket`]) or, with
+/// feature `tls`, a TLS session on it ([`crate::tls::TlsPipe`]). The transport connects, checks
+/// and ends it between the client's exchanges; the client reads and writes it through
+/// [`Pipe::stream`] during them, never both at once (the transport's methods take `&mut self`).
+#[allow(async_fn_in_trait)]
+pub trait Pipe<'a> {
+    /// The client's handle on the connection.
+    type Stream: Read + Write;
+
+    /// A handle for the client, given to it at each connect.
+    fn stream(&'a self) -> Self::Stream;
+
+    /// Opens the connection to `server` by `deadline`, closing what is left of an earlier one
+    /// first (over TLS, the handshake too). Every failure is before anything was sent.
+    async fn connect(&self, server: SocketAddrV4, deadline: Instant) -> Result<(), Failure>;
+
+    /// Whether the connection is established and may still send, and whether the server sent
+    /// bytes nobody has read.
+    async fn state(&self) -> (bool, bool);
+
+    /// Ends the connection: a clean close (over TLS a `close_notify`, then a FIN) when `clean`,
+    /// an RST otherwise, waiting at most until `deadline`.
+    async fn finish(&self, clean: bool, deadline: Instant);
+}
+
+impl<'a> Pipe<'a> for SharedSocket<'a> {
+    type Stream = Link<'a>;
+
+    fn stream(&'a self) -> Link<'a> {
+        Link(self)
+    }
+
+    async fn connect(&self, server: SocketAddrV4, deadline: Instant) -> Result<(), Failure> {
+        let mut socket = self.lock().await;
+        if socket.state() != State::Closed {
+            socket.abort();
+            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
+            let _ = embassy_time::with_timeout(grace, socket.flush()).await;
+        }
+        if let Err(err) = http::connect(&mut socket, server, deadline).await {
+            http::finish(&mut socket, false, deadline).await;
+            return Err(crate::transport::failure(err));
+        }
+        Ok(())
+    }
+
+    async fn state(&self) -> (bool, bool) {
+        let socket = self.lock().await;
+        (socket.state() == State::Established && socket.may_send(), socket.can_recv())
+    }
+
+    async fn finish(&self, clean: bool, deadline: Instant) {
+        let mut socket = self.lock().await;
+        http::finish(&mut socket, clean, deadline).await;
+    }
+}
+
 /// The socket's buffers and the client's arena (strings the broker sends: with Request Problem
 /// Information 0 it sends none on a `PUBACK`, so the arena only holds what a `CONNACK` or a
 /// `DISCONNECT` carries). `const`, so they can live in a static.
@@ -159,7 +223,7 @@ impl<const SOCKET_RX: usize, const SOCKET_TX: usize, const ARENA: usize>
 
 /// The MQTT client as the transport uses it: publishes only (no subscriptions, no topic
 /// aliases), one QoS 1 publish in flight, one user property.
-type MqttClient<'a> = Client<'a, 'a, Link<'a>, BumpBuffer<'a>, 0, 1, 1, 0, 1, 0, 0>;
+type MqttClient<'a, S> = Client<'a, 'a, S, BumpBuffer<'a>, 0, 1, 1, 0, 1, 0, 0>;
 
 /// What the MQTT transport saw, beside the exchange counts: reason codes by kind, for the
 /// `MQTT` summary line. Counts only, never payloads, keys or the token.
@@ -274,12 +338,13 @@ struct Session {
     publishes: u32,
 }
 
-/// Readings as MQTT 5 QoS 1 `PUBLISH`es to one broker; see the module docs.
-pub struct MqttTransport<'a> {
+/// Readings as MQTT 5 QoS 1 `PUBLISH`es to one broker, over the plain socket or a TLS session
+/// ([`Pipe`]); see the module docs.
+pub struct MqttTransport<'a, P: Pipe<'a> = SharedSocket<'a>> {
     stack: Stack<'a>,
     server: SocketAddrV4,
-    socket: &'a SharedSocket<'a>,
-    client: MqttClient<'a>,
+    socket: &'a P,
+    client: MqttClient<'a, P::Stream>,
     credential: &'a Credential,
     user: String<16>,
     client_id: String<21>,
@@ -290,15 +355,16 @@ pub struct MqttTransport<'a> {
     mqtt: MqttCounts,
 }
 
-impl<'a> MqttTransport<'a> {
+impl<'a, P: Pipe<'a>> MqttTransport<'a, P> {
     /// Publishes for `device` (logging in with its `credential`) to the broker at `server`,
-    /// through `socket` (made from `stack`), with `arena` for what the broker sends.
+    /// through `socket` (made from `stack`: a [`SharedSocket`], or a TLS session's
+    /// [`crate::tls::TlsPipe`]), with `arena` for what the broker sends.
     pub fn new(
         stack: Stack<'a>,
         server: SocketAddrV4,
         device: u64,
         credential: &'a Credential,
-        socket: &'a SharedSocket<'a>,
+        socket: &'a P,
         arena: &'a mut BumpBuffer<'a>,
     ) -> Self {
         let mut user = String::new();
@@ -349,17 +415,13 @@ impl<'a> MqttTransport<'a> {
                 embassy_time::with_timeout(grace, self.client.disconnect(&DisconnectOptions::new())).await;
         }
         let deadline = Instant::now().saturating_add(http::CLOSE_GRACE);
-        let mut socket = self.socket.lock().await;
-        http::finish(&mut socket, clean, deadline).await;
+        self.socket.finish(clean, deadline).await;
     }
 
     /// Checks the kept connection before it carries a reading: gone, kicked, or idle too long.
     async fn check_kept(&mut self, deadline: Instant) -> Result<(), Failure> {
         let Some(session) = self.session else { return Ok(()) };
-        let (established, waiting) = {
-            let socket = self.socket.lock().await;
-            (socket.state() == State::Established && socket.may_send(), socket.can_recv())
-        };
+        let (established, waiting) = self.socket.state().await;
         if waiting {
             // The broker sent something nobody asked for: a DISCONNECT (a kick), or garbage.
             let code = match with_deadline(deadline, self.client.poll()).await {
@@ -410,18 +472,7 @@ impl<'a> MqttTransport<'a> {
             return Err(Failure::Refused);
         }
         self.counts.connects = self.counts.connects.saturating_add(1);
-        {
-            let mut socket = self.socket.lock().await;
-            if socket.state() != State::Closed {
-                socket.abort();
-                let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
-                let _ = embassy_time::with_timeout(grace, socket.flush()).await;
-            }
-            if let Err(err) = http::connect(&mut socket, self.server, deadline).await {
-                http::finish(&mut socket, false, deadline).await;
-                return Err(crate::transport::failure(err));
-            }
-        }
+        self.socket.connect(self.server, deadline).await?;
         // SAFETY: nothing borrowed from the arena outlives a call into this transport (every
         // event the client returns is read and dropped before `open` or `send` returns), so no
         // slice of it is alive when it is reused for a new connection.
@@ -441,15 +492,17 @@ impl<'a> MqttTransport<'a> {
             .keep_alive(NonZero::new(KEEP_ALIVE).map_or(KeepAlive::Infinite, KeepAlive::Seconds))
             .user_name(user)
             .password(password);
-        let connack =
-            match with_deadline(deadline, self.client.connect(Link(self.socket), &options, Some(client_id)))
-                .await
-            {
-                Ok(Ok(_connected)) => Connack::Accepted,
-                Ok(Err(MqttError::Disconnect { reason, .. })) => Connack::Refused(reason.value()),
-                Ok(Err(_)) => Connack::Broken,
-                Err(_) => Connack::TimedOut,
-            };
+        let connack = match with_deadline(
+            deadline,
+            self.client.connect(self.socket.stream(), &options, Some(client_id)),
+        )
+        .await
+        {
+            Ok(Ok(_connected)) => Connack::Accepted,
+            Ok(Err(MqttError::Disconnect { reason, .. })) => Connack::Refused(reason.value()),
+            Ok(Err(_)) => Connack::Broken,
+            Err(_) => Connack::TimedOut,
+        };
         match connack {
             Connack::Accepted => {
                 self.mqtt.connacks = self.mqtt.connacks.saturating_add(1);
@@ -571,7 +624,7 @@ impl<'a> MqttTransport<'a> {
     }
 }
 
-impl Transport for MqttTransport<'_> {
+impl<'a, P: Pipe<'a>> Transport for MqttTransport<'a, P> {
     async fn open(&mut self, limit: Duration) -> Result<(), Failure> {
         let deadline = Instant::now().saturating_add(limit.into());
         self.deadline = Some(deadline);

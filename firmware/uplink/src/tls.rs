@@ -648,3 +648,130 @@ impl Transport for TlsTransport<'_, '_> {
         }
     }
 }
+
+/// MQTT over TLS (features `tls` and `mqtt`): the socket and the TLS session on it, for
+/// [`MqttTransport`](crate::mqtt::MqttTransport). Each connect opens TCP and runs a full
+/// handshake against the pinned CA (the same checks as [`TlsTransport`]'s); the session lives
+/// exactly as long as its MQTT connection, and ends with a `close_notify` after a clean
+/// `DISCONNECT`, with an RST after a failure.
+#[cfg(feature = "mqtt")]
+pub struct TlsPipe<'a> {
+    state: embassy_sync::mutex::Mutex<embassy_sync::blocking_mutex::raw::NoopRawMutex, PipeState<'a>>,
+    pinned: Pinned<'a>,
+}
+
+#[cfg(feature = "mqtt")]
+struct PipeState<'a> {
+    link: Link<'a, 'a>,
+    rng: ChaCha20Rng,
+}
+
+#[cfg(feature = "mqtt")]
+impl<'a> TlsPipe<'a> {
+    /// Sessions with a server authenticated as `pinned`, on `socket` (kept for the pipe's whole
+    /// life and connected again after each close), with TLS record buffers `read`
+    /// ([`MAX_RECORD`] bytes take any server) and `write`, and handshake randomness from `rng`
+    /// (seed it from a hardware RNG, never a constant).
+    pub fn new(
+        pinned: Pinned<'a>,
+        socket: &'a mut TcpSocket<'a>,
+        read: &'a mut [u8],
+        write: &'a mut [u8],
+        rng: ChaCha20Rng,
+    ) -> Self {
+        let link = Link {
+            socket: NonNull::from(socket),
+            tls: None,
+            read: Lent::new(read),
+            write: Lent::new(write),
+            _borrow: PhantomData,
+        };
+        TlsPipe { state: embassy_sync::mutex::Mutex::new(PipeState { link, rng }), pinned }
+    }
+}
+
+/// The MQTT client's handle on a [`TlsPipe`]'s session: reads and writes go through the
+/// session while one is open; with none (the transport ended it) they fail as a closed
+/// connection.
+#[cfg(feature = "mqtt")]
+pub struct TlsStream<'a>(
+    &'a embassy_sync::mutex::Mutex<embassy_sync::blocking_mutex::raw::NoopRawMutex, PipeState<'a>>,
+);
+
+#[cfg(feature = "mqtt")]
+impl ErrorType for TlsStream<'_> {
+    type Error = TlsError;
+}
+
+#[cfg(feature = "mqtt")]
+impl Read for TlsStream<'_> {
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
+        match self.0.lock().await.link.tls.as_mut() {
+            Some(tls) => tls.read(buf).await,
+            None => Err(TlsError::ConnectionClosed),
+        }
+    }
+}
+
+#[cfg(feature = "mqtt")]
+impl Write for TlsStream<'_> {
+    async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+        match self.0.lock().await.link.tls.as_mut() {
+            Some(tls) => tls.write(buf).await,
+            None => Err(TlsError::ConnectionClosed),
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), Self::Error> {
+        match self.0.lock().await.link.tls.as_mut() {
+            Some(tls) => tls.flush().await,
+            None => Err(TlsError::ConnectionClosed),
+        }
+    }
+}
+
+#[cfg(feature = "mqtt")]
+impl<'a> crate::mqtt::Pipe<'a> for TlsPipe<'a> {
+    type Stream = TlsStream<'a>;
+
+    fn stream(&'a self) -> TlsStream<'a> {
+        TlsStream(&self.state)
+    }
+
+    async fn connect(&self, server: SocketAddrV4, deadline: Instant) -> Result<(), Failure> {
+        let mut state = self.state.lock().await;
+        let PipeState { link, rng } = &mut *state;
+        link.tls = None;
+        let socket = link.socket();
+        // A socket left closing (FIN sent, TIME-WAIT) must be closed before it connects again.
+        if socket.state() != State::Closed {
+            socket.abort();
+            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
+            let _ = embassy_time::with_timeout(grace, socket.flush()).await;
+        }
+        if let Err(err) = http::connect(link.socket(), server, deadline).await {
+            http::finish(link.socket(), false, deadline).await;
+            return Err(failure(err));
+        }
+        let tls = link.new_session();
+        let (opened, tls_error) = handshake(tls, &self.pinned, None, rng, deadline).await;
+        match opened {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                defmt::info!("mqtt: the TLS handshake failed: {} ({})", err, tls_error);
+                link.end(false, deadline).await;
+                Err(failure(err))
+            }
+        }
+    }
+
+    async fn state(&self) -> (bool, bool) {
+        let mut state = self.state.lock().await;
+        let socket = state.link.socket();
+        (socket.state() == State::Established && socket.may_send(), socket.can_recv())
+    }
+
+    async fn finish(&self, clean: bool, deadline: Instant) {
+        self.state.lock().await.link.end(clean, deadline).await;
+    }
+}

@@ -8,7 +8,10 @@
 //!
 //! With feature `coap` it sends each reading as a confirmable CoAP `POST` to `/r/<key>` on the
 //! host's UDP `port=` instead (`wary_uplink::coap`), under the CoAP policy: `cargo xtask device
-//! coap` runs it against libcoap's `coap-server`.
+//! coap` runs it against libcoap's `coap-server`. With feature `mqtt` it publishes each reading
+//! as an MQTT 5 QoS 1 `PUBLISH` to the broker on the host's `port=` (`wary_uplink::mqtt`), and
+//! with `mqtt` and `tls` over TLS 1.3 to a broker whose chain leads to the pinned CA: `cargo
+//! xtask device mqtt` and `mqtt-tls` run them against mosquitto.
 //!
 //! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
 //! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
@@ -68,7 +71,7 @@ use wary_uplink::HttpTransport;
 #[cfg(not(feature = "coap"))]
 use wary_uplink::POLICY;
 use wary_uplink::health::BootWait;
-#[cfg(all(not(feature = "coap"), any(feature = "tls", not(feature = "mqtt"))))]
+#[cfg(not(any(feature = "coap", feature = "mqtt")))]
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
 use wary_uplink::{Config, Credential, FLEET, SplitMix64, Store, Transport, parse_device_id, sense, uplink};
@@ -90,26 +93,28 @@ const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
 
 type Flash = CutFlash<PsramFlash>;
 /// A 2 KiB send buffer: a batch of 16 readings (about 1.4 KB with its head) leaves in one segment.
-#[cfg(all(not(feature = "coap"), any(feature = "tls", not(feature = "mqtt"))))]
+#[cfg(not(any(feature = "coap", feature = "mqtt")))]
 type NetBuffers = Buffers<1024, 2048, 1024>;
 
-#[cfg(all(not(feature = "coap"), any(feature = "tls", not(feature = "mqtt"))))]
+#[cfg(not(any(feature = "coap", feature = "mqtt")))]
 static BUFFERS: ConstStaticCell<NetBuffers> = ConstStaticCell::new(Buffers::new());
 #[cfg(feature = "coap")]
 static COAP_BUFFERS: ConstStaticCell<wary_uplink::coap::Buffers> =
     ConstStaticCell::new(wary_uplink::coap::Buffers::new());
 
 /// Feature `mqtt`: the socket's buffers and the client's arena, the socket the client and the
-/// transport share, and the login (the transport holds them for the whole run). MQTT over TLS
-/// is not built yet: with both features the uplink posts over HTTPS.
-#[cfg(all(feature = "mqtt", not(feature = "tls")))]
+/// transport share (with `tls` too, the TLS session on it), and the login (the transport holds
+/// them for the whole run).
+#[cfg(feature = "mqtt")]
 static MQTT_BUFFERS: ConstStaticCell<wary_uplink::mqtt::Buffers<1024, 1024, 256>> =
     ConstStaticCell::new(wary_uplink::mqtt::Buffers::new());
 #[cfg(all(feature = "mqtt", not(feature = "tls")))]
 static MQTT_SOCKET: StaticCell<wary_uplink::mqtt::SharedSocket<'static>> = StaticCell::new();
-#[cfg(all(feature = "mqtt", not(feature = "tls")))]
+#[cfg(all(feature = "mqtt", feature = "tls"))]
+static MQTT_TLS: StaticCell<wary_uplink::tls::TlsPipe<'static>> = StaticCell::new();
+#[cfg(feature = "mqtt")]
 static MQTT_ARENA: StaticCell<wary_uplink::mqtt::BumpBuffer<'static>> = StaticCell::new();
-#[cfg(all(feature = "mqtt", not(feature = "tls")))]
+#[cfg(feature = "mqtt")]
 static MQTT_LOGIN: StaticCell<Credential> = StaticCell::new();
 
 /// Feature `tls`: the name the server's certificate must carry (sent as SNI and `Host`), and
@@ -124,7 +129,8 @@ static TLS_READ: ConstStaticCell<[u8; wary_uplink::tls::MAX_RECORD]> =
     ConstStaticCell::new([0; wary_uplink::tls::MAX_RECORD]);
 #[cfg(feature = "tls")]
 static TLS_WRITE: ConstStaticCell<[u8; 1024]> = ConstStaticCell::new([0; 1024]);
-/// The TLS transport's socket, which it keeps (and connects again) for its whole life.
+/// The TLS transport's socket (or MQTT's under TLS), which it keeps (and connects again) for
+/// its whole life.
 #[cfg(feature = "tls")]
 static TLS_SOCKET: StaticCell<embassy_net::tcp::TcpSocket<'static>> = StaticCell::new();
 static STORE: StaticCell<Store<Flash>> = StaticCell::new();
@@ -320,14 +326,8 @@ async fn main(spawner: Spawner) {
         }
         http
     };
-    #[cfg(feature = "tls")]
+    #[cfg(all(feature = "tls", not(feature = "mqtt")))]
     let http = {
-        use rand_chacha::rand_core::SeedableRng;
-        // QEMU has no hardware RNG: the handshake's randomness comes from the host's seed and
-        // the boot, so no two boots share it (a real board seeds it from its RNG).
-        let mut bytes = [0u8; 32];
-        let mut draw = SplitMix64::new(seed ^ 0x746c_735f_7365_6564);
-        draw.fill_bytes(&mut bytes);
         defmt::info!("TLS to {=str} (CA pinned at build time, {=usize} bytes)", SERVER_NAME, PINNED_CA.len());
         let pinned = wary_uplink::tls::Pinned { ca: PINNED_CA, server_name: SERVER_NAME };
         let (rx, tx, head) = BUFFERS.take().parts();
@@ -341,7 +341,7 @@ async fn main(spawner: Spawner) {
             head,
             TLS_READ.take(),
             TLS_WRITE.take(),
-            rand_chacha::ChaCha20Rng::from_seed(bytes),
+            tls_rng(seed),
         )
         .with_credential(args.credential.as_ref());
         if let Some(ms) = args.idle_ms {
@@ -369,21 +369,41 @@ async fn main(spawner: Spawner) {
     #[cfg(not(feature = "coap"))]
     let policy = &POLICY;
     // The broker at `port=` (the device logs in with its id and `token=`, required).
-    #[cfg(all(feature = "mqtt", not(feature = "tls")))]
+    // Over TLS 1.3 with `tls` too: the broker's chain must lead to the pinned CA and name
+    // `WARY_SERVER_NAME`; one handshake per MQTT connection.
+    #[cfg(feature = "mqtt")]
     let http = {
         let Some(credential) = args.credential.clone() else {
             defmt::error!("feature mqtt: no token= to log in to the broker with");
             exit(exit_code::FAIL)
         };
         let (rx, tx, arena) = MQTT_BUFFERS.take().parts();
-        let socket = MQTT_SOCKET.init(wary_uplink::mqtt::shared_socket(stack, rx, tx));
+        #[cfg(not(feature = "tls"))]
+        let pipe = MQTT_SOCKET.init(wary_uplink::mqtt::shared_socket(stack, rx, tx));
+        #[cfg(feature = "tls")]
+        let pipe = {
+            defmt::info!(
+                "MQTT over TLS to {=str} (CA pinned at build time, {=usize} bytes)",
+                SERVER_NAME,
+                PINNED_CA.len()
+            );
+            let pinned = wary_uplink::tls::Pinned { ca: PINNED_CA, server_name: SERVER_NAME };
+            let socket = TLS_SOCKET.init(embassy_net::tcp::TcpSocket::new(stack, rx, tx));
+            MQTT_TLS.init(wary_uplink::tls::TlsPipe::new(
+                pinned,
+                socket,
+                TLS_READ.take(),
+                TLS_WRITE.take(),
+                tls_rng(seed),
+            ))
+        };
         let arena = MQTT_ARENA.init(wary_uplink::mqtt::BumpBuffer::new(arena));
         wary_uplink::mqtt::MqttTransport::new(
             stack,
             server,
             args.device,
             MQTT_LOGIN.init(credential),
-            socket,
+            pipe,
             arena,
         )
     };
@@ -400,7 +420,7 @@ async fn main(spawner: Spawner) {
     counts.log();
     #[cfg(feature = "coap")]
     transport.inner.inner.coap_counts().log();
-    #[cfg(all(feature = "mqtt", not(feature = "tls")))]
+    #[cfg(feature = "mqtt")]
     transport.inner.inner.mqtt_counts().log();
     if s.all_landed() {
         exit(exit_code::PASS)
@@ -408,6 +428,17 @@ async fn main(spawner: Spawner) {
         defmt::error!("{=u32} readings left, {=u32} failed", s.left, s.failed);
         exit(exit_code::FAIL)
     }
+}
+
+/// The TLS handshakes' generator. QEMU has no hardware RNG: the randomness comes from the host's
+/// seed and the boot, so no two boots share it (a real board seeds it from its RNG).
+#[cfg(feature = "tls")]
+fn tls_rng(seed: u64) -> rand_chacha::ChaCha20Rng {
+    use rand_chacha::rand_core::SeedableRng;
+    let mut bytes = [0u8; 32];
+    let mut draw = SplitMix64::new(seed ^ 0x746c_735f_7365_6564);
+    draw.fill_bytes(&mut bytes);
+    rand_chacha::ChaCha20Rng::from_seed(bytes)
 }
 
 /// A planned reset while a reply is outstanding; otherwise the inner transport as it is.
