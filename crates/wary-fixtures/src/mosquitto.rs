@@ -71,6 +71,10 @@ pub struct Settings {
     pub autosave_secs: u32,
     /// `persistent_client_expiration`, e.g. `"1h"` (None: sessions never expire).
     pub session_expiry: Option<String>,
+    /// `max_keepalive`: a client asking for a longer keep alive gets this one back as the
+    /// CONNACK's Server Keep Alive (MQTT 5), and is dropped after 1.5 times it of silence.
+    /// mosquitto 2.0.11 refuses a value under 10.
+    pub max_keepalive: Option<u16>,
     /// A TLS listener as well: the server's certificate chain (PEM, leaf first) and its key
     /// (PEM) files.
     pub tls: Option<(PathBuf, PathBuf)>,
@@ -83,6 +87,7 @@ impl Default for Settings {
             max_inflight_messages: 20,
             autosave_secs: 1,
             session_expiry: None,
+            max_keepalive: None,
             tls: None,
         }
     }
@@ -242,6 +247,9 @@ fn config(dir: &Path, port: u16, tls_port: Option<u16>, settings: &Settings) -> 
     }
     let _ = writeln!(c, "max_queued_messages {}", settings.max_queued_messages);
     let _ = writeln!(c, "max_inflight_messages {}", settings.max_inflight_messages);
+    if let Some(seconds) = settings.max_keepalive {
+        let _ = writeln!(c, "max_keepalive {seconds}");
+    }
     if let Some(expiry) = &settings.session_expiry {
         let _ = writeln!(c, "persistent_client_expiration {expiry}");
     }
