@@ -167,6 +167,11 @@ struct Args {
     /// Receive Maximum: messages the broker may have unacknowledged with this replica at once.
     #[arg(long, default_value_t = 20, requires = "mqtt")]
     mqtt_receive_maximum: u16,
+    /// TLS to the broker: its certificate chain must lead to a CA in this PEM file and name the
+    /// broker's HOST as `--mqtt` gives it (without this, plain TCP: keep the broker beside the
+    /// gateways).
+    #[arg(long, value_name = "PEM FILE", requires = "mqtt")]
+    mqtt_ca: Option<PathBuf>,
     /// Retire this client id: unsubscribe, forward what its session still holds, then exit
     /// (a replica taken out of the set for good; see docs/deployment.md).
     #[arg(long, requires = "mqtt")]
@@ -196,6 +201,9 @@ fn mqtt_config(args: &Args, broker: &str) -> Result<wary_gateway::mqtt::MqttConf
     c.username.clone_from(&args.mqtt_username);
     c.session_expiry_secs = args.mqtt_session_expiry_secs;
     c.receive_maximum = args.mqtt_receive_maximum;
+    if let Some(ca) = &args.mqtt_ca {
+        c.tls = Some(std::sync::Arc::new(wary_gateway::tls::client_config(ca)?));
+    }
     Ok(c)
 }
 

@@ -84,6 +84,9 @@ pub struct MqttConfig {
     pub receive_maximum: u16,
     /// Keep alive.
     pub keep_alive: StdDuration,
+    /// TLS to the broker with this client configuration (its roots say whom to trust; the
+    /// broker's certificate must name `host`); `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl MqttConfig {
@@ -100,6 +103,7 @@ impl MqttConfig {
             session_expiry_secs: 86_400,
             receive_maximum: 20,
             keep_alive: StdDuration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -114,6 +118,7 @@ impl std::fmt::Debug for MqttConfig {
             .field("username", &self.username)
             .field("session_expiry_secs", &self.session_expiry_secs)
             .field("receive_maximum", &self.receive_maximum)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -316,6 +321,11 @@ impl Ingress {
             // Room for any message the broker passes on: one over the body limit is refused
             // (and counted) here, not dropped unseen because the packet was too large.
             .set_max_packet_size(Some(1 << 20));
+        if let Some(tls) = &config.tls {
+            options.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
+                tls.clone(),
+            )));
+        }
         // The request channel holds acknowledgements and the subscription; it never needs more
         // than the window, with room to spare.
         let cap = usize::from(config.receive_maximum.max(1)).saturating_mul(4).max(64);
@@ -466,6 +476,16 @@ fn kind(e: &rumqttc::v5::ConnectionError) -> String {
         E::MqttState(_) => "protocol state".to_owned(),
         E::NotConnAck(_) => "no CONNACK".to_owned(),
         E::RequestsDone => "client closed".to_owned(),
+        // The handshake's refusal (an unknown issuer, a wrong name) as rustls names it: its
+        // own words, not the broker's.
+        E::Tls(rumqttc::TlsError::TLS(e)) => format!("TLS: {e:?}"),
+        E::Tls(rumqttc::TlsError::Io(io)) => {
+            match io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                Some(e) => format!("TLS: {e:?}"),
+                None => format!("TLS: i/o: {:?}", io.kind()),
+            }
+        }
+        E::Tls(_) => "TLS: the broker's address or name".to_owned(),
     }
 }
 

@@ -31,6 +31,10 @@ pub enum TlsError {
     /// The client CA file has no PEM certificate rustls accepts as a root.
     #[error("{0}: no readable PEM client CA certificate")]
     ClientCa(PathBuf),
+    /// The CA file for a server the gateway connects to has no PEM certificate rustls accepts
+    /// as a root.
+    #[error("{0}: no readable PEM CA certificate")]
+    Ca(PathBuf),
     /// rustls refused the pair (a key that does not match, an unsupported algorithm).
     #[error("certificate and key refused: {0}")]
     Refused(rustls::Error),
@@ -100,6 +104,26 @@ pub fn server_config_with(
     let mut config = builder.with_single_cert(chain, key).map_err(TlsError::Refused)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
+}
+
+/// The client configuration for a server the gateway connects to (the MQTT broker): TLS 1.2 or
+/// 1.3, the server's chain checked against the CA certificates in `ca` (PEM) and its name
+/// against the one the gateway dials. No client certificate.
+pub fn client_config(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
+    let bad = || TlsError::Ca(ca.to_owned());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|_| bad())? {
+        roots.add(c.map_err(|_| bad())?).map_err(|_| bad())?;
+    }
+    if roots.is_empty() {
+        return Err(bad());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Refused)?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// The current TLS configuration, and where it is reloaded from.

@@ -274,3 +274,61 @@ async fn a_replica_that_leaves_takes_its_queue_and_gets_no_more_turns() {
     .await
     .expect("test took too long");
 }
+
+/// TLS to the broker (`MqttConfig::tls`, the binary's `--mqtt-ca`): with the CA that issued the
+/// broker's certificate the ingress connects over TLS and the readings land; with another CA it
+/// never gets past the handshake, so the broker sees no login from it and it receives nothing.
+#[tokio::test]
+async fn the_ingress_speaks_tls_to_the_broker_and_refuses_one_it_cannot_verify() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let chain = wary_fixtures::tls::TestChain::new().unwrap();
+        let other = wary_fixtures::tls::TestChain::new().unwrap();
+        let files = std::env::temp_dir().join(format!("wary-gw-mqtt-tls-files-{}", std::process::id()));
+        std::fs::create_dir_all(&files).unwrap();
+        // The name the ingress dials is an address: the certificate names it.
+        let (cert, key_pem) = chain.leaf_pem("127.0.0.1").unwrap();
+        std::fs::write(files.join("broker.pem"), cert).unwrap();
+        std::fs::write(files.join("broker.key"), key_pem).unwrap();
+        std::fs::write(files.join("ca.pem"), chain.root.pem()).unwrap();
+        std::fs::write(files.join("other-ca.pem"), other.root.pem()).unwrap();
+        let settings = Settings {
+            tls: Some((files.join("broker.pem"), files.join("broker.key"))),
+            ..Settings::default()
+        };
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let (broker, dir) = mqtt::broker("tls", &[0xa1], &settings);
+        let tls_port = broker.tls_port().unwrap();
+        let over_tls = |id: &str, ca: &str| {
+            let mut c = MqttConfig::new("127.0.0.1", tls_port, id, mqtt::GATEWAY_PASSWORD);
+            c.tls = Some(Arc::new(wary_gateway::tls::client_config(&files.join(ca)).unwrap()));
+            c
+        };
+        let wrong_gw = gateway(&cloud.url(""));
+        let wrong = Ingress::start(wrong_gw.clone(), &over_tls("gw-wrong-ca", "other-ca.pem"));
+        let gw = gateway(&cloud.url(""));
+        let ing = Ingress::start(gw.clone(), &over_tls("gw-1", "ca.pem"));
+        let c = ing.counts().clone();
+        until("connected over TLS", || get(&c, |c| &c.connects) == 1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut dev = Device::connect(broker.port(), 0xa1).await;
+        for s in 0..3 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{\"t\":1}").await, Some(PubAckReason::Success));
+        }
+        until("every reading landed", || get(&c, |c| &c.landed) == 3).await;
+        assert_eq!(cloud.stats().effects_total, 3);
+        let w = wrong.counts().clone();
+        assert_eq!(get(&w, |c| &c.connects), 0, "no CONNACK for a broker the CA does not vouch for");
+        assert_eq!(get(&w, |c| &c.received), 0);
+        let log = std::fs::read_to_string(broker.dir().join("mosquitto.log")).unwrap();
+        assert!(log.contains("as gw-1"), "the good replica logged in: {log}");
+        assert!(!log.contains("as gw-wrong-ca"), "the wrong-CA replica never sent its login: {log}");
+        drop((ing, wrong, broker));
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(files);
+    })
+    .await
+    .expect("test took too long");
+}

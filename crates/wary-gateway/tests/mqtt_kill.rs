@@ -206,8 +206,8 @@ async fn a_replica_killed_mid_stream_loses_and_duplicates_nothing() {
 }
 
 /// The MQTT flags are checked before anything starts: a client id is required (a replica must
-/// come back under the one it had), the password comes from a file or a variable, and the HTTP
-/// device side's flags do not mix with `--mqtt`.
+/// come back under the one it had), the password comes from a file or a variable, the HTTP
+/// device side's flags do not mix with `--mqtt`, and `--mqtt-ca` must hold a CA certificate.
 #[test]
 fn the_mqtt_flags_are_checked_at_start() {
     let run = |args: &[&str]| {
@@ -227,4 +227,18 @@ fn the_mqtt_flags_are_checked_at_start() {
     assert!(!ok && err.contains("cannot be used with"), "{err}");
     let (ok, err) = run(&[&up[..], &["--mqtt", "no-port", "--mqtt-client-id", "gw-1"]].concat());
     assert!(!ok && err.contains("HOST:PORT"), "{err}");
+    // A CA file that holds no certificate stops the start; its content is not quoted.
+    let not_pem = std::env::temp_dir().join(format!("wary-gw-not-a-ca-{}", std::process::id()));
+    std::fs::write(&not_pem, "secret-looking bytes, not a certificate").unwrap();
+    let password = std::env::temp_dir().join(format!("wary-gw-pw-{}", std::process::id()));
+    std::fs::write(&password, "pw").unwrap();
+    let (ok, err) = run(&[
+        &up[..],
+        &["--mqtt", "127.0.0.1:1", "--mqtt-client-id", "gw-1", "--mqtt-password-file"],
+        &[password.to_str().unwrap(), "--mqtt-ca", not_pem.to_str().unwrap()],
+    ]
+    .concat());
+    assert!(!ok && err.contains("no readable PEM CA certificate") && !err.contains("secret"), "{err}");
+    let _ = std::fs::remove_file(not_pem);
+    let _ = std::fs::remove_file(password);
 }
