@@ -86,13 +86,7 @@ pub fn server_config_with(
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let bad = || TlsError::ClientCa(ca.to_owned());
-            let mut roots = rustls::RootCertStore::empty();
-            for c in CertificateDer::pem_file_iter(ca).map_err(|_| bad())? {
-                roots.add(c.map_err(|_| bad())?).map_err(|_| bad())?;
-            }
-            if roots.is_empty() {
-                return Err(bad());
-            }
+            let roots = roots(ca).ok_or_else(bad)?;
             let verifier =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                     .allow_unauthenticated()
@@ -110,20 +104,23 @@ pub fn server_config_with(
 /// 1.3, the server's chain checked against the CA certificates in `ca` (PEM) and its name
 /// against the one the gateway dials. No client certificate.
 pub fn client_config(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
-    let bad = || TlsError::Ca(ca.to_owned());
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).map_err(|_| bad())? {
-        roots.add(c.map_err(|_| bad())?).map_err(|_| bad())?;
-    }
-    if roots.is_empty() {
-        return Err(bad());
-    }
+    let roots = roots(ca).ok_or_else(|| TlsError::Ca(ca.to_owned()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Refused)?
         .with_root_certificates(roots)
         .with_no_client_auth())
+}
+
+/// The CA certificates in the PEM file at `path`, if it holds at least one and rustls takes
+/// every one as a root.
+fn roots(path: &Path) -> Option<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(path).ok()? {
+        roots.add(c.ok()?).ok()?;
+    }
+    (!roots.is_empty()).then_some(roots)
 }
 
 /// The current TLS configuration, and where it is reloaded from.
