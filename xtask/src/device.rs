@@ -176,6 +176,7 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
     }
     if let Some(tls) = &tls {
         out.push(wrong_token(&bins, tls)?);
+        out.push(tls_batches(&bins, tls)?);
     }
     out.push(format!("wall time {elapsed:.1} s"));
     Ok(out.join("\n"))
@@ -764,6 +765,76 @@ fn wrong_token(bins: &HostBins, tls: &TlsRun) -> Result<String> {
         "wrong token: {WRONG_TOKEN_READINGS} readings, each refused once ({}), failed on the device, none retried; gateway: {}; cloud requests 0",
         statuses.join(", "),
         seen.metrics_line()
+    ))
+}
+
+/// The third `gateway-tls` run: the same TLS uplink with batches of 16, its readings queued
+/// while the cloud answers 503 to everything, then drained through the gateway in batches
+/// inside the kept session once the cloud is well.
+const TLS_BATCHES: Scenario = Scenario {
+    name: "gateway-tls batches",
+    faults: "503=1,seed=1",
+    readings: 40,
+    plan: "batch=16",
+    resets: &[],
+    route: Route::GatewayTls,
+};
+/// How long the cloud of [`TLS_BATCHES`] is down from QEMU's start: DHCP and the 40 readings
+/// (one every 60 ms) fit before.
+const TLS_BATCHES_OUTAGE: Duration = Duration::from_secs(5);
+
+fn tls_batches(bins: &HostBins, tls: &TlsRun) -> Result<String> {
+    step(&format!(
+        "device scenario `gateway-tls`, third run: {} readings over TLS with batches of 16, queued while the cloud answers 503",
+        TLS_BATCHES.readings
+    ));
+    let mut cloud = Cloud::start(&bins.cloud, TLS_BATCHES.faults)?;
+    let gateway = GatewayProc::start(&bins.gateway, tls, cloud.port)?;
+    let switch = {
+        let port = cloud.port;
+        thread::spawn(move || {
+            thread::sleep(TLS_BATCHES_OUTAGE);
+            put_faults(port, "seed=1")
+        })
+    };
+    let run = run_uplink(
+        &tls.elf,
+        gateway.port,
+        TOKEN,
+        TLS_BATCHES.readings,
+        TLS_BATCHES.plan,
+        TIMEOUT,
+        &Extra::default(),
+    );
+    switch.join().map_err(|_| anyhow::anyhow!("the fault switch panicked"))??;
+    let seen = gateway.stop()?;
+    let report = cloud.stop()?;
+    let (status, lines) = run?;
+    if !status.is_some_and(|s| s.success()) {
+        bail!("{}: the uplink failed under QEMU: {status:?}", TLS_BATCHES.name);
+    }
+    let text = check(&TLS_BATCHES, &Log::read(&lines), &report)?;
+    let counts = crate::keepalive::http_counts(&lines)?;
+    let get = |k: &str| counts.get(k).copied().unwrap_or(0);
+    let (batches, items, handshakes) = (get("batches"), get("batch_items"), get("connects"));
+    if batches == 0 || items < 2 * batches {
+        bail!(
+            "{}: {batches} batches carrying {items} readings: the backlog did not drain in batches",
+            TLS_BATCHES.name
+        );
+    }
+    // One handshake, and one more for each time the gateway's reply or an idle gap closed the session.
+    if handshakes > 4 {
+        bail!(
+            "{}: {handshakes} TLS handshakes for {} readings: the session was not kept",
+            TLS_BATCHES.name,
+            TLS_BATCHES.readings
+        );
+    }
+    Ok(format!(
+        "TLS batches: {batches} batches carried {items} readings in {handshakes} TLS sessions through the gateway ({}); {}",
+        seen.metrics_line(),
+        text.lines().find(|l| l.contains("exactly once")).unwrap_or("every reading applied once")
     ))
 }
 

@@ -46,7 +46,10 @@ use wary::Failure;
 
 use crate::http::{self, Buffers, Handed, HttpError, Post, Response, Timing};
 use crate::identity::Credential;
-use crate::transport::{Answer, Check, Counts, KeepAlive, Message, Transport, answer, failure};
+use crate::transport::{
+    ANSWER_LEN, Answer, BatchBody, Check, Counts, KeepAlive, MAX_BATCH, Message, Transport, answer, failure,
+    settle_batch,
+};
 
 /// The largest TLS 1.3 record body a server may send (2^14 bytes of plaintext, a content-type
 /// byte, up to 255 bytes of padding and tag): a read buffer this size takes any server's
@@ -442,7 +445,8 @@ impl<'a, 's> Link<'a, 's> {
 /// closing), it idled past the limit ([`IDLE_LIMIT`](crate::transport::IDLE_LIMIT) by default),
 /// or the uplink closed it. A write on a connection the server had closed is classified and
 /// counted ([`Counts`]) as over plain HTTP. The server's `NewSessionTicket` messages, sent
-/// after the handshake, are read (and dropped) with the first reply.
+/// after the handshake, are read (and dropped) with the first reply. Batches, when turned on
+/// ([`TlsTransport::batches`]), go as over plain HTTP, inside the session.
 pub struct TlsTransport<'a, 's> {
     stack: Stack<'s>,
     server: SocketAddrV4,
@@ -456,6 +460,10 @@ pub struct TlsTransport<'a, 's> {
     keep: KeepAlive,
     /// The end of the attempt `open` was called for, which `send` shares.
     deadline: Option<Instant>,
+    /// The batch endpoint and the most messages a batch carries, when batches are on.
+    batch: Option<(&'a str, usize)>,
+    /// The start of the last batch answer's body.
+    answer: [u8; ANSWER_LEN],
 }
 
 impl<'a, 's> TlsTransport<'a, 's> {
@@ -495,7 +503,18 @@ impl<'a, 's> TlsTransport<'a, 's> {
             counts: Counts::default(),
             keep: KeepAlive::new(Some(crate::transport::IDLE_LIMIT)),
             deadline: None,
+            batch: None,
+            answer: [0; ANSWER_LEN],
         }
+    }
+
+    /// Sends up to `most` (at most [`MAX_BATCH`]) pending messages as one `POST` to `path`, the
+    /// receiver's batch endpoint, as [`HttpTransport::batches`](crate::HttpTransport::batches)
+    /// does over plain HTTP. Off by default: a receiver must take batches.
+    #[must_use]
+    pub fn batches(mut self, path: &'a str, most: usize) -> Self {
+        self.batch = (most > 1).then_some((path, most.min(MAX_BATCH)));
+        self
     }
 
     /// Sends `credential` as `Authorization: Bearer <token>` on every attempt, inside the TLS
@@ -585,7 +604,6 @@ impl<'a, 's> TlsTransport<'a, 's> {
     /// One request on the open session (opening one if there is none).
     async fn exchange(&mut self, message: &Message<'_>, deadline: Instant) -> Result<Response, HttpError> {
         self.ensure_open(deadline).await?;
-        let reused = self.keep.is_reused();
         let request = Post {
             path: self.path,
             idempotency_key: message.key,
@@ -595,11 +613,51 @@ impl<'a, 's> TlsTransport<'a, 's> {
         // Nothing is written when the head cannot be encoded: the session stays as it was.
         let head_len =
             http::encode_head_for(&request, self.pinned.server_name, !self.keep.keeps(), self.head).await?;
+        self.round_trip(head_len, &message.body, false, deadline).await.map(|(reply, _)| reply)
+    }
+
+    /// One batch request to `path` on the open session (opening one if there is none): the
+    /// reply and how many bytes of its body `answer` holds.
+    async fn exchange_batch(
+        &mut self,
+        path: &str,
+        messages: &[Message<'_>],
+        deadline: Instant,
+    ) -> Result<(Response, usize), HttpError> {
+        let body = BatchBody(messages);
+        if !body.valid() {
+            return Err(HttpError::BadRequest);
+        }
+        self.ensure_open(deadline).await?;
+        let close = !self.keep.keeps();
+        let head_len = http::encode_batch_head(
+            path,
+            self.credential,
+            self.pinned.server_name,
+            body.content_length(),
+            close,
+            self.head,
+        )
+        .await?;
+        self.round_trip(head_len, &body, true, deadline).await
+    }
+
+    /// Sends the encoded head and `body` in the open session and reads the reply (keeping the
+    /// start of its body when `keep_answer`), then keeps or ends the session by the reply.
+    async fn round_trip<B: reqwless::request::RequestBody>(
+        &mut self,
+        head_len: usize,
+        body: &B,
+        keep_answer: bool,
+        deadline: Instant,
+    ) -> Result<(Response, usize), HttpError> {
+        let reused = self.keep.is_reused();
         if reused {
             self.counts.reused = self.counts.reused.saturating_add(1);
         }
+        let answer: &mut [u8] = if keep_answer { &mut self.answer } else { &mut [] };
         let (result, reusable) = match self.link.tls.as_mut() {
-            Some(tls) => http::send_and_read_framed(tls, head_len, message.body, self.head, deadline).await,
+            Some(tls) => http::send_and_read_keeping(tls, head_len, body, self.head, answer, deadline).await,
             // `ensure_open` left a session open; without one nothing was sent.
             None => (Err(HttpError::SendFailed), false),
         };
@@ -610,14 +668,40 @@ impl<'a, 's> TlsTransport<'a, 's> {
             self.link.end(result.is_ok(), deadline).await;
         }
         match &result {
-            Ok(reply) => defmt::debug!("https: {} ({=bool} reused)", reply, reused),
+            Ok((reply, _)) => defmt::debug!("https: {} ({=bool} reused)", reply, reused),
             Err(err) => defmt::debug!("https: {} in phase {} ({=bool} reused)", err, err.phase(), reused),
         }
         result
     }
+
+    /// One batch exchange for `messages`, each answered by its place.
+    async fn send_batch(
+        &mut self,
+        path: &str,
+        messages: &[Message<'_>],
+        answers: &mut [Answer],
+        deadline: Instant,
+    ) {
+        self.counts.record_batch(messages.len());
+        let result = self.exchange_batch(path, messages, deadline).await;
+        if !settle_batch(
+            &mut self.counts,
+            result,
+            &self.answer,
+            answers.get_mut(..messages.len()).unwrap_or(&mut []),
+        ) {
+            self.batch = None;
+        }
+    }
 }
 
 impl Transport for TlsTransport<'_, '_> {
+    const BATCH: usize = MAX_BATCH;
+
+    fn batch_limit(&self) -> usize {
+        self.batch.map_or(1, |(_, most)| most)
+    }
+
     async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
         let deadline = Instant::now().saturating_add(limit.into());
         self.deadline = Some(deadline);
@@ -635,6 +719,10 @@ impl Transport for TlsTransport<'_, '_> {
     async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
         let by_limit = Instant::now().saturating_add(limit.into());
         let deadline = self.deadline.take().map_or(by_limit, |open| open.min(by_limit));
+        if let (Some((path, _)), true) = (self.batch, messages.len() > 1) {
+            self.send_batch(path, messages, answers, deadline).await;
+            return;
+        }
         for (message, slot) in messages.iter().zip(answers.iter_mut()) {
             let result = self.exchange(message, deadline).await;
             self.counts.record(&result);

@@ -37,7 +37,8 @@
 //! | no reply in time | `ResponseTimeout` | may have landed |
 //! | the request cannot be encoded | `BadBody` | our own bug: no resend can fix it, so the call fails |
 //!
-//! **Batches** (off by default; [`HttpTransport::batches`]): up to [`MAX_BATCH`] messages in
+//! **Batches** (off by default; [`HttpTransport::batches`], and over TLS
+//! `tls::TlsTransport::batches`): up to [`MAX_BATCH`] messages in
 //! one `POST` to the receiver's batch endpoint, a JSON array of `[key, body]` pairs, answered
 //! by one status per message, in order (docs/batches.md). Each message's answer is read from
 //! its place in that array exactly as the status of a request of its own would be:
@@ -65,26 +66,26 @@ use wary::{
 use crate::http::{self, Buffers, HttpError, Post, Response};
 use crate::identity::Credential;
 
-/// The most messages [`HttpTransport`] puts in one batch.
+/// The most messages a transport puts in one batch.
 pub const MAX_BATCH: usize = 16;
 
 /// The largest batch answer kept: sixteen `[503,86400]` entries fit.
-const ANSWER_LEN: usize = 256;
+pub(crate) const ANSWER_LEN: usize = 256;
 
 /// A batch's body, written piece by piece from the messages (no copy of it is held):
 /// `[["<key>",<body>],…]`.
-struct BatchBody<'m, 'b>(&'m [Message<'b>]);
+pub(crate) struct BatchBody<'m, 'b>(pub(crate) &'m [Message<'b>]);
 
 impl BatchBody<'_, '_> {
     /// Every key is visible ASCII with no `"` or `\`, so it stands in a JSON string as it is.
-    fn valid(&self) -> bool {
+    pub(crate) fn valid(&self) -> bool {
         !self.0.is_empty()
             && self.0.iter().all(|m| {
                 !m.key.is_empty() && m.key.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
             })
     }
 
-    fn content_length(&self) -> usize {
+    pub(crate) fn content_length(&self) -> usize {
         let items: usize =
             self.0.iter().map(|m| m.key.len().saturating_add(m.body.len()).saturating_add(5)).sum();
         items.saturating_add(2).saturating_add(self.0.len().saturating_sub(1))
@@ -518,6 +519,12 @@ impl Counts {
         }
     }
 
+    /// Counts a batch of `items` messages about to go as one exchange.
+    pub fn record_batch(&mut self, items: usize) {
+        self.batches = self.batches.saturating_add(1);
+        self.batch_items = self.batch_items.saturating_add(u32::try_from(items).unwrap_or(u32::MAX));
+    }
+
     /// Counts a request written on a kept connection that failed with `err`, by the
     /// reused-connection table of [`HttpTransport`]. Other failures are not the race.
     pub fn record_stale(&mut self, err: HttpError) {
@@ -749,37 +756,57 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
         answers: &mut [Answer],
         deadline: Instant,
     ) {
-        self.counts.batches = self.counts.batches.saturating_add(1);
-        self.counts.batch_items =
-            self.counts.batch_items.saturating_add(u32::try_from(messages.len()).unwrap_or(u32::MAX));
+        self.counts.record_batch(messages.len());
         let result = self.exchange_batch(path, messages, deadline).await;
-        self.counts.record(&result.as_ref().map(|(reply, _)| reply.clone()).map_err(|err| *err));
-        let answers = answers.get_mut(..messages.len()).unwrap_or(&mut []);
-        let each = match result {
-            Err(err) => Err(failure(err)),
-            Ok((reply, kept)) if reply.status == 200 => {
-                let body = self.answer.get(..kept).unwrap_or(&[]);
-                if reply.body_complete && read_batch_answer(body, answers) {
-                    return;
-                }
-                // Landed or not, item by item, is unknown: each may have.
-                defmt::warn!("http: a batch answer that does not answer each item");
-                Err(Failure::Reset)
-            }
-            Ok((reply, _)) if batch_refused(reply.status) => {
-                defmt::warn!(
-                    "http: the receiver refused a batch ({=u16}): one reading per request from now on",
-                    reply.status
-                );
-                self.batch = None;
-                Err(Failure::Refused)
-            }
-            Ok((reply, _)) => Ok(reply),
-        };
-        for slot in answers.iter_mut() {
-            *slot = each.clone();
+        if !settle_batch(
+            &mut self.counts,
+            result,
+            &self.answer,
+            answers.get_mut(..messages.len()).unwrap_or(&mut []),
+        ) {
+            self.batch = None;
         }
     }
+}
+
+/// Each message's answer from a batch exchange's `result` (the reply and how many bytes of its
+/// body `kept` holds), by the batch table in the module docs, the exchange counted in `counts`.
+/// Returns `false` when the receiver refused the batch whole (it takes no batches, or not this
+/// one): the transport sends one message per request from then on.
+pub(crate) fn settle_batch(
+    counts: &mut Counts,
+    result: Result<(Response, usize), HttpError>,
+    kept: &[u8],
+    answers: &mut [Answer],
+) -> bool {
+    counts.record(&result.as_ref().map(|(reply, _)| reply.clone()).map_err(|err| *err));
+    let each = match result {
+        Err(err) => Err(failure(err)),
+        Ok((reply, len)) if reply.status == 200 => {
+            let body = kept.get(..len).unwrap_or(&[]);
+            if reply.body_complete && read_batch_answer(body, answers) {
+                return true;
+            }
+            // Landed or not, item by item, is unknown: each may have.
+            defmt::warn!("batch: an answer that does not answer each item");
+            Err(Failure::Reset)
+        }
+        Ok((reply, _)) if batch_refused(reply.status) => {
+            defmt::warn!(
+                "batch: the receiver refused a batch ({=u16}): one reading per request from now on",
+                reply.status
+            );
+            for slot in answers.iter_mut() {
+                *slot = Err(Failure::Refused);
+            }
+            return false;
+        }
+        Ok((reply, _)) => Ok(reply),
+    };
+    for slot in answers.iter_mut() {
+        *slot = each.clone();
+    }
+    true
 }
 
 impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport

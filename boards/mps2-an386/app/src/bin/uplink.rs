@@ -350,6 +350,9 @@ async fn main(spawner: Spawner) {
         if !args.keepalive {
             https = https.connection_per_request();
         }
+        if args.batch > 1 {
+            https = https.batches(wary_uplink::BATCH_PATH, args.batch);
+        }
         https
     };
     #[cfg(feature = "coap")]
