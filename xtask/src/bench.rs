@@ -98,6 +98,7 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
     std::fs::write(&flash_file, flash).with_context(|| format!("writing {}", flash_file.display()))?;
 
     let m4 = m4_decision(root, &out)?;
+    let m4_pace = m4_pace(root, &out)?;
 
     step("report and fleet simulation");
     run(
@@ -120,6 +121,8 @@ pub fn bench(root: &Path, only: Option<Part>) -> Result<()> {
             s(&flash_file)?,
             "--m4",
             s(&m4)?,
+            "--m4-pace",
+            s(&m4_pace)?,
         ],
     )?;
     gateway(root)?;
@@ -143,6 +146,20 @@ fn m4_decision(root: &Path, out: &Path) -> Result<PathBuf> {
     let script = root.join("firmware/conformance/decide-cost");
     let text = output(s(&script)?, &[]).with_context(|| format!("{} failed", script.display()))?;
     let file = out.join("m4.txt");
+    std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
+    eprint!("{text}");
+    Ok(file)
+}
+
+/// The pace and the breaker on a Cortex-M4: instructions retired by each `pace_once` call of
+/// the M4 conformance image (asked before an attempt, told after it), by the same script.
+/// Writes `target/bench/m4-pace.txt` and returns that path.
+fn m4_pace(root: &Path, out: &Path) -> Result<PathBuf> {
+    step("the pace and the breaker on a Cortex-M4: instructions retired (decide-cost … pace_once)");
+    let script = root.join("firmware/conformance/decide-cost");
+    let text =
+        output(s(&script)?, &["", "pace_once"]).with_context(|| format!("{} failed", script.display()))?;
+    let file = out.join("m4-pace.txt");
     std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
     eprint!("{text}");
     Ok(file)

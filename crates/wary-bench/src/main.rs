@@ -31,6 +31,9 @@ struct Args {
     /// The Cortex-M4 decision's instruction counts (`decide-cost`'s `call N: K instructions` lines).
     #[arg(long)]
     m4: Option<PathBuf>,
+    /// The same for `pace_once`: the pace and the breaker asked before an attempt, told after it.
+    #[arg(long)]
+    m4_pace: Option<PathBuf>,
     /// Fleet sizes to simulate.
     #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,100000")]
     clients: Vec<u32>,
@@ -300,6 +303,46 @@ fn main() -> Result<()> {
             json!({
                 "method": "instructions retired in a single-stepped QEMU trace (mps2-an386, Cortex-M4)",
                 "calls": m4.iter().map(|(c, n)| json!({"call": c, "instructions": n})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+
+    md.push_str(
+        "\n## The pace and the breaker on a Cortex-M4 (instructions retired)\n\nThe same method for \
+         `pace_once` (`firmware/conformance`): the device's pace and breaker (`PaceSettings::DEVICE`, \
+         `BreakerSettings::DEVICE`) asked before an attempt (`Attempts::admit`, with what they said kept \
+         for the ledger) and, when it goes, told its outcome (`Attempts::report`).\n\n",
+    );
+    let pace: Vec<(String, u64)> = args
+        .m4_pace
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|t| t.lines().filter_map(m4_line).collect())
+        .unwrap_or_default();
+    if pace.is_empty() {
+        md.push_str(
+            "not measured: `cargo xtask bench` runs decide-cost for pace_once and passes --m4-pace\n",
+        );
+    } else {
+        let what = [
+            "open pace, closed breaker: go; a 503 cuts the rate",
+            "a pace wait the call's budget cannot pay: the call ends",
+            "after the wait: go; a success heard",
+            "an open breaker: the call ends at once",
+        ];
+        let rows: Vec<Vec<String>> = pace
+            .iter()
+            .enumerate()
+            .map(|(i, (call, n))| {
+                vec![call.clone(), what.get(i).copied().unwrap_or("-").to_owned(), n.to_string()]
+            })
+            .collect();
+        md.push_str(&table(&["call", "what", "instructions"], &rows));
+        js.insert(
+            "m4_pace".into(),
+            json!({
+                "method": "instructions retired in a single-stepped QEMU trace (mps2-an386, Cortex-M4)",
+                "calls": pace.iter().zip(what).map(|((c, n), w)| json!({"call": c, "what": w, "instructions": n})).collect::<Vec<_>>(),
             }),
         );
     }

@@ -13,17 +13,19 @@
 
 use heapless::Vec;
 use wary::{
-    CallState, Class, Decision, Draw, Duration, Failure, FleetBudget, GiveUp, Operation, Outcome, Policy,
-    Preset, StaticPolicy, Verdict,
+    Attempts, Breaker, BreakerSettings, CallState, Class, Decision, Draw, Duration, Failure, FleetBudget,
+    Gate, GiveUp, Instant, Operation, Outcome, Pace, PaceSettings, Policy, Preset, StaticPolicy, Verdict,
     plan::{Plan, plan_static},
 };
 
-/// Runs every check: the conformance cases, the generated properties with the fingerprint, and
-/// the fleet budget. `check` is called once per check with its name and result.
+/// Runs every check: the conformance cases, the generated properties with the fingerprint, the
+/// fleet budget, and the send rate with the circuit breaker. `check` is called once per check
+/// with its name and result.
 pub fn run(check: &mut impl FnMut(&str, bool)) {
     conformance_cases(check);
     properties(check);
     fleet(check);
+    pacing(check);
 }
 
 /// One unit of the cases (written in whole seconds) as one millisecond of the core. The
@@ -502,6 +504,80 @@ pub fn fleet(check: &mut impl FnMut(&str, bool)) {
         );
     }
     check("fleet budget: decide_with_fleet throttles the retry the bucket refuses", ok);
+}
+
+/// The device's send rate and circuit breaker (`PaceSettings::DEVICE`, `BreakerSettings::DEVICE`)
+/// asked before each attempt and told after it, as the uplink's runner does, through
+/// [`pace_once`]: an open pace lets the first attempt go and its 503 cuts the rate; the next
+/// attempt's pace wait is longer than the call's budget, so the call ends before it; after the
+/// wait the attempt goes and its success is heard; once refused connections have opened the
+/// breaker, the next call ends at once.
+pub fn pacing(check: &mut impl FnMut(&str, bool)) {
+    let (Ok(mut pace), Ok(mut breaker)) =
+        (Pace::new(PaceSettings::DEVICE), Breaker::new(BreakerSettings::DEVICE))
+    else {
+        check("pacing: the device settings are accepted", false);
+        return;
+    };
+    let policy = BasicPolicy::POLICY;
+    let draw = Draw::unit(1 << 31);
+    let unavailable = Outcome::Failure(Failure::status(503));
+    let at = Instant::from_millis;
+    let first = pace_once(
+        &mut Attempts::new(at(1_000)),
+        &policy,
+        &mut pace,
+        &mut breaker,
+        &unavailable,
+        draw,
+        at(1_000),
+    );
+    let cut = pace.rate_milli(at(1_000));
+    let second =
+        pace_once(&mut Attempts::new(at(1_010)), &policy, &mut pace, &mut breaker, &OK, draw, at(1_010));
+    let third =
+        pace_once(&mut Attempts::new(at(60_000)), &policy, &mut pace, &mut breaker, &OK, draw, at(60_000));
+    for t in [60_100, 60_200] {
+        Attempts::report(
+            Some(&mut pace),
+            Some(&mut breaker),
+            &Outcome::Failure(Failure::Refused),
+            draw,
+            at(t),
+        );
+    }
+    let fourth =
+        pace_once(&mut Attempts::new(at(60_300)), &policy, &mut pace, &mut breaker, &OK, draw, at(60_300));
+    let ok = first == Gate::Go
+        && cut == Some(50)
+        && second == Gate::Stop(GiveUp::Budget)
+        && third == Gate::Go
+        && fourth == Gate::Stop(GiveUp::CircuitOpen);
+    if !ok {
+        defmt::error!("pacing: gates {} {} {} {}, rate after the 503 {}", first, second, third, fourth, cut);
+    }
+    check("pacing: the pace and the breaker gate each attempt as the device runs them", ok);
+}
+
+/// One attempt's pacing, kept out of line like [`decide_once`] so `decide-cost` can count it:
+/// the endpoint's breaker and pace asked before the attempt (`Attempts::admit`, which keeps
+/// what they said for the ledger) and, when it goes, told its `outcome` after it
+/// (`Attempts::report`).
+#[inline(never)]
+pub fn pace_once(
+    call: &mut Attempts,
+    policy: &Policy,
+    pace: &mut Pace,
+    breaker: &mut Breaker,
+    outcome: &Outcome,
+    draw: Draw,
+    now: Instant,
+) -> Gate {
+    let gate = call.admit(policy, Some(&mut *pace), Some(&mut *breaker), now);
+    if gate == Gate::Go {
+        Attempts::report(Some(pace), Some(breaker), outcome, draw, now);
+    }
+    gate
 }
 
 /// One attempt's whole decision, `Policy::decide_with_fleet`, kept out of line: its first
