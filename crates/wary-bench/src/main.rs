@@ -276,36 +276,18 @@ fn main() -> Result<()> {
          callees included) in the M4 conformance image's single-stepped execution trace \
          (`-singlestep -d exec,nochain`, `-icount shift=0,align=off`).\n\n",
     );
-    let m4: Vec<(String, u64)> = args
-        .m4
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .map(|t| t.lines().filter_map(m4_line).collect())
-        .unwrap_or_default();
-    if m4.is_empty() {
-        md.push_str("not measured: `cargo xtask bench` runs decide-cost and passes --m4\n");
-    } else {
-        let what = [
+    m4_section(
+        &mut md,
+        &mut js,
+        "m4_decision",
+        args.m4.as_deref(),
+        &[
             "a retry (503), fleet charged",
             "a retry the fleet refuses (throttled)",
             "a success, fleet refunded",
-        ];
-        let rows: Vec<Vec<String>> = m4
-            .iter()
-            .enumerate()
-            .map(|(i, (call, n))| {
-                vec![call.clone(), what.get(i).copied().unwrap_or("-").to_owned(), n.to_string()]
-            })
-            .collect();
-        md.push_str(&table(&["call", "decision", "instructions"], &rows));
-        js.insert(
-            "m4_decision".into(),
-            json!({
-                "method": "instructions retired in a single-stepped QEMU trace (mps2-an386, Cortex-M4)",
-                "calls": m4.iter().map(|(c, n)| json!({"call": c, "instructions": n})).collect::<Vec<_>>(),
-            }),
-        );
-    }
+        ],
+        "not measured: `cargo xtask bench` runs decide-cost and passes --m4\n",
+    );
 
     md.push_str(
         "\n## The pace and the breaker on a Cortex-M4 (instructions retired)\n\nThe same method for \
@@ -313,39 +295,19 @@ fn main() -> Result<()> {
          `BreakerSettings::DEVICE`) asked before an attempt (`Attempts::admit`, with what they said kept \
          for the ledger) and, when it goes, told its outcome (`Attempts::report`).\n\n",
     );
-    let pace: Vec<(String, u64)> = args
-        .m4_pace
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .map(|t| t.lines().filter_map(m4_line).collect())
-        .unwrap_or_default();
-    if pace.is_empty() {
-        md.push_str(
-            "not measured: `cargo xtask bench` runs decide-cost for pace_once and passes --m4-pace\n",
-        );
-    } else {
-        let what = [
+    m4_section(
+        &mut md,
+        &mut js,
+        "m4_pace",
+        args.m4_pace.as_deref(),
+        &[
             "open pace, closed breaker: go; a 503 cuts the rate",
             "a pace wait the call's budget cannot pay: the call ends",
             "after the wait: go; a success heard",
             "an open breaker: the call ends at once",
-        ];
-        let rows: Vec<Vec<String>> = pace
-            .iter()
-            .enumerate()
-            .map(|(i, (call, n))| {
-                vec![call.clone(), what.get(i).copied().unwrap_or("-").to_owned(), n.to_string()]
-            })
-            .collect();
-        md.push_str(&table(&["call", "what", "instructions"], &rows));
-        js.insert(
-            "m4_pace".into(),
-            json!({
-                "method": "instructions retired in a single-stepped QEMU trace (mps2-an386, Cortex-M4)",
-                "calls": pace.iter().zip(what).map(|((c, n), w)| json!({"call": c, "what": w, "instructions": n})).collect::<Vec<_>>(),
-            }),
-        );
-    }
+        ],
+        "not measured: `cargo xtask bench` runs decide-cost for pace_once and passes --m4-pace\n",
+    );
 
     // The decision's targets, from the figures above.
     let targets = targets(&js);
@@ -508,6 +470,44 @@ fn main() -> Result<()> {
     write("results.json", &serde_json::to_string_pretty(&serde_json::Value::Object(js))?)?;
     println!("\nwritten: {}/results.md, fleet.svg, results.json", args.out.display());
     Ok(())
+}
+
+/// One Cortex-M4 table: the `call N: K instructions` lines of the file at `path` as rows, each
+/// with its `what`, into `md` and into `js` under `key` (or `missing` when not measured).
+fn m4_section(
+    md: &mut String,
+    js: &mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    path: Option<&std::path::Path>,
+    what: &[&str],
+    missing: &str,
+) {
+    let calls: Vec<(String, u64)> = path
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|t| t.lines().filter_map(m4_line).collect())
+        .unwrap_or_default();
+    if calls.is_empty() {
+        md.push_str(missing);
+        return;
+    }
+    let what = |i: usize| what.get(i).copied().unwrap_or("-");
+    let rows: Vec<Vec<String>> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (call, n))| vec![call.clone(), what(i).to_owned(), n.to_string()])
+        .collect();
+    md.push_str(&table(&["call", "what", "instructions"], &rows));
+    js.insert(
+        key.into(),
+        json!({
+            "method": "instructions retired in a single-stepped QEMU trace (mps2-an386, Cortex-M4)",
+            "calls": calls
+                .iter()
+                .enumerate()
+                .map(|(i, (c, n))| json!({"call": c, "what": what(i), "instructions": n}))
+                .collect::<Vec<_>>(),
+        }),
+    );
 }
 
 /// `call 2: 178 instructions` → ("call 2", 178).
