@@ -160,7 +160,37 @@ pub fn size(root: &Path) -> Result<()> {
     let bins: Vec<_> = ALL_BINS.iter().map(|bin| (*bin, elf_path(&firmware, bin))).collect();
     size_table(&llvm_size, &bins)?;
     shares_table(&llvm_size.with_file_name("llvm-nm"), &bins[..1])?;
+    transport_sizes(&firmware, &llvm_size)?;
     board(root)
+}
+
+/// The QEMU uplink built once per transport (HTTP/1.1, HTTPS, CoAP, MQTT, MQTT over TLS): its
+/// flash and RAM with each. The TLS builds pin a CA made for the purpose (the size does not
+/// depend on which).
+fn transport_sizes(firmware: &Path, llvm_size: &Path) -> Result<()> {
+    step("the uplink per transport: each feature build's flash and RAM");
+    let dir = std::env::temp_dir().join(format!("wary-size-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let ca = dir.join("ca.der");
+    std::fs::write(&ca, wary_fixtures::tls::TestChain::new()?.root.der())?;
+    let ca_arg = ca.to_str().context("temp path is not UTF-8")?;
+    let tls_env = [("WARY_CA_DER", ca_arg), ("WARY_SERVER_NAME", wary_fixtures::tls::SERVER_NAME)];
+    let mut bins = vec![("uplink", elf_path(firmware, "uplink"))];
+    for (name, features, env) in [
+        ("uplink+tls", "wary-qemu/tls", &tls_env[..]),
+        ("uplink+coap", "wary-qemu/coap", &[][..]),
+        ("uplink+mqtt", "wary-qemu/mqtt", &[][..]),
+        ("uplink+mqtt+tls", "wary-qemu/mqtt,wary-qemu/tls", &tls_env[..]),
+    ] {
+        let keep = dir.join(name);
+        crate::harness::build_uplink_variant(firmware, features, &[], env, &keep)?;
+        bins.push((name, keep));
+    }
+    // Each variant's build put its ELF where the plain uplink's was: build that one again.
+    build(firmware)?;
+    let result = size_table(llvm_size, &bins);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// Prints flash and RAM of each ELF in `bins` (name, path) from `llvm-size`.
