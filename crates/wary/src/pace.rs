@@ -277,8 +277,19 @@ impl Pace {
 
     /// A served answer at `now`: lets the curve climb on past the rate it was cut from; once it
     /// has climbed to the ceiling the pace opens again.
+    ///
+    /// A served answer after a cut made *at the floor* is an endpoint coming back, not a load
+    /// easing: the pace was throttled even at its lowest rate (the server refused everything,
+    /// an outage answered 503), and growing back from the floor along a curve scaled to the
+    /// floor would take many regrow times. It starts again as when a breaker closes
+    /// ([`Pace::slow_start`]): `keep` of `start`, climbing back to `start` in the regrow time.
     pub fn on_success(&mut self, now: Instant) {
         if self.is_open() {
+            return;
+        }
+        if self.w_max <= self.settings.floor_milli && self.settings.start_milli > self.settings.floor_milli {
+            self.slow_start(now);
+            self.served_at = now;
             return;
         }
         self.served_at = self.served_at.max(now);
@@ -305,11 +316,18 @@ impl Pace {
 
     /// Paces from `now` as if a first throttle had come: `keep` of the `start` rate, climbing
     /// back to it in the regrow time. For an endpoint that has just come back (its breaker
-    /// closed after a probe), where sending the whole backlog unpaced would meet every other
-    /// device doing the same. The bucket is left as it is.
+    /// closed after a probe, or a served answer after a cut at the floor), where sending the
+    /// whole backlog unpaced would meet every other device doing the same.
+    ///
+    /// The bucket is re-spaced to the new rate: its next token is at most one interval of it
+    /// away. Tokens taken at a slower rate for requests still waiting keep their instants (those
+    /// requests go then), so for one interval of the old rate the endpoint may see both: at
+    /// most the old rate on top of the new.
     pub fn slow_start(&mut self, now: Instant) {
         self.w_max = self.settings.start_milli;
         self.cut_at = now;
+        let interval = self.rate_milli(now).map_or(0, interval_ticks);
+        self.tat = self.tat.min(ticks(now).saturating_add(u64::from(interval)));
     }
 
     /// Feeds an answer's [`Signal`] at `now` (`draw` as for [`Pace::on_throttled`]).
@@ -500,6 +518,62 @@ mod tests {
         // The bucket was full: the first request goes at once, the next waits.
         assert_eq!(p.acquire(at(1_000)), Ok(()));
         assert!(p.acquire(at(1_000)).is_err());
+    }
+
+    #[test]
+    fn a_served_answer_after_a_cut_at_the_floor_starts_again_from_start() {
+        let mut p = Pace::new(settings()).unwrap(); // start 1/s, floor 0.01/s
+        // An outage answered 503: throttle after throttle down to the floor, and one more there.
+        for i in 0..8 {
+            p.on_throttled(at(i * 1_000), MID);
+        }
+        assert_eq!(p.rate_milli(at(8_000)), Some(10));
+        // A cut from above the floor that lands on it is load, not yet an outage: a served
+        // answer then climbs along the curve as usual.
+        let mut q = Pace::new(PaceSettings { floor_milli: 400, ..settings() }).unwrap();
+        q.on_throttled(at(0), MID); // 1000 → 500
+        q.on_throttled(at(0), MID); // 500 → 400 (the floor), w_max 500
+        q.on_success(at(1_000));
+        assert_eq!(q.rate_milli(at(1_000)), Some(400));
+        assert_eq!(q.rate_milli(at(61_000)), Some(500));
+        // Served after the cut at the floor: back to half the start at once, the start in the
+        // regrow time, and the bucket's next token within one interval of the new rate (2 s),
+        // not the floor's 100 s.
+        assert!(p.acquire(at(9_000)).unwrap_err() > Duration::from_secs(50));
+        p.on_success(at(9_000));
+        assert_eq!(p.rate_milli(at(9_000)), Some(500));
+        assert_eq!(p.rate_milli(at(69_000)), Some(1_000));
+        assert_eq!(p.acquire(at(9_000)), Err(Duration::from_millis(2_000)));
+        assert_eq!(p.acquire(at(11_000)), Ok(()));
+        // A throttle from there cuts from the new rate, not from the floor.
+        let climbed = p.rate_milli(at(11_000)).unwrap();
+        assert!(climbed > 500, "{climbed}");
+        p.on_throttled(at(11_000), MID);
+        assert_eq!(p.rate_milli(at(11_000)), Some(climbed / 2));
+        // A start at the floor has nowhere to start from: the curve as usual.
+        let mut f = Pace::new(PaceSettings { floor_milli: 1_000, ..settings() }).unwrap();
+        f.on_throttled(at(0), MID);
+        f.on_success(at(1_000));
+        assert_eq!(f.rate_milli(at(1_000)), Some(1_000));
+    }
+
+    #[test]
+    fn slow_start_re_spaces_a_bucket_reserved_at_a_slower_rate() {
+        let mut p = Pace::new(PaceSettings { burst: 1, ..settings() }).unwrap();
+        for _ in 0..8 {
+            p.on_throttled(at(0), MID);
+        }
+        // Ten requests queued at the floor: their tokens reach 1 000 s ahead.
+        for _ in 0..10 {
+            p.take(at(0));
+        }
+        assert!(p.acquire(at(0)).unwrap_err() > Duration::from_secs(1_000));
+        p.slow_start(at(0));
+        assert_eq!(p.acquire(at(0)), Err(Duration::from_millis(2_000)));
+        // A bucket already closer than one interval is left as it is.
+        let mut q = Pace::new(settings()).unwrap();
+        q.slow_start(at(0));
+        assert_eq!(q.acquire(at(0)), Ok(()));
     }
 
     #[test]
