@@ -6,9 +6,9 @@
 //! gateway as the demo's sensors do, one reading at a time, and waiting out the gateway's
 //! Retry-After on a 503 before sending the same reading again.
 //!
-//! Three runs: the gateway with its upstream pace and breaker (`--upstream-pacing`, default
-//! settings), the same with the pace tuned for a known capacity, and the gateway's default (no
-//! upstream pace). For each: the cloud's arrivals and accepted requests in each second
+//! Three runs: the gateway with its upstream pace and breaker (its default settings), the same
+//! with the pace tuned for a known capacity, and the gateway with neither
+//! (`--no-upstream-pacing`). For each: the cloud's arrivals and accepted requests in each second
 //! (the cloud counts them), the peak arrival rate over the capacity after the outage, the time
 //! from the outage's end to the last reading delivered over the ideal (backlog ÷ capacity), the
 //! requests at the cloud per delivered reading, and every reading checked once at the cloud
@@ -229,12 +229,13 @@ async fn sensor(client: HttpClient, url: String, id: u32, backlog: u32, start: I
 /// How the gateway sends upstream.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// `--upstream-pacing` with the defaults `UPSTREAM_PACE`, `UPSTREAM_BREAKER`.
+    /// The gateway's default: the upstream paced and broken with `UPSTREAM_PACE`,
+    /// `UPSTREAM_BREAKER`.
     Paced,
     /// The pace with a floor and a regrow for a cloud whose capacity the operator knows
     /// ([`TUNED_POLICY`]).
     Tuned,
-    /// Its defaults: no upstream pace or breaker.
+    /// `--no-upstream-pacing`: no upstream pace or breaker.
     Unpaced,
 }
 
@@ -266,8 +267,8 @@ async fn run(a: &Args, mode: Mode) -> Result<Value> {
         .args(["--insecure-no-auth", "--insecure-plain-http", "--no-metrics", "--rate", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    if paced {
-        cmd.arg("--upstream-pacing");
+    if !paced {
+        cmd.arg("--no-upstream-pacing");
     }
     let policy_file = std::env::temp_dir().join(format!("wary-recovery-policy-{}.json", std::process::id()));
     if mode_name == Mode::Tuned.name() {
@@ -459,9 +460,9 @@ fn svg(a: &Args, rows: &[Value]) -> String {
             .map(|(t, n)| format!("{:.1},{:.1}", x(t as f64 + 0.5), y(*n as f64)))
             .collect();
         let label = match name.as_str() {
-            "paced" => "gateway --upstream-pacing (default settings)",
+            "paced" => "gateway, upstream paced (its default settings)",
             "paced_tuned" => "gateway, pace floor 50/s, regrow 2 s",
-            _ => "gateway (default: no upstream pace)",
+            _ => "gateway --no-upstream-pacing",
         };
         let _ = write!(
             s,

@@ -65,10 +65,9 @@ pub struct Config {
     /// Pace the upstream calls and break the circuit when the upstream is down: one
     /// [`wary::Pace`] and one [`wary::Breaker`] shared by every worker, asked before every
     /// attempt ([`UPSTREAM_PACE`], [`UPSTREAM_BREAKER`], each field overridable in the policy's
-    /// `[pace]` and `[breaker]`); `--upstream-pacing` turns both on. Off by default: after an
-    /// outage the default pace holds a gateway's queued calls at its floor (docs/pacing.md, "On
-    /// real processes"). The ledger records what they said about each attempt, so `wary replay`
-    /// checks the decisions they changed.
+    /// `[pace]` and `[breaker]`). On by default; `--no-upstream-pacing` turns both off (for an
+    /// upstream known to take whatever the gateway sends). The ledger records what they said
+    /// about each attempt, so `wary replay` checks the decisions they changed.
     pub upstream_pacing: bool,
 }
 
@@ -110,7 +109,8 @@ impl Config {
     /// fleet budget 100 tokens / 0.1, queue 1024, 64 workers, 16 KiB bodies, batches of up to
     /// 32 items in 64 KiB, 5 s per attempt;
     /// bearer credentials with no device admitted yet, 5 requests a second per device in bursts
-    /// of 20, 10 s for a body, keys forwarded as they are.
+    /// of 20, 10 s for a body, keys forwarded as they are, the upstream paced and broken
+    /// ([`UPSTREAM_PACE`], [`UPSTREAM_BREAKER`]).
     pub fn new(base: &str) -> Self {
         Config {
             upstream: Upstream::new(base),
@@ -133,7 +133,7 @@ impl Config {
             header_timeout: crate::ingress::HEADER_TIMEOUT,
             body_timeout: StdDuration::from_secs(10),
             device_prefix: false,
-            upstream_pacing: false,
+            upstream_pacing: true,
         }
     }
 }
@@ -651,6 +651,19 @@ mod tests {
         let _ = tokio::time::timeout(StdDuration::from_millis(400), run).await;
         let s = lock(&sleeps).clone();
         assert_eq!(s.get(..7), Some(&[5, 10, 20, 40, 80, 5, 10][..]), "{s:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_upstream_is_paced_and_broken_by_default() {
+        use wary::Endpoint as _;
+        let config = Config::new("http://127.0.0.1:9");
+        assert!(config.upstream_pacing);
+        let gw = Gateway::start(config, Box::new(std::io::sink())).unwrap();
+        assert!(gw.shared.endpoint.is_active());
+        let mut off = Config::new("http://127.0.0.1:9");
+        off.upstream_pacing = false;
+        let gw = Gateway::start(off, Box::new(std::io::sink())).unwrap();
+        assert!(!gw.shared.endpoint.is_active());
     }
 
     #[test]

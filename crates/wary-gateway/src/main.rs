@@ -128,11 +128,11 @@ struct Args {
     #[arg(long)]
     device_prefix: bool,
     /// Pace the upstream calls with the adaptive send rate and break the circuit when the
-    /// upstream is down (their settings are the policy's `[pace]` and `[breaker]`). Off by
-    /// default: see docs/pacing.md, "On real processes".
+    /// upstream is down (their settings are the policy's `[pace]` and `[breaker]`): the
+    /// default, accepted for scripts that ask for it explicitly.
     #[arg(long, conflicts_with = "no_upstream_pacing")]
     upstream_pacing: bool,
-    /// Send upstream without the adaptive send rate and the circuit breaker (the default).
+    /// Send upstream without the adaptive send rate and the circuit breaker.
     #[arg(long)]
     no_upstream_pacing: bool,
     /// Take readings from this MQTT 5 broker (`host:port`) instead of serving HTTP: devices log
@@ -313,7 +313,7 @@ async fn run(args: Args) -> Result<()> {
     config.admission = Limits { rate_per_sec: args.rate, burst: args.burst, max_devices: args.max_devices };
     config.body_timeout = Duration::from_millis(args.body_timeout_ms);
     config.device_prefix = args.device_prefix;
-    config.upstream_pacing = args.upstream_pacing && !args.no_upstream_pacing;
+    config.upstream_pacing = args.upstream_pacing || !args.no_upstream_pacing;
     config.auth = match &args.credentials {
         Some(p) => {
             let c = Credentials::load(p).with_context(|| format!("credentials {}", p.display()))?;

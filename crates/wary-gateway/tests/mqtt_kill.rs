@@ -34,10 +34,10 @@ async fn free_port() -> u16 {
 }
 
 /// The replicas' policy: the default, with the upstream pace's floor at 100 requests a second.
-/// The replicas run with the pace and breaker on (`--upstream-pacing`), but this cloud answers
-/// one request in ten with 503 at random, which the pace reads as overload and would cut to its
-/// 5 a second floor: draining the 400 readings that way takes over a minute, and this test is
-/// about the kill.
+/// The replicas run with the pace and breaker on (their default, asked for explicitly here), but
+/// this cloud answers one request in ten with 503 at random, which the pace reads as overload and
+/// cuts toward its 5 a second floor: draining the 400 readings that way takes far longer, and
+/// this test is about the kill.
 const POLICY: &str = r#"{"pace":{"floor_milli":100000}}"#;
 
 fn replica(broker: u16, upstream: &str, id: &str, metrics: u16, policy: &std::path::Path) -> Child {
