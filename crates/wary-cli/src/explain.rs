@@ -538,8 +538,10 @@ mod tests {
     #[test]
     fn pace_and_breaker_consequences_come_from_the_real_types() {
         let p = pace(wary::PaceSettings::DEVICE).unwrap();
-        // 0.1/s halved to 0.05/s; 0.05 → 0.025 → 0.0125 → floor 0.01: four throttles.
-        assert_eq!((p.after_first_throttle_milli, p.throttles_to_floor), (50, 4));
+        // 0.1/s halved to 0.05/s; then, each cut in a row coming before the curve is back, aimed
+        // at the midpoint and halved from there: 0.05 → 0.01875 → 0.007 (the floor, 0.01): three
+        // throttles.
+        assert_eq!((p.after_first_throttle_milli, p.throttles_to_floor), (50, 3));
         // A 20 s interval with a burst of 2: the first request waits 10 s to 30 s.
         assert_eq!((p.first_wait_min, p.first_wait_max), (Duration::from_secs(10), Duration::from_secs(30)));
         let b = breaker(wary::BreakerSettings::DEVICE).unwrap();

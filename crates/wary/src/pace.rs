@@ -264,7 +264,18 @@ impl Pace {
     pub fn on_throttled(&mut self, now: Instant, draw: Draw) {
         let s = self.settings;
         let from = self.rate_milli(now).unwrap_or(s.start_milli).max(s.floor_milli);
-        self.w_max = from;
+        // Cut again before the curve was back where it was last cut from: the server's room
+        // has shrunk since. Aim lower (CUBIC's fast convergence): the curve's top is the
+        // midpoint between `keep` of `from` and `from`, and the rate starts at `keep` of that.
+        // Without it, a device that hears one throttle every few tens of seconds is back near
+        // its old rate before each, and an outage leaves the whole fleet at the rate it
+        // started from.
+        self.w_max = if !self.is_open() && from < self.w_max {
+            // 32-bit: `from` is below 2²⁴ and the factor below 200.
+            (from.saturating_mul(100u32.saturating_add(u32::from(s.keep_percent))) / 200).max(s.floor_milli)
+        } else {
+            from
+        };
         self.cut_at = now;
         // `rate_milli` now reads `keep` of `from`: the curve at t = 0.
         let interval = interval_ticks(self.rate_milli(now).unwrap_or(s.floor_milli));
@@ -407,8 +418,11 @@ mod tests {
         let mut p = Pace::new(settings()).unwrap();
         p.on_throttled(at(0), MID);
         assert_eq!(p.rate_milli(at(0)), Some(500));
+        // Cut again at once: from 500, aiming at 375 (the midpoint of 250 and 500), starting at
+        // half of that.
         p.on_throttled(at(0), MID);
-        assert_eq!(p.rate_milli(at(0)), Some(250));
+        assert_eq!(p.rate_milli(at(0)), Some(187));
+        assert_eq!(p.rate_milli(at(60_000)), Some(375));
         for _ in 0..20 {
             p.on_throttled(at(0), MID);
         }
@@ -457,6 +471,25 @@ mod tests {
         p.on_success(at(250_000));
         assert!(p.is_open());
         assert_eq!(p.acquire(at(250_000)), Ok(()));
+    }
+
+    #[test]
+    fn a_cut_before_the_curve_is_back_aims_lower() {
+        let mut p = Pace::new(settings()).unwrap();
+        p.on_throttled(at(0), MID); // w_max 1000, rate 500
+        let climbed = p.rate_milli(at(12_000)).unwrap();
+        assert_eq!(climbed, 744);
+        // Throttled again at 744, short of the 1000 it was cut from: the top is now the midpoint
+        // of 372 and 744 (558), and the rate starts at half of it.
+        p.on_throttled(at(12_000), MID);
+        assert_eq!(p.rate_milli(at(12_000)), Some(279));
+        assert_eq!(p.rate_milli(at(72_000)), Some(558));
+        // Throttled once the curve is back: a plain cut, the top where it was cut from.
+        let mut q = Pace::new(settings()).unwrap();
+        q.on_throttled(at(0), MID);
+        q.on_throttled(at(60_000), MID);
+        assert_eq!(q.rate_milli(at(60_000)), Some(500));
+        assert_eq!(q.rate_milli(at(120_000)), Some(1_000));
     }
 
     #[test]
@@ -530,12 +563,11 @@ mod tests {
         assert_eq!(p.rate_milli(at(8_000)), Some(10));
         // A cut from above the floor that lands on it is load, not yet an outage: a served
         // answer then climbs along the curve as usual.
-        let mut q = Pace::new(PaceSettings { floor_milli: 400, ..settings() }).unwrap();
-        q.on_throttled(at(0), MID); // 1000 → 500
-        q.on_throttled(at(0), MID); // 500 → 400 (the floor), w_max 500
+        let mut q = Pace::new(PaceSettings { floor_milli: 500, ..settings() }).unwrap();
+        q.on_throttled(at(0), MID); // 1000 → 500, the floor; w_max 1000
         q.on_success(at(1_000));
-        assert_eq!(q.rate_milli(at(1_000)), Some(400));
-        assert_eq!(q.rate_milli(at(61_000)), Some(500));
+        assert_eq!(q.rate_milli(at(1_000)), Some(524)); // the curve 1 s after the cut
+        assert_eq!(q.rate_milli(at(60_000)), Some(1_000));
         // Served after the cut at the floor: back to half the start at once, the start in the
         // regrow time, and the bucket's next token within one interval of the new rate (2 s),
         // not the floor's 100 s.
@@ -545,11 +577,14 @@ mod tests {
         assert_eq!(p.rate_milli(at(69_000)), Some(1_000));
         assert_eq!(p.acquire(at(9_000)), Err(Duration::from_millis(2_000)));
         assert_eq!(p.acquire(at(11_000)), Ok(()));
-        // A throttle from there cuts from the new rate, not from the floor.
+        // A throttle from there cuts from the new rate, not from the floor (and, the curve not
+        // yet back at the start, aims at the midpoint).
         let climbed = p.rate_milli(at(11_000)).unwrap();
         assert!(climbed > 500, "{climbed}");
         p.on_throttled(at(11_000), MID);
-        assert_eq!(p.rate_milli(at(11_000)), Some(climbed / 2));
+        let aim = climbed * 150 / 200;
+        let cut = p.rate_milli(at(11_000)).unwrap();
+        assert!((aim / 2 - 1..=aim / 2).contains(&cut), "{cut} {aim}");
         // A start at the floor has nowhere to start from: the curve as usual.
         let mut f = Pace::new(PaceSettings { floor_milli: 1_000, ..settings() }).unwrap();
         f.on_throttled(at(0), MID);
