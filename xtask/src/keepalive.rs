@@ -42,12 +42,12 @@ pub const IDLE_CLOSE_TLS: Scenario = Scenario {
     route: Route::TlsTerminator,
 };
 
-/// The readings queued during the drain's outage: 100 (a reading every 60 ms, so 6 s of
-/// outage; the outbox holds them with room to spare, and both runs stay within CI's time).
-const DRAIN_READINGS: u32 = 100;
-/// The cloud answers 503 from the start until this long after QEMU starts (DHCP and 100
+/// The readings queued during the drain's outage: 200 (a reading every 60 ms, so 12 s of
+/// outage; the outbox holds them with room to spare).
+const DRAIN_READINGS: u32 = 200;
+/// The cloud answers 503 from the start until this long after QEMU starts (DHCP and 200
 /// readings fit before).
-const OUTAGE: Duration = Duration::from_secs(9);
+const OUTAGE: Duration = Duration::from_secs(15);
 
 /// The drain: the cloud is down (503 to everything) while the readings queue, then well.
 pub const DRAIN: Scenario = Scenario {
