@@ -114,7 +114,11 @@ pub struct PaceExplained {
     pub regrow: Duration,
     /// Requests that may go at once.
     pub burst: u8,
-    /// The rate after the first throttle.
+    /// The share of throttles let pass without a cut, percent.
+    pub tolerate_percent: u8,
+    /// Throttles in a row before the first cut (1 when nothing is tolerated).
+    pub throttles_to_first_cut: u32,
+    /// The rate after the first cut.
     pub after_first_throttle_milli: u32,
     /// Throttles in a row that bring the rate to the floor.
     pub throttles_to_floor: u32,
@@ -130,15 +134,22 @@ pub struct PaceExplained {
 pub fn pace(settings: wary::PaceSettings) -> Option<PaceExplained> {
     let at = wary::Instant::from_millis(0);
     let fresh = wary::Pace::new(settings).ok()?;
+    // Throttles in a row until the pace is cut (one, unless it tolerates a share of them).
+    let cut = |draw| {
+        let (mut p, mut n) = (fresh, 0u32);
+        while p.is_open() && n < 1_000 {
+            p.on_throttled(at, draw);
+            n += 1;
+        }
+        (p, n)
+    };
     let first_wait = |draw| {
-        let mut p = fresh;
-        p.on_throttled(at, draw);
+        let (mut p, _) = cut(draw);
         p.acquire(at).err().unwrap_or(Duration::ZERO)
     };
-    let mut p = fresh;
-    p.on_throttled(at, wary::Draw::ZERO);
+    let (mut p, to_first_cut) = cut(wary::Draw::ZERO);
     let after = p.rate_milli(at).unwrap_or(settings.floor_milli);
-    let mut throttles = 1;
+    let mut throttles = to_first_cut;
     while p.rate_milli(at).is_some_and(|r| r > settings.floor_milli) && throttles < 1_000 {
         p.on_throttled(at, wary::Draw::ZERO);
         throttles += 1;
@@ -150,6 +161,8 @@ pub fn pace(settings: wary::PaceSettings) -> Option<PaceExplained> {
         keep_percent: settings.keep_percent,
         regrow: settings.regrow,
         burst: settings.burst,
+        tolerate_percent: settings.tolerate_percent,
+        throttles_to_first_cut: to_first_cut,
         after_first_throttle_milli: after,
         throttles_to_floor: throttles,
         first_wait_min: first_wait(wary::Draw::ZERO),
@@ -435,8 +448,8 @@ pub fn render(e: &Explanation, policy: &Policy) -> String {
         let _ = writeln!(
             s,
             "\npace (asked before every attempt, first ones too): open until the server throttles (429, 503); \
-             the first throttle sets {} ({}% of the start {}), each further one keeps {}% down to the floor {} \
-             ({} throttles in a row reach it); the first request after a cut waits {} to {} (drawn, so devices \
+             the first cut sets {} ({}% of the start {}), each further one keeps {}% of the rate in force, aiming \
+             lower when it comes before the rate is back, down to the floor {} ({} throttles in a row reach it); the first request after a cut waits {} to {} (drawn, so devices \
              cut together do not come back together); the rate climbs back to where it was cut from in {}, \
              then on with served answers, and opens again at {}; {} request(s) may go at once; a Retry-After \
              holds the requests until it is over without a cut; pace waits count toward the wait budget",
@@ -452,6 +465,16 @@ pub fn render(e: &Explanation, policy: &Policy) -> String {
             rate(p.ceiling_milli),
             p.burst
         );
+        if p.tolerate_percent > 0 {
+            let _ = writeln!(
+                s,
+                "  it tolerates {}% of throttles: a throttle cuts only when throttles are more than that share of the \
+                 answers heard since the last cut (over at least {}), so a run of throttles is first cut after {} of them",
+                p.tolerate_percent,
+                wary::TOLERANCE_SAMPLE,
+                p.throttles_to_first_cut
+            );
+        }
     }
     if let Some(b) = &e.breaker {
         let _ = writeln!(
@@ -554,13 +577,24 @@ mod tests {
             b.longest_open_max > Duration::from_secs(599) && b.longest_open_max <= Duration::from_secs(600)
         );
         assert!(pace(wary::PaceSettings { burst: 0, ..wary::PaceSettings::DEVICE }).is_none());
+        assert_eq!(p.throttles_to_first_cut, 1);
+        // Tolerating half: the sixth throttle in a row is the first to cut (6 of at least 10).
+        let t = pace(wary::PaceSettings { tolerate_percent: 50, ..wary::PaceSettings::DEVICE }).unwrap();
+        assert_eq!((t.throttles_to_first_cut, t.after_first_throttle_milli), (6, 50));
         let policy = Policy::builder(wary::Preset::Default).build().unwrap();
         let mut e = explain(&policy, None);
         e.pace = Some(p);
         e.breaker = Some(b);
         let text = render(&e, &policy);
-        assert!(text.contains("the first throttle sets 0.050/s (50% of the start 0.100/s)"), "{text}");
+        assert!(text.contains("the first cut sets 0.050/s (50% of the start 0.100/s)"), "{text}");
         assert!(text.contains("opens after 2 failures in a row"), "{text}");
+        assert!(!text.contains("tolerates"), "{text}");
+        e.pace = pace(wary::PaceSettings { tolerate_percent: 50, ..wary::PaceSettings::DEVICE });
+        let text = render(&e, &policy);
+        assert!(
+            text.contains("it tolerates 50% of throttles") && text.contains("first cut after 6 of them"),
+            "{text}"
+        );
         let json = serde_json::to_string(&e).unwrap();
         assert!(
             json.contains("\"regrow_ms\":60000") && json.contains("\"first_open_min_ms\":15000"),

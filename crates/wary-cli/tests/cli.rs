@@ -208,6 +208,7 @@ fn write_paced_ledger() -> String {
         keep_percent: 50,
         regrow: Duration::from_secs(10),
         burst: 2,
+        tolerate_percent: 0,
     })
     .unwrap();
     let mut breaker = Breaker::new(BreakerSettings {

@@ -72,8 +72,10 @@ pub struct Config {
 }
 
 /// The upstream's send rate by default: a gateway speaks for many devices, so it assumes 200
-/// requests a second when first throttled (100 after the cut), halves on each throttle down to 5
-/// a second, climbs back in 10 s, and lets 20 go at once.
+/// requests a second when first throttled (100 after the cut), halves on each cut down to 5 a
+/// second, climbs back in 10 s, and lets 20 go at once. It hears many answers a second, and
+/// cuts only when more than half of those since the last cut were throttles: an upstream that
+/// refuses a share of requests at random, and serves the rest, is not slowed to the floor.
 pub const UPSTREAM_PACE: wary::PaceSettings = wary::PaceSettings {
     start_milli: 200_000,
     floor_milli: 5_000,
@@ -81,6 +83,7 @@ pub const UPSTREAM_PACE: wary::PaceSettings = wary::PaceSettings {
     keep_percent: 50,
     regrow: wary::Duration::from_millis(10_000),
     burst: 20,
+    tolerate_percent: 50,
 };
 
 /// The upstream's circuit breaker by default: open after 5 failures in a row (refused

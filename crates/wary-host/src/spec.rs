@@ -98,6 +98,9 @@ pub struct PaceSpec {
     /// Requests that may go at once, 1..=100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u8>,
+    /// The share of throttling answers let pass without a cut, percent, 0..=90.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerate_percent: Option<u8>,
 }
 
 impl PaceSpec {
@@ -110,6 +113,7 @@ impl PaceSpec {
             keep_percent: self.keep_percent.unwrap_or(defaults.keep_percent),
             regrow: self.regrow_ms.map_or(defaults.regrow, Duration::from_millis),
             burst: self.burst.unwrap_or(defaults.burst),
+            tolerate_percent: self.tolerate_percent.unwrap_or(defaults.tolerate_percent),
         }
     }
 

@@ -172,6 +172,9 @@ pub enum PaceError {
     /// The burst is outside 1..=100 requests.
     #[error("a pace's burst is 1..=100 requests")]
     Burst,
+    /// The share of throttles tolerated is outside 0..=90 percent.
+    #[error("a pace tolerates 0..=90 percent of throttles")]
+    Tolerate,
 }
 
 /// Why [`crate::Breaker::new`] refused its settings.

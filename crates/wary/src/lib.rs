@@ -54,7 +54,7 @@ pub use error::{BreakerError, DrawError, FleetBudgetError, PaceError, PolicyErro
 pub use key::Key;
 /// Where the runner writes its records ([`ledger::Sink`]).
 pub use ledger::Sink;
-pub use pace::{Pace, PaceSettings, PaceView, Signal};
+pub use pace::{Pace, PaceSettings, PaceView, Signal, TOLERANCE_SAMPLE};
 pub use policy::{Policy, PolicyBuilder, Preset, RetryAfterMode, StaticPolicy};
 #[cfg(all(feature = "runner", feature = "embassy-time"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "runner", feature = "embassy-time"))))]

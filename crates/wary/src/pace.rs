@@ -99,7 +99,18 @@ pub struct PaceSettings {
     pub regrow: Duration,
     /// Requests that may go at once when the bucket is full: 1..=100.
     pub burst: u8,
+    /// The share of throttling answers a pace lets pass without a cut, in percent: 0..=90. A
+    /// throttle cuts only when throttles are more than this share of the answers heard since
+    /// the last cut (counted over at least [`TOLERANCE_SAMPLE`] answers). 0, a device's
+    /// default: every throttle cuts (a device hears an answer every few seconds at most). A
+    /// gateway hears hundreds a second from an upstream that may refuse a share of them at
+    /// random; with 50 it keeps its rate while at least half are served.
+    pub tolerate_percent: u8,
 }
+
+/// The fewest answers a share of throttles is counted over ([`PaceSettings::tolerate_percent`]):
+/// with fewer heard since the last cut, the share is taken over this many.
+pub const TOLERANCE_SAMPLE: u16 = 10;
 
 impl PaceSettings {
     /// A device's uplink: one request every 10 s assumed when the first throttle comes (so one
@@ -114,6 +125,7 @@ impl PaceSettings {
         keep_percent: 50,
         regrow: Duration::from_millis(60_000),
         burst: 2,
+        tolerate_percent: 0,
     };
 }
 
@@ -156,6 +168,11 @@ pub struct Pace {
     /// The bucket as GCRA's theoretical arrival time, in ticks of 1/1024 ms: a request may go
     /// when it is at most `(burst − 1)` intervals ahead of now.
     tat: u64,
+    /// Answers heard since the last cut (served or throttled), for the tolerance; halved with
+    /// `throttles` when it reaches 256, so the share follows the recent answers.
+    heard: u16,
+    /// Throttles among them.
+    throttles: u16,
 }
 
 impl Pace {
@@ -177,7 +194,18 @@ impl Pace {
         if s.burst == 0 || s.burst > 100 {
             return Err(PaceError::Burst);
         }
-        Ok(Pace { settings, w_max: 0, cut_at: Instant::ZERO, served_at: Instant::ZERO, tat: 0 })
+        if s.tolerate_percent > 90 {
+            return Err(PaceError::Tolerate);
+        }
+        Ok(Pace {
+            settings,
+            w_max: 0,
+            cut_at: Instant::ZERO,
+            served_at: Instant::ZERO,
+            tat: 0,
+            heard: 0,
+            throttles: 0,
+        })
     }
 
     /// The settings.
@@ -263,6 +291,17 @@ impl Pace {
     /// together would otherwise come back together, interval after interval.
     pub fn on_throttled(&mut self, now: Instant, draw: Draw) {
         let s = self.settings;
+        self.hear(true);
+        // Within the tolerance: no cut (nothing is tolerated at 0).
+        let sample = u32::from(self.heard.max(TOLERANCE_SAMPLE));
+        let (throttles, tolerated) = (
+            u32::from(self.throttles).saturating_mul(100),
+            u32::from(s.tolerate_percent).saturating_mul(sample),
+        );
+        if s.tolerate_percent > 0 && throttles <= tolerated {
+            return;
+        }
+        (self.heard, self.throttles) = (0, 0);
         let from = self.rate_milli(now).unwrap_or(s.start_milli).max(s.floor_milli);
         // Cut again before the curve was back where it was last cut from: the server's room
         // has shrunk since. Aim lower (CUBIC's fast convergence): the curve's top is the
@@ -295,6 +334,7 @@ impl Pace {
     /// floor would take many regrow times. It starts again as when a breaker closes
     /// ([`Pace::slow_start`]): `keep` of `start`, climbing back to `start` in the regrow time.
     pub fn on_success(&mut self, now: Instant) {
+        self.hear(false);
         if self.is_open() {
             return;
         }
@@ -339,6 +379,18 @@ impl Pace {
         self.cut_at = now;
         let interval = self.rate_milli(now).map_or(0, interval_ticks);
         self.tat = self.tat.min(ticks(now).saturating_add(u64::from(interval)));
+    }
+
+    /// Counts one answer for the tolerance.
+    fn hear(&mut self, throttle: bool) {
+        if self.settings.tolerate_percent == 0 {
+            return;
+        }
+        if self.heard >= 256 {
+            (self.heard, self.throttles) = (self.heard / 2, self.throttles / 2);
+        }
+        self.heard = self.heard.saturating_add(1);
+        self.throttles = self.throttles.saturating_add(u16::from(throttle));
     }
 
     /// Feeds an answer's [`Signal`] at `now` (`draw` as for [`Pace::on_throttled`]).
@@ -397,6 +449,8 @@ mod tests {
         assert_eq!(Pace::new(PaceSettings { regrow: Duration::MAX, ..d }).err(), Some(PaceError::Regrow));
         assert_eq!(Pace::new(PaceSettings { burst: 0, ..d }).err(), Some(PaceError::Burst));
         assert_eq!(Pace::new(PaceSettings { burst: 101, ..d }).err(), Some(PaceError::Burst));
+        assert_eq!(Pace::new(PaceSettings { tolerate_percent: 91, ..d }).err(), Some(PaceError::Tolerate));
+        assert!(Pace::new(PaceSettings { tolerate_percent: 90, ..d }).is_ok());
         let edge = PaceSettings { burst: 100, keep_percent: 99, floor_milli: 100, start_milli: 100, ..d };
         assert!(Pace::new(edge).is_ok());
         assert_eq!(Pace::new(d).unwrap().settings(), &d);
@@ -609,6 +663,57 @@ mod tests {
         let mut q = Pace::new(settings()).unwrap();
         q.slow_start(at(0));
         assert_eq!(q.acquire(at(0)), Ok(()));
+    }
+
+    #[test]
+    fn a_tolerance_lets_a_share_of_throttles_pass_and_cuts_past_it() {
+        let tolerant = PaceSettings { tolerate_percent: 50, ..settings() };
+        // An upstream that refuses three answers in ten at random and serves the rest: never cut.
+        let mut p = Pace::new(tolerant).unwrap();
+        for i in 0..3_000u64 {
+            if i % 10 < 3 {
+                p.on_throttled(at(i), MID);
+            } else {
+                p.on_success(at(i));
+            }
+            assert!(p.is_open(), "cut at answer {i}");
+        }
+        // An outage: the sixth throttle in a row is more than half of the ten answers the share
+        // is counted over at least, and cuts; the next cut needs six more.
+        let mut q = Pace::new(tolerant).unwrap();
+        for i in 0..5 {
+            q.on_throttled(at(i), MID);
+            assert!(q.is_open());
+        }
+        q.on_throttled(at(5), MID);
+        assert_eq!(q.rate_milli(at(5)), Some(500));
+        for i in 6..11 {
+            q.on_throttled(at(i), MID);
+        }
+        assert_eq!(q.rate_milli(at(11)).map(|r| r > 400), Some(true));
+        q.on_throttled(at(11), MID);
+        assert!(q.rate_milli(at(11)).unwrap() < 400);
+        // After the first 30 % stretch, an upstream that starts refusing most answers is cut
+        // within a few hundred answers: the count is halved as it reaches 256, so the share
+        // follows what is heard now.
+        let mut cut = None;
+        for i in 0..1_000u64 {
+            if i % 10 < 7 {
+                p.on_throttled(at(10_000 + i), MID);
+            } else {
+                p.on_success(at(10_000 + i));
+            }
+            if !p.is_open() {
+                cut = Some(i);
+                break;
+            }
+        }
+        assert!(cut.is_some_and(|i| i < 400), "{cut:?}");
+        // Nothing tolerated (a device's default): the first throttle cuts, as every test above.
+        let mut d = Pace::new(settings()).unwrap();
+        d.on_success(at(0));
+        d.on_throttled(at(1), MID);
+        assert!(!d.is_open());
     }
 
     #[test]
