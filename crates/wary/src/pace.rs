@@ -8,13 +8,16 @@
 //! first or not, and answers "send" or "wait this long".
 //!
 //! The rate starts open (no pacing). The first throttling answer sets it to the `start` rate
-//! times `keep`; each later one cuts the rate in force to `keep` of it. Between throttles the
-//! rate climbs back along a CUBIC curve scaled to the rate it was cut from, `w_max`:
+//! times `keep`; each later one cuts the rate in force to `keep` of it, and aims lower when it
+//! comes before the rate is back (fast convergence). Between throttles the rate climbs back
+//! along a CUBIC curve scaled to the rate it was cut from, `w_max`:
 //!
 //! `rate(t) = w_max · (1 − (1 − keep) · (1 − t/K)³)`, with `t` the time since the last cut and
 //! `K` the `regrow` time: it is back at `w_max` after `K`, flat around it, then accelerates
 //! past it (`w_max · (1 + (1 − keep) · ((t − K)/K)³)`), and the pace opens again once it
-//! reaches the `ceiling`. Rates never go below the `floor`.
+//! reaches the `ceiling`. Rates never go below the `floor`; a served answer after a cut made
+//! at the floor starts again from `start`, as when a breaker closes. A `tolerate_percent` lets
+//! a share of throttles pass without a cut, for an endpoint that hears many answers (a gateway).
 //!
 //! ```
 //! use wary::{Draw, Duration, Instant, Pace, PaceSettings};
@@ -285,8 +288,9 @@ impl Pace {
         }
     }
 
-    /// A throttling answer at `now`: the rate is cut to `keep` of the rate in force (of
-    /// `start` if the pace was open), and the bucket is emptied: the next request waits between
+    /// A throttling answer at `now`: unless the tolerance lets it pass, the rate is cut to
+    /// `keep` of the rate in force (of `start` if the pace was open; of ¾ of it with `keep` 50 %
+    /// when the curve was not yet back where it was last cut from), and the bucket is emptied: the next request waits between
     /// half an interval and one and a half of the new rate, placed by `draw`. Devices throttled
     /// together would otherwise come back together, interval after interval.
     pub fn on_throttled(&mut self, now: Instant, draw: Draw) {
