@@ -290,9 +290,10 @@ impl Pace {
 
     /// A throttling answer at `now`: unless the tolerance lets it pass, the rate is cut to
     /// `keep` of the rate in force (of `start` if the pace was open; of ¾ of it with `keep` 50 %
-    /// when the curve was not yet back where it was last cut from), and the bucket is emptied: the next request waits between
-    /// half an interval and one and a half of the new rate, placed by `draw`. Devices throttled
-    /// together would otherwise come back together, interval after interval.
+    /// when the curve was not yet back where it was last cut from), and the bucket is emptied:
+    /// the next request waits between half an interval and one and a half of the new rate,
+    /// placed by `draw`. Devices throttled together would otherwise come back together,
+    /// interval after interval.
     pub fn on_throttled(&mut self, now: Instant, draw: Draw) {
         let s = self.settings;
         self.hear(true);
@@ -320,7 +321,7 @@ impl Pace {
             from
         };
         self.cut_at = now;
-        // `rate_milli` now reads `keep` of `from`: the curve at t = 0.
+        // `rate_milli` now reads `keep` of `w_max`: the curve at t = 0.
         let interval = interval_ticks(self.rate_milli(now).unwrap_or(s.floor_milli));
         let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
         // The draw scales a count of ticks as it scales milliseconds.
