@@ -498,6 +498,10 @@ async fn tls_section(a: &Args, cloud: &Cloud, dir: &Path, policy_file: &Path) ->
         "cpu_ratio_to_nginx": ratio(m(&cpu, "gateway"), m(&cpu, "nginx")),
         "gateway_peak_rss_kib": gw_peak_kib,
         "nginx_peak_rss_kib": nginx_peak_kib,
+        "memory_per_reading_ratio_to_nginx_per_connection": ratio(
+            gw_hold["bytes_per_reading"].as_f64().unwrap_or(0.0),
+            nginx_hold["bytes_per_reading"].as_f64().unwrap_or(0.0)
+        ),
         "in_flight": {"gateway": gw_hold, "nginx": nginx_hold},
         "runs": runs,
     }))

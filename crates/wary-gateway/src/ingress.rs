@@ -10,7 +10,7 @@
 //! | failed | 424 Failed Dependency | `Wary-Verdict: failed`, `Wary-Upstream-Status` if there was one |
 //! | unknown (legacy upstream) | 409 Conflict | `Wary-Verdict: unknown` |
 //! | queue full | 503 at once | `Retry-After: 1`, `Wary-Verdict: queue_full` |
-//! | malformed | 400 with a reason; 404, 405, 413, 431 (a head over [`MAX_HEAD`]) | |
+//! | malformed | 400 with a reason; 404, 405, 413, 431 (a head over [`MAX_HEAD`]); 501 (a transfer coding other than `chunked`) | |
 //! | no or a wrong credential | 401 | `WWW-Authenticate: Bearer` |
 //! | another device's key | 403 | |
 //! | the device is over its rate | 429 | `Retry-After` (seconds) |
@@ -43,7 +43,7 @@ use http::header::{
     WWW_AUTHENTICATE,
 };
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -55,6 +55,7 @@ use wary_host::batch::ItemAnswer;
 use crate::admission::Refused;
 use crate::credentials::{Identity, device_hex, device_of_key};
 use crate::gateway::{Answer, Gateway, GatewayError, accept_loop};
+use crate::h1::{self, BodyError, ReadWhole};
 use crate::tls::{Tls, device_of_certificate};
 use crate::upstream::Forward;
 
@@ -75,11 +76,9 @@ pub const VERDICT: HeaderName = HeaderName::from_static("wary-verdict");
 
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
-type Body = Full<Bytes>;
-
-fn reply(status: StatusCode, verdict: Option<&'static str>, reason: &str) -> Response<Body> {
+fn reply(status: StatusCode, verdict: Option<&'static str>, reason: &str) -> Response<Bytes> {
     let body = serde_json::json!({ "error": reason }).to_string();
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let mut r = Response::new(Bytes::from(body));
     *r.status_mut() = status;
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Some(v) = verdict {
@@ -139,17 +138,17 @@ pub(crate) fn wary_key(key: &HeaderValue) -> Key {
 /// The body of a request whose head has been checked, read within `max_body` bytes.
 pub async fn read_body(
     parts: &http::request::Parts,
-    body: Incoming,
+    body: impl ReadWhole,
     max_body: usize,
 ) -> Result<Bytes, BadRequest> {
     let announced = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if announced.is_some_and(|n| n > max_body as u64) {
         return Err(BadRequest::TooLarge);
     }
-    let body = match Limited::new(body, max_body).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(BadRequest::TooLarge),
-        Err(_) => return Err(BadRequest::Broken),
+    let body = match body.read_whole(max_body).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return Err(BadRequest::TooLarge),
+        Err(BodyError::Broken) => return Err(BadRequest::Broken),
     };
     if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
         return Err(BadRequest::NotJson);
@@ -159,7 +158,7 @@ pub async fn read_body(
 
 /// The key and body of a well-formed `POST /readings`, read within `max_body` bytes (no
 /// credential check: [`handle`] does that first).
-pub async fn parse(req: Request<Incoming>, max_body: usize) -> Result<Forward, BadRequest> {
+pub async fn parse(req: Request<impl ReadWhole>, max_body: usize) -> Result<Forward, BadRequest> {
     let key = key_of(req.headers())?;
     let (parts, body) = req.into_parts();
     let content_type = parts.headers.get(CONTENT_TYPE).cloned();
@@ -168,12 +167,12 @@ pub async fn parse(req: Request<Incoming>, max_body: usize) -> Result<Forward, B
 }
 
 /// The device's answer for the gateway's verdict.
-pub fn respond(answer: Answer) -> Response<Body> {
+pub fn respond(answer: Answer) -> Response<Bytes> {
     let status = answer.status();
     let name = answer.name();
     let mut r = match answer {
         Answer::Landed(d) => {
-            let mut r = Response::new(Full::new(d.body));
+            let mut r = Response::new(d.body);
             if let Some(ct) = d.content_type {
                 r.headers_mut().insert(CONTENT_TYPE, ct);
             }
@@ -209,50 +208,51 @@ pub fn respond(answer: Answer) -> Response<Body> {
     r
 }
 
-fn refuse(gw: &Gateway, what: &'static str, status: StatusCode, reason: &str) -> Response<Body> {
+fn refuse(gw: &Gateway, what: &'static str, status: StatusCode, reason: &str) -> Response<Bytes> {
     gw.count_refusal(what);
     reply(status, None, reason)
 }
 
 /// Handles one request: route, credential (401), key (400) and whose it is (403), the
 /// device's rate (429), body (408, 413, 400), then the queue (503) and the verdict.
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    handle_as(gw, None, req).await
+/// Answers in hyper's body type, so that it can serve as a hyper service.
+pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(handle_as(gw, None, req).await.map(Full::new))
 }
 
 /// [`handle`] on a connection whose client certificate named `certified` (mutual TLS): that
 /// device is authenticated if the credentials file still lists it (deleting its line revokes
 /// the certificate too); a bearer token is then not needed.
-pub async fn handle_as(
+pub async fn handle_as<B: ReadWhole + Send>(
     gw: Arc<Gateway>,
     certified: Option<u64>,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, Infallible> {
+    req: Request<B>,
+) -> Response<Bytes> {
     match (req.method(), req.uri().path()) {
         (&Method::POST, READINGS | BATCH) => {}
         (&Method::GET | &Method::HEAD, "/healthz") => {
-            let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));
+            let mut r = Response::new(Bytes::from_static(b"ok\n"));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            return Ok(r);
+            return r;
         }
         (_, READINGS | BATCH) => {
             let mut r = refuse(&gw, "bad_request", StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
             r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
-            return Ok(r);
+            return r;
         }
-        _ => return Ok(refuse(&gw, "bad_request", StatusCode::NOT_FOUND, "no such route")),
+        _ => return refuse(&gw, "bad_request", StatusCode::NOT_FOUND, "no such route"),
     }
     let head: usize = req.headers().iter().map(|(n, v)| n.as_str().len().saturating_add(v.len())).sum();
     if head > MAX_HEAD {
-        return Ok(refuse(
+        return refuse(
             &gw,
             "bad_request",
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "request head too large",
-        ));
+        );
     }
     if req.uri().path() == BATCH {
-        return Ok(handle_batch(&gw, certified, req).await);
+        return handle_batch(&gw, certified, req).await;
     }
     let (parts, body) = req.into_parts();
     let claimed = parts.headers.get(IDEMPOTENCY_KEY).and_then(|k| device_of_key(k.as_bytes()));
@@ -268,12 +268,12 @@ pub async fn handle_as(
             let mut r =
                 refuse(&gw, "unauthenticated", StatusCode::UNAUTHORIZED, "a device credential is required");
             r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return Ok(r);
+            return r;
         }
     };
     let mut key = match key_of(&parts.headers) {
         Ok(k) => k,
-        Err(e) => return Ok(refuse(&gw, "bad_request", e.status(), &e.to_string())),
+        Err(e) => return refuse(&gw, "bad_request", e.status(), &e.to_string()),
     };
     if let Some(d) = device {
         if gw.config().device_prefix {
@@ -283,11 +283,11 @@ pub async fn handle_as(
                 Some(v) => key = v,
                 None => {
                     let e = BadRequest::BadKey;
-                    return Ok(refuse(&gw, "bad_request", e.status(), &e.to_string()));
+                    return refuse(&gw, "bad_request", e.status(), &e.to_string());
                 }
             }
         } else if device_of_key(key.as_bytes()) != Some(d) {
-            return Ok(refuse(&gw, "forbidden", StatusCode::FORBIDDEN, "this key is not this device's"));
+            return refuse(&gw, "forbidden", StatusCode::FORBIDDEN, "this key is not this device's");
         }
         match gw.admit(d) {
             Ok(()) => {}
@@ -299,13 +299,13 @@ pub async fn handle_as(
                     "over this device's rate; same key later",
                 );
                 r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
-                return Ok(r);
+                return r;
             }
             Err(Refused::Full) => {
                 let mut r =
                     refuse(&gw, "admission_full", StatusCode::SERVICE_UNAVAILABLE, "busy; same key later");
                 r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
-                return Ok(r);
+                return r;
             }
         }
     }
@@ -315,18 +315,20 @@ pub async fn handle_as(
             .await
         {
             Ok(Ok(b)) => b,
-            Ok(Err(e)) => return Ok(refuse(&gw, "bad_request", e.status(), &e.to_string())),
+            Ok(Err(e)) => return refuse(&gw, "bad_request", e.status(), &e.to_string()),
             Err(_) => {
                 // A body that trickles holds a connection and a buffer: cut at the deadline.
                 let mut r =
                     refuse(&gw, "body_timeout", StatusCode::REQUEST_TIMEOUT, "body not received in time");
                 r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
-                return Ok(r);
+                return r;
             }
         };
+    // The head is not kept while the reading waits for its verdict.
+    drop(parts);
     let reading = Forward { wary_key: wary_key(&key), key, body, content_type };
     if gw.was_surfaced(reading.wary_key) {
-        return Ok(respond(Answer::Unknown));
+        return respond(Answer::Unknown);
     }
     let rx = match gw.try_submit(reading) {
         Ok(rx) => rx,
@@ -335,16 +337,20 @@ pub async fn handle_as(
             gw.count_refusal("full");
             let mut r = reply(StatusCode::SERVICE_UNAVAILABLE, Some("queue_full"), "queue full");
             r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
-            return Ok(r);
+            return r;
         }
-        Err(_) => return Ok(respond(Answer::Cancelled)),
+        Err(_) => return respond(Answer::Cancelled),
     };
-    Ok(respond(rx.await.unwrap_or(Answer::Cancelled)))
+    respond(rx.await.unwrap_or(Answer::Cancelled))
 }
 
 /// `POST /readings/batch`, past its route and head checks: the credential (401), the batch's
 /// shape and limits (400, 413, 408), then each item as [`handle_as`] treats a reading.
-async fn handle_batch(gw: &Arc<Gateway>, certified: Option<u64>, req: Request<Incoming>) -> Response<Body> {
+async fn handle_batch(
+    gw: &Arc<Gateway>,
+    certified: Option<u64>,
+    req: Request<impl ReadWhole>,
+) -> Response<Bytes> {
     let (parts, body) = req.into_parts();
     let identity = match certified.filter(|d| gw.admits(*d)) {
         Some(d) => Some(Identity::Device(d)),
@@ -365,13 +371,15 @@ async fn handle_batch(gw: &Arc<Gateway>, certified: Option<u64>, req: Request<In
     if announced.is_some_and(|n| n > limits.max_bytes as u64) {
         return refuse(gw, "bad_request", StatusCode::PAYLOAD_TOO_LARGE, "batch body too large");
     }
-    let read = Limited::new(body, limits.max_bytes).collect();
+    let read = body.read_whole(limits.max_bytes);
     let bytes = match tokio::time::timeout(gw.config().body_timeout, read).await {
-        Ok(Ok(c)) => c.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+        Ok(Ok(b)) => b,
+        Ok(Err(BodyError::TooLarge)) => {
             return refuse(gw, "bad_request", StatusCode::PAYLOAD_TOO_LARGE, "batch body too large");
         }
-        Ok(Err(_)) => return refuse(gw, "bad_request", StatusCode::BAD_REQUEST, "body broken or cut short"),
+        Ok(Err(BodyError::Broken)) => {
+            return refuse(gw, "bad_request", StatusCode::BAD_REQUEST, "body broken or cut short");
+        }
         Err(_) => {
             let mut r = refuse(gw, "body_timeout", StatusCode::REQUEST_TIMEOUT, "body not received in time");
             r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
@@ -395,7 +403,7 @@ async fn handle_batch(gw: &Arc<Gateway>, certified: Option<u64>, req: Request<In
             Err(refused) => refused,
         });
     }
-    let mut r = Response::new(Full::new(Bytes::from(wary_host::batch::answers(&answers))));
+    let mut r = Response::new(Bytes::from(wary_host::batch::answers(&answers)));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
@@ -479,13 +487,19 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = gw.config().header_timeout;
-    let svc = service_fn(move |req| handle_as(gw.clone(), certified, req));
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .max_buf_size(64 * 1024)
-        .serve_connection(TokioIo::new(io), svc);
-    let _ = conn.await;
+    h1::serve(io, header_timeout, Device { gw, certified }).await;
+}
+
+/// The device side's handler on an [`h1`] connection.
+struct Device {
+    gw: Arc<Gateway>,
+    certified: Option<u64>,
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> h1::Handler<S> for Device {
+    async fn call<'a>(&'a self, req: Request<h1::Body<'a, S>>) -> Response<Bytes> {
+        handle_as(self.gw.clone(), self.certified, req).await
+    }
 }
 
 fn accept_failed(e: &std::io::Error, d: wary::Duration) {
@@ -540,7 +554,7 @@ pub async fn serve_metrics(gw: Arc<Gateway>, listener: TcpListener) {
                             .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
                         r
                     } else {
-                        reply(StatusCode::NOT_FOUND, None, "no such route")
+                        reply(StatusCode::NOT_FOUND, None, "no such route").map(Full::new)
                     };
                     Ok::<_, Infallible>(r)
                 }

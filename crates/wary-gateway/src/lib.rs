@@ -28,6 +28,7 @@ pub mod admission;
 pub mod coap;
 pub mod credentials;
 pub mod gateway;
+pub mod h1;
 pub mod ingress;
 pub mod metrics;
 pub mod mqtt;
