@@ -299,6 +299,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             Framing::Done | Framing::Lost => return Err(BodyError::Broken),
         };
         self.body = Framing::Done;
+        if self.buf.is_empty() {
+            // Nothing held while the handler waits with the body it read.
+            self.buf = BytesMut::new();
+        }
         Ok(body)
     }
 
@@ -624,6 +628,30 @@ mod tests {
         assert_eq!(bodies(&out), ["GET /a \"\""], "{out}");
         let out = exchange(b"\n\n\nGET /a HTTP/1.1\n\n").await;
         assert_eq!(bodies(&out), ["GET /a \"\""], "{out}");
+    }
+
+    #[tokio::test]
+    async fn once_the_head_and_body_are_read_the_connection_holds_no_buffer() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let mut conn = Conn {
+            io: server,
+            buf: BytesMut::new(),
+            scanned: 0,
+            body: Framing::Done,
+            expect_continue: false,
+        };
+        client.write_all(b"POST /a HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody").await.unwrap();
+        let head = conn.read_head().await.ok().flatten().unwrap();
+        assert_eq!(conn.buf.as_ref(), b"body", "the body came in with the head");
+        conn.body = head.framing;
+        assert_eq!(conn.read_body(64).await, Ok(Bytes::from_static(b"body")));
+        assert_eq!(conn.buf.capacity(), 0);
+        // A pipelined request's bytes are kept.
+        client.write_all(b"POST /a HTTP/1.1\r\nContent-Length: 4\r\n\r\nbodyGET").await.unwrap();
+        let head = conn.read_head().await.ok().flatten().unwrap();
+        conn.body = head.framing;
+        assert_eq!(conn.read_body(64).await, Ok(Bytes::from_static(b"body")));
+        assert_eq!(conn.buf.as_ref(), b"GET");
     }
 
     #[tokio::test]
