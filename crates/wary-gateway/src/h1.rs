@@ -408,16 +408,22 @@ fn encode(response: &Response<Bytes>, head_only: bool, close: bool) -> Vec<u8> {
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(body.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\ndate: ");
+    // 1xx, 204 and 304 carry no body, and 1xx and 204 no length either (RFC 9110 §8.6).
+    let bodiless =
+        status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    if !bodiless {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"date: ");
     out.extend_from_slice(httpdate::fmt_http_date(SystemTime::now()).as_bytes());
     out.extend_from_slice(b"\r\n");
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    if !head_only {
+    if !head_only && !bodiless {
         out.extend_from_slice(body);
     }
     out
@@ -571,6 +577,26 @@ mod tests {
 
     fn bodies(out: &str) -> Vec<&str> {
         out.split("HTTP/1.1 ").skip(1).map(|a| a.split("\r\n\r\n").nth(1).unwrap_or_default()).collect()
+    }
+
+    #[test]
+    fn an_answer_carries_its_length_and_date_and_a_204_neither_length_nor_body() {
+        let mut r = Response::new(Bytes::from_static(b"{}"));
+        r.headers_mut().insert("wary-verdict", HeaderValue::from_static("ok"));
+        let text = String::from_utf8(encode(&r, false, false)).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\nwary-verdict: ok\r\ncontent-length: 2\r\ndate: "),
+            "{text}"
+        );
+        assert!(text.ends_with(" GMT\r\n\r\n{}"), "{text}");
+        let head = String::from_utf8(encode(&r, true, true)).unwrap();
+        assert!(
+            head.contains("content-length: 2\r\n") && head.ends_with("connection: close\r\n\r\n"),
+            "{head}"
+        );
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        let text = String::from_utf8(encode(&r, false, false)).unwrap();
+        assert!(!text.contains("content-length") && text.ends_with("GMT\r\n\r\n"), "{text}");
     }
 
     #[tokio::test]
