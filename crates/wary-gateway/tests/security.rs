@@ -290,7 +290,7 @@ async fn device_controlled_fields_cannot_inject_headers_upstream() {
         }
         assert!(seen.lock().unwrap().is_empty(), "a refusal reached the upstream");
         // A header line of its own is just another header from the device: never forwarded,
-        // and a Content-Type is forwarded only as the one value hyper parsed.
+        // and a Content-Type is forwarded only as the one value the connection parsed.
         let ok = head(&format!("Idempotency-Key: {k}\nX-Injected: 1\r\n"), "Content-Type: application/json\r\n");
         let out = raw(addr, ok.as_bytes(), wait).await;
         assert!(out.starts_with("HTTP/1.1 201"), "{out:?}");
@@ -304,7 +304,8 @@ async fn device_controlled_fields_cannot_inject_headers_upstream() {
         assert!(headers.values().all(|v| !v.contains(&a.token)));
         assert_eq!(&body[..], b"{}");
         // The space, the length and the second key reach the gateway's check (and its counter);
-        // a bare CR and a control byte never parse as HTTP at all (hyper answers 400 itself).
+        // a bare CR and a control byte never parse as HTTP at all (the connection answers 400
+        // itself, before any handler).
         assert_eq!(refused(&gw, "bad_request"), 3);
     })
     .await;
@@ -343,6 +344,53 @@ async fn oversized_heads_and_bodies_are_refused_before_the_upstream() {
         assert!(out.is_empty() || out.starts_with("HTTP/1.1 431"), "{out:?}");
         assert_eq!(cloud.stats().requests, 0, "a refusal reached the upstream");
         assert_eq!(refused(&gw, "bad_request"), 3);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ambiguous_framing_is_refused_and_nothing_hidden_in_a_body_reaches_the_upstream() {
+    within(async {
+        let (up, seen) = recording_upstream().await;
+        let a = device(0xa1);
+        let (_gw, addr) = gateway(config(&format!("http://{up}"), &[&a])).await;
+        let k = key(a.id, 1, 3);
+        let hidden = format!(
+            "POST /readings HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {}\r\nIdempotency-Key: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+            a.token,
+            key(a.id, 1, 4)
+        );
+        let head = |framing: &str, body: &str| {
+            format!(
+                "POST /readings HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {}\r\nIdempotency-Key: {k}\r\n{framing}\r\n{body}",
+                a.token
+            )
+        };
+        let wait = Duration::from_secs(3);
+        // Content-Length and chunked at once: which one ends the body is what a smuggler plays
+        // on (a proxy in front may pick the other); refused, the connection closed, and the
+        // request hidden behind the shorter reading never parsed.
+        let both = head(
+            "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
+            &format!("2\r\n{{}}\r\n0\r\n\r\n{hidden}"),
+        );
+        let out = raw(addr, both.as_bytes(), wait).await;
+        assert!(out.starts_with("HTTP/1.1 400 ") && out.matches("HTTP/1.1").count() == 1, "{out:?}");
+        // Two lengths that disagree.
+        let two = head("Content-Length: 2\r\nContent-Length: 40\r\n", &format!("{{}}{hidden}"));
+        let out = raw(addr, two.as_bytes(), wait).await;
+        assert!(out.starts_with("HTTP/1.1 400 ") && out.matches("HTTP/1.1").count() == 1, "{out:?}");
+        // A coding the gateway does not decode.
+        let gzip = head("Transfer-Encoding: gzip, chunked\r\n", &format!("2\r\n{{}}\r\n0\r\n\r\n{hidden}"));
+        let out = raw(addr, gzip.as_bytes(), wait).await;
+        assert!(out.starts_with("HTTP/1.1 501 ") && out.matches("HTTP/1.1").count() == 1, "{out:?}");
+        assert!(seen.lock().unwrap().is_empty(), "a refusal reached the upstream");
+        // The same reading framed once, followed by the same second request: both are answered,
+        // in order, each on its own credential, and both land.
+        let fine = format!("{}{hidden}", head("Content-Length: 2\r\n", "{}"));
+        let out = raw(addr, fine.as_bytes(), Duration::from_millis(1500)).await;
+        assert_eq!(out.matches("HTTP/1.1 201 ").count(), 2, "{out:?}");
+        assert_eq!(seen.lock().unwrap().len(), 2);
     })
     .await;
 }
