@@ -469,9 +469,7 @@ where
             conn.buf = BytesMut::new();
         }
         let response = handler.call(Request::from_parts(parts, Body { conn: &mut conn })).await;
-        let asked_close = response.headers().get_all(CONNECTION).iter().any(|v| {
-            v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-        });
+        let asked_close = tokens(response.headers(), CONNECTION).iter().any(|t| t == "close");
         let close = !head.keep_alive || asked_close || !conn.skip_unread_body();
         if !conn.write(&encode(&response, head_only, close)).await || close {
             return;
