@@ -216,7 +216,8 @@ impl Pace {
         &self.settings
     }
 
-    /// True while no throttle is in force: every request may go.
+    /// True while no throttle is in force: nothing is paced (a server's ask may still hold the
+    /// next request until its wait is over).
     pub const fn is_open(&self) -> bool {
         self.w_max == 0
     }
@@ -271,7 +272,10 @@ impl Pace {
     /// bucket's next token lies past what its burst allows. The numbers a ledger records, from
     /// which [`PaceView::wait`] re-derives the wait.
     pub fn view(&self, now: Instant) -> PaceView {
-        let Some(rate) = self.rate_milli(now) else { return PaceView { rate_milli: 0, due: 0 } };
+        // Open, only a server's ask holds the bucket ([`Pace::on_asked`]).
+        let Some(rate) = self.rate_milli(now) else {
+            return PaceView { rate_milli: 0, due: self.tat.saturating_sub(ticks(now)) };
+        };
         let interval = u64::from(interval_ticks(rate));
         let tolerance = interval.saturating_mul(u64::from(self.settings.burst.saturating_sub(1)));
         let limit = ticks(now).saturating_add(tolerance);
@@ -351,19 +355,19 @@ impl Pace {
         self.served_at = self.served_at.max(now);
         if self.rate_milli(now).is_some_and(|r| r >= self.settings.ceiling_milli) {
             self.w_max = 0;
+            // Open again: no token reserved at the old rate holds what comes next.
+            self.tat = self.tat.min(ticks(now));
         }
     }
 
-    /// A throttling answer at `now` that said when to come back: the rate stays, and nothing
-    /// goes before `wait` is over. The server that spreads its asks knows its capacity better
-    /// than a device can guess it, and cutting as well would count the same refusal twice.
+    /// A throttling answer at `now` that said when to come back: nothing goes before `wait` is
+    /// over, and the rate stays where it is (open stays open). The server that spreads its asks
+    /// knows its capacity better than a device can guess it, and cutting as well would count
+    /// the same refusal twice; a server that asks an open endpoint to wait a second (a rate
+    /// limit's 429) has said how long, not that the endpoint should send at a herd's pace from
+    /// then on.
     pub fn on_asked(&mut self, now: Instant, wait: Duration) {
         let s = self.settings;
-        if self.is_open() {
-            // Paced from here at the start rate, as after a first throttle, for when the wait
-            // is over.
-            self.slow_start(now);
-        }
         let interval = self.rate_milli(now).map_or(0, interval_ticks);
         let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
         let until = ticks(Instant::from_millis(now.as_millis().saturating_add(u64::from(wait.as_millis()))));
@@ -586,12 +590,15 @@ mod tests {
     #[test]
     fn a_retry_after_holds_the_bucket_without_a_cut() {
         let mut p = Pace::new(settings()).unwrap();
-        // Open: it starts pacing as after a first throttle, and waits out the ask.
+        // Open: it waits out the ask and stays open, every request going at once after it.
         p.on_asked(at(0), Duration::from_secs(30));
-        assert_eq!(p.rate_milli(at(0)), Some(500));
+        assert_eq!(p.rate_milli(at(0)), None);
+        assert_eq!(p.view(at(0)), PaceView { rate_milli: 0, due: 30_000 * TICKS_PER_MS });
         assert_eq!(p.acquire(at(29_999)), Err(Duration::from_millis(1)));
-        assert_eq!(p.acquire(at(30_000)), Ok(()));
+        assert!((0..5).all(|_| p.acquire(at(30_000)) == Ok(())));
+        assert!(p.is_open());
         // Paced: the rate stays where it is.
+        p.on_throttled(at(30_000), MID);
         p.on_success(at(30_000));
         let before = p.rate_milli(at(40_000));
         p.report(at(40_000), Signal::of(&Outcome::status_after(429, Duration::from_secs(5))), MID);
