@@ -112,7 +112,8 @@ fn difference(want: &Record, got: &Record, decision: &Decision) -> String {
 }
 
 /// Why what a record says the pace and the breaker said does not hold together: the pace's
-/// wait is not the one its bucket gives, a closed breaker with time left, a bucket with no rate.
+/// wait is not the one its bucket gives, a closed breaker with time left. (A bucket due with no
+/// rate in force is an open pace holding for a server's ask.)
 fn incoherent(a: &Admission) -> Option<String> {
     if a.wait != a.pace.wait() {
         Some(format!(
@@ -121,8 +122,6 @@ fn incoherent(a: &Admission) -> Option<String> {
             a.pace.due,
             a.pace.wait()
         ))
-    } else if a.pace.rate_milli == 0 && a.pace.due != 0 {
-        Some("a pace bucket with no rate in force".to_owned())
     } else if a.breaker_left > Duration::ZERO
         && a.breaker != Some(Phase::Open)
         && a.breaker != Some(Phase::HalfOpen)

@@ -248,6 +248,48 @@ fn write_paced_ledger() -> String {
 /// could not pay). A pace wait edited on one line is reported at that line's attempt, and a
 /// version 3 line is refused with the reason.
 #[test]
+fn an_ask_holding_an_open_pace_replays() {
+    // An open pace asked to wait 2 s by a 429 (a call of one attempt) holds the next call's
+    // first attempt for what is left of the ask, with no rate in force: the ledger says so and
+    // replay agrees.
+    let spec = PolicySpec { preset: Some("default".into()), max_attempts: Some(1), ..PolicySpec::default() };
+    let policy = spec.build().unwrap();
+    let clock = FakeClock::default();
+    let mut ledger = JsonLedger::new(Vec::new());
+    ledger.policy(&policy).unwrap();
+    let mut pace = Pace::new(PaceSettings::DEVICE).unwrap();
+    let scripts: [&[Outcome]; 2] =
+        [&[Outcome::status_after(429, Duration::from_secs(2)), Outcome::Ok], &[Outcome::Ok]];
+    for (i, script) in scripts.iter().enumerate() {
+        let mut runner = Runner::new(&policy, Sleep(&clock), || clock.now(), Lcg(1))
+            .ledger(&mut ledger)
+            .endpoint(Guards { pace: Some(&mut pace), breaker: None });
+        let key = Key::from_parts(7, 3, u32::try_from(i).unwrap());
+        let _ = block_on(runner.call(Operation::KeyedWrite, key, |a| {
+            clock.0.set(clock.0.get() + 40);
+            core::future::ready(
+                script.get(a.number as usize - 1).copied().unwrap_or(Outcome::Ok).into_result(),
+            )
+        }));
+    }
+    assert!(pace.is_open());
+    let text = String::from_utf8(ledger.into_inner()).unwrap();
+    let attempts: Vec<serde_json::Value> =
+        text.lines().skip(1).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let held: Vec<u64> = attempts
+        .iter()
+        .filter(|a| a["admitted"]["rate_milli"] == 0)
+        .filter_map(|a| a["admitted"]["wait_ms"].as_u64())
+        .collect();
+    // The first call's attempt went at once; the second call, asked the instant the 429 came,
+    // waited the whole ask.
+    assert_eq!(held, [0, 2_000], "{text}");
+    let (out, report) = replay_text("asked-open.jsonl", &text);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains(": 0 divergences, 0 unreadable lines"), "{report}");
+}
+
+#[test]
 fn a_paced_ledger_replays_and_an_edited_pace_wait_is_reported() {
     let text = write_paced_ledger();
     let attempts: Vec<serde_json::Value> =
