@@ -193,7 +193,8 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
     std::fs::create_dir_all(root.join("target/bench"))?;
     let extra = Extra { append: "", pcap: Some(&pcap), switch: None };
     let started = Instant::now();
-    let (status, lines) = run_uplink(elf, proxy.port(), TOKEN, READINGS, "", TIMEOUT, &extra)?;
+    // Without the device's pace: the proxy's quota and busy answers are a script, not load.
+    let (status, lines) = run_uplink(elf, proxy.port(), TOKEN, READINGS, "pacing=off", TIMEOUT, &extra)?;
     let elapsed = started.elapsed().as_secs_f64();
     let (broker, restarted) =
         restarter.join().map_err(|_| anyhow::anyhow!("the restart thread panicked"))??;

@@ -136,11 +136,12 @@ pub struct Config {
     /// Uptime after which a landed reading marks the boot healthy.
     pub healthy_after: Duration,
     /// Pace every attempt with [`PaceSettings::DEVICE`] and break the circuit with
-    /// [`BreakerSettings::DEVICE`] (docs/pacing.md). Off by default: the device settings are
-    /// set for a herd, and a device alone under a cloud that fails a share of every request
-    /// (the `storm` scenario: one answer in eight a 503) cannot tell that from load, so it
-    /// drains at the herd's pace, about 0.1 requests/s (docs/pacing.md, *Why the device's pace
-    /// is not on by default*). Turn it on where the cloud throttles for load only.
+    /// [`BreakerSettings::DEVICE`] (docs/pacing.md). On by default: a fleet back from an outage
+    /// must not come back as a herd. The device settings are set for that herd, so a device
+    /// alone under a cloud that fails a share of every request at random (one answer in eight a
+    /// 503) cannot tell that from load and sends at the herd's pace, about 0.1 requests/s, once
+    /// throttled (docs/pacing.md, *A device alone under a flaky cloud*). Turn it off only where
+    /// the cloud is known never to throttle for load.
     pub pacing: bool,
 }
 
@@ -148,7 +149,7 @@ impl Config {
     /// Readings from `device`: 5 s per exchange at most; between rounds that kept a reading a
     /// jittered pause doubling from 500 ms up to 30 s; a stop after 60 rounds; after unhealthy
     /// boots a first wait from 10 s doubling up to 15 minutes; healthy after 60 s up and a
-    /// landed reading.
+    /// landed reading; paced, with a circuit breaker.
     pub const fn new(device: u64) -> Self {
         Config {
             device,
@@ -159,7 +160,7 @@ impl Config {
             boot_base: Duration::from_secs(10),
             boot_cap: Duration::from_secs(15 * 60),
             healthy_after: Duration::from_secs(60),
-            pacing: false,
+            pacing: true,
         }
     }
 }

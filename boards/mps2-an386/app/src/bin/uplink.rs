@@ -16,7 +16,8 @@
 //! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
 //! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
 //! [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
-//! [reset_in_backoff=<boot>] [crash_loop=<boots>] [boot_base=<ms>] [boot_cap=<ms>]`.
+//! [reset_in_backoff=<boot>] [crash_loop=<boots>] [boot_base=<ms>] [boot_cap=<ms>]
+//! [pacing=off]` (and the transport's settings below, on [`Args`]).
 //!
 //! - `device`: the 64-bit device id in every key, 16 hex digits or a decimal number
 //!   ([`parse_device_id`]). Required: without a valid one the firmware logs why and exits
@@ -24,6 +25,8 @@
 //! - `token`: the device's credential, 64 lowercase hex digits, sent as `Authorization: Bearer
 //!   <token>` on every attempt and never logged. Without it no `Authorization` header is sent;
 //!   a malformed one stops the firmware.
+//! - `pacing`: the device's pace and circuit breaker ([`Config::pacing`]) are on unless
+//!   `pacing=off`.
 //!
 //! The last three plan resets (`SYSRESETREQ`) in the given boot, to
 //! show that a reset loses no reading and applies none twice; QEMU restarts the program and the
@@ -170,6 +173,10 @@ struct Args {
     /// `batch=N`: up to N readings in one `POST /readings/batch` (off by default).
     #[cfg_attr(feature = "tls", allow(dead_code))]
     batch: usize,
+    /// `pacing=off`: no pace and no breaker (on by default, as on a fielded device), for the
+    /// scenarios whose cloud fails a share of every device's requests by design and whose time
+    /// limit a herd's pace would not fit (docs/pacing.md).
+    pacing: bool,
 }
 
 /// The command line, or why it cannot be used.
@@ -191,6 +198,7 @@ fn args() -> Result<Args, &'static str> {
         keepalive: true,
         idle_ms: None,
         batch: 1,
+        pacing: true,
     };
     let (mut device, mut port, mut seed) = (None, None, None);
     for arg in &all {
@@ -231,6 +239,13 @@ fn args() -> Result<Args, &'static str> {
             "keepalive" => a.keepalive = value != "off",
             "idle_ms" => a.idle_ms = Some(value.parse().map_err(|_| "idle_ms= is not a number")?),
             "batch" => a.batch = value.parse().map_err(|_| "batch= is not a number")?,
+            "pacing" => {
+                a.pacing = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err("pacing= is not on or off"),
+                }
+            }
             _ => {}
         }
     }
@@ -271,9 +286,10 @@ async fn main(spawner: Spawner) {
     );
     // Whether a credential is set, never what it is.
     defmt::info!(
-        "device {=u64:016x}, credential {=str}",
+        "device {=u64:016x}, credential {=str}, pace and breaker {=str}",
         args.device,
-        if args.credential.is_some() { "set" } else { "none" }
+        if args.credential.is_some() { "set" } else { "none" },
+        if args.pacing { "on" } else { "off" }
     );
     if let Some((b, n)) = args.cut_write
         && b == boot
@@ -288,6 +304,7 @@ async fn main(spawner: Spawner) {
         exit(exit_code::FAIL)
     }
     let mut config = Config::new(args.device);
+    config.pacing = args.pacing;
     if let Some(ms) = args.boot_base {
         config.boot_base = wary::Duration::from_millis(ms);
     }
