@@ -46,11 +46,11 @@ pub extern "C" fn _start() -> ! {
             match signal {
                 Signal::Served => {
                     if breaker.on_success(now) {
-                        pace.slow_start(now);
+                        pace.slow_start_drawn(now, draw);
                     }
                 }
                 Signal::Neither => breaker.on_failure(now, draw),
-                _ => {}
+                Signal::Throttled | Signal::Asked { .. } => breaker.on_throttled(now),
             }
             let elapsed = Some(Duration::from_millis(u64::from(i[3])));
             black_box(policy.decide_with_fleet(&mut state, Operation::Read, &outcome, draw, elapsed, fleet));

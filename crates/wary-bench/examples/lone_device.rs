@@ -56,11 +56,15 @@ fn drain(settings: PaceSettings, seed: u64) -> u64 {
         };
         t += took;
         let now = Instant::from_millis(t);
-        pace.report(now, Signal::of(&outcome), rng.draw());
+        let draw = rng.draw();
+        pace.report(now, Signal::of(&outcome), draw);
+        if matches!(Signal::of(&outcome), Signal::Throttled | Signal::Asked { .. }) {
+            breaker.on_throttled(now);
+        }
         match outcome {
             Outcome::Ok => {
                 if breaker.on_success(now) {
-                    pace.slow_start(now);
+                    pace.slow_start_drawn(now, draw);
                 }
                 left -= 1;
             }

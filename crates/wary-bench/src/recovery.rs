@@ -466,11 +466,11 @@ pub fn run(row: Row, world: &World) -> Stats {
                             if b.on_success(now)
                                 && let Some(p) = dev.pace.as_mut()
                             {
-                                p.slow_start(now);
+                                p.slow_start_drawn(now, Draw::unit(rng.u32(..)));
                             }
                         }
                         Signal::Neither => b.on_failure(now, Draw::unit(rng.u32(..))),
-                        Signal::Throttled | Signal::Asked { .. } => {}
+                        Signal::Throttled | Signal::Asked { .. } => b.on_throttled(now),
                     }
                 }
                 let Some(state) = dev.call.as_mut() else { continue };

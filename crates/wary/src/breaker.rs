@@ -202,6 +202,18 @@ impl Breaker {
         reopened
     }
 
+    /// A throttling answer at `now` (a 429 or a 503, with or without a Retry-After): the
+    /// endpoint is there, only loaded, and its load is the pace's business. A probe answered so
+    /// closes the breaker, without the slow start a served probe calls for (the pace has heard
+    /// the throttle itself and paces from it), and failures counted while closed start again
+    /// from none: they were not in a row. An open breaker (a late answer to a request let
+    /// through before it opened) stays open.
+    pub fn on_throttled(&mut self, _now: Instant) {
+        if !matches!(self.state, BreakerState::Open { .. }) {
+            self.state = BreakerState::Closed { failures: 0 };
+        }
+    }
+
     /// A failure at `now` (a refused connection, a timeout, a 5xx or 429): counts toward
     /// opening, or opens again after a failed probe, for an open time drawn with `draw`. A
     /// failure of a request admitted before the breaker opened changes nothing.
@@ -303,6 +315,24 @@ mod tests {
         // Closed again, a new trip starts from the first open time.
         trip(&mut lo, t, Draw::ZERO);
         assert_eq!(lo.admit(at(t)), Err(Duration::from_millis(15_000)));
+    }
+
+    #[test]
+    fn a_throttled_probe_closes_it() {
+        let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        trip(&mut b, 0, Draw::ZERO);
+        // A late throttle while open changes nothing.
+        b.on_throttled(at(10));
+        assert_eq!(b.state(), BreakerState::Open { until: at(15_000), trips: 1 });
+        // The probe answered with a 503 (or a 429): the endpoint is there, closed.
+        assert_eq!(b.admit(at(15_000)), Ok(Permit::Probe));
+        b.on_throttled(at(15_100));
+        assert_eq!(b.state(), BreakerState::Closed { failures: 0 });
+        // A throttle between two failures: they were not in a row.
+        b.on_failure(at(16_000), Draw::ZERO);
+        b.on_throttled(at(16_100));
+        b.on_failure(at(16_200), Draw::ZERO);
+        assert_eq!(b.state(), BreakerState::Closed { failures: 1 });
     }
 
     #[test]

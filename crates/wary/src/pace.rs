@@ -176,6 +176,12 @@ pub struct Pace {
     heard: u16,
     /// Throttles among them.
     throttles: u16,
+    /// The last cut was made from an open pace, and nothing has been served or asked since.
+    fresh: bool,
+    /// A cut came while `fresh`: two throttles, the first from an open pace, with no answer
+    /// between them. The endpoint refuses everything (an outage answered 503); the first answer
+    /// that is not a throttle means it is back.
+    outage: bool,
 }
 
 impl Pace {
@@ -208,6 +214,8 @@ impl Pace {
             tat: 0,
             heard: 0,
             throttles: 0,
+            fresh: false,
+            outage: false,
         })
     }
 
@@ -311,6 +319,13 @@ impl Pace {
             return;
         }
         (self.heard, self.throttles) = (0, 0);
+        // A first throttle on an open pace, then another with nothing answered between them:
+        // the endpoint refuses everything, an outage (see `on_served`).
+        if self.is_open() {
+            self.fresh = true;
+        } else if self.fresh {
+            self.outage = true;
+        }
         let from = self.rate_milli(now).unwrap_or(s.start_milli).max(s.floor_milli);
         // Cut again before the curve was back where it was last cut from: the server's room
         // has shrunk since. Aim lower (CUBIC's fast convergence): the curve's top is the
@@ -342,15 +357,36 @@ impl Pace {
     /// an outage answered 503), and growing back from the floor along a curve scaled to the
     /// floor would take many regrow times. It starts again as when a breaker closes
     /// ([`Pace::slow_start`]): `keep` of `start`, climbing back to `start` in the regrow time.
+    ///
+    /// So does the first served answer after an outage answered 503 (a first throttle on an open
+    /// pace, then another with nothing served or asked between them), but with its climb held
+    /// back: see [`Pace::slow_start_drawn`]. Without a draw (this method) the hold is nil;
+    /// [`Pace::report`] passes its draw.
     pub fn on_success(&mut self, now: Instant) {
+        self.on_served(now, Draw::ZERO);
+    }
+
+    /// A served answer at `now`, `draw` placing the climb after an outage.
+    fn on_served(&mut self, now: Instant, draw: Draw) {
         self.hear(false);
+        let outage = self.outage;
+        (self.fresh, self.outage) = (false, false);
         if self.is_open() {
             return;
         }
-        if self.w_max <= self.settings.floor_milli && self.settings.start_milli > self.settings.floor_milli {
-            self.slow_start(now);
-            self.served_at = now;
-            return;
+        if self.settings.start_milli > self.settings.floor_milli {
+            if self.w_max <= self.settings.floor_milli {
+                self.slow_start(now);
+                self.served_at = now;
+                return;
+            }
+            if outage {
+                // Every device of a fleet meets the same outage and comes back within seconds of
+                // the others: the climb back is spread over one regrow time.
+                self.start_again(now, draw, 1);
+                self.served_at = now;
+                return;
+            }
         }
         self.served_at = self.served_at.max(now);
         if self.rate_milli(now).is_some_and(|r| r >= self.settings.ceiling_milli) {
@@ -366,8 +402,18 @@ impl Pace {
     /// the same refusal twice; a server that asks an open endpoint to wait a second (a rate
     /// limit's 429) has said how long, not that the endpoint should send at a herd's pace from
     /// then on.
+    ///
+    /// An ask after an outage (a cut at the floor, or a first throttle on an open pace and
+    /// another with nothing answered between them) says the endpoint is back: the pace starts
+    /// again from `keep` of `start` ([`Pace::slow_start`]), as a served answer would.
     pub fn on_asked(&mut self, now: Instant, wait: Duration) {
         let s = self.settings;
+        let outage = self.outage || (!self.is_open() && self.w_max <= s.floor_milli);
+        (self.fresh, self.outage) = (false, false);
+        if !self.is_open() && outage && s.start_milli > s.floor_milli {
+            // Paced from here at the start rate, for when the wait is over.
+            self.slow_start(now);
+        }
         let interval = self.rate_milli(now).map_or(0, interval_ticks);
         let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
         let until = ticks(Instant::from_millis(now.as_millis().saturating_add(u64::from(wait.as_millis()))));
@@ -390,6 +436,36 @@ impl Pace {
         self.tat = self.tat.min(ticks(now).saturating_add(u64::from(interval)));
     }
 
+    /// [`Pace::slow_start`] for a fleet: the next request waits a drawn share of one interval
+    /// of the new rate (rather than going at once), and the climb back to `start` begins after
+    /// a drawn share of three regrow times (the rate holds at `keep` of `start` meanwhile). For
+    /// an endpoint that has just come back after its breaker closed on a probe: every device
+    /// of a fleet met the same outage, their breakers close within seconds of each other, and
+    /// climbing together they overshoot the cloud's capacity before its first throttle or ask
+    /// reaches them. `draw` places both (from its two halves).
+    pub fn slow_start_drawn(&mut self, now: Instant, draw: Draw) {
+        self.start_again(now, draw, 3);
+    }
+
+    /// [`Pace::slow_start`], the next request after a drawn share of an interval and the climb
+    /// after a drawn share of `regrows` regrow times.
+    fn start_again(&mut self, now: Instant, draw: Draw, regrows: u32) {
+        self.slow_start(now);
+        let s = self.settings;
+        let hold = draw.scale(Duration::from_millis(u64::from(s.regrow.as_millis().saturating_mul(regrows))));
+        self.cut_at = Instant::from_millis(now.as_millis().saturating_add(u64::from(hold.as_millis())));
+        let interval = self.rate_milli(now).map_or(0, interval_ticks);
+        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        // The other half of the draw, so that the first request and the climb are not tied.
+        let second = match draw {
+            Draw::Unit(v) => Draw::Unit(v.rotate_left(16)),
+            other => other,
+        };
+        let spread = second.scale(Duration::from_millis(u64::from(interval))).as_millis();
+        let first = ticks(now).saturating_add(tolerance).saturating_add(u64::from(spread));
+        self.tat = self.tat.max(first);
+    }
+
     /// Counts one answer for the tolerance.
     fn hear(&mut self, throttle: bool) {
         if self.settings.tolerate_percent == 0 {
@@ -405,7 +481,7 @@ impl Pace {
     /// Feeds an answer's [`Signal`] at `now` (`draw` as for [`Pace::on_throttled`]).
     pub fn report(&mut self, now: Instant, signal: Signal, draw: Draw) {
         match signal {
-            Signal::Served => self.on_success(now),
+            Signal::Served => self.on_served(now, draw),
             Signal::Throttled => self.on_throttled(now, draw),
             Signal::Asked { wait } => self.on_asked(now, wait),
             Signal::Neither => {}
@@ -656,6 +732,81 @@ mod tests {
         f.on_throttled(at(0), MID);
         f.on_success(at(1_000));
         assert_eq!(f.rate_milli(at(1_000)), Some(1_000));
+    }
+
+    #[test]
+    fn a_served_answer_after_an_outage_starts_again_and_holds_the_climb_a_drawn_while() {
+        // An outage answered 503: a first throttle on the open pace, another with nothing
+        // answered between them.
+        let outage = || {
+            let mut p = Pace::new(settings()).unwrap();
+            p.on_throttled(at(0), MID);
+            p.on_throttled(at(10_000), MID);
+            assert!(p.rate_milli(at(10_000)).unwrap() < 500);
+            p
+        };
+        // Served: `keep` of `start`, held there for half a regrow time with the middle draw
+        // (whose other half places the next request within a millisecond), then back at
+        // `start` a regrow time later.
+        let mut p = outage();
+        p.report(at(20_000), Signal::Served, MID);
+        assert_eq!(p.rate_milli(at(20_000)), Some(500));
+        assert_eq!(p.rate_milli(at(50_000)), Some(500));
+        assert!(p.rate_milli(at(80_000)).unwrap() > 500);
+        assert_eq!(p.rate_milli(at(110_000)), Some(1_000));
+        assert_eq!(p.acquire(at(20_000)), Err(Duration::from_millis(1)));
+        assert_eq!(p.acquire(at(20_001)), Ok(()));
+        // `on_success` has no draw: no hold.
+        let mut q = outage();
+        q.on_success(at(20_000));
+        assert_eq!(q.rate_milli(at(80_000)), Some(1_000));
+        // Asked after the outage: it is back too, and starts again from `keep` of `start`
+        // (no hold: the ask already says when), the bucket held for the wait.
+        let mut a = outage();
+        a.on_asked(at(20_000), Duration::from_secs(30));
+        assert_eq!(a.rate_milli(at(20_000)), Some(500));
+        assert_eq!(a.rate_milli(at(80_000)), Some(1_000));
+        assert!(a.acquire(at(49_999)).is_err());
+        assert_eq!(a.acquire(at(50_000)), Ok(()));
+        // Load is not an outage: throttles with served answers between them cut as usual, and
+        // a served answer after them moves the curve on.
+        let mut l = Pace::new(settings()).unwrap();
+        l.on_throttled(at(0), MID);
+        l.on_success(at(5_000));
+        l.on_throttled(at(10_000), MID);
+        let cut = l.rate_milli(at(10_000)).unwrap();
+        l.report(at(20_000), Signal::Served, MID);
+        assert!(l.rate_milli(at(20_000)).unwrap() > cut);
+        assert!(l.rate_milli(at(20_000)).unwrap() < 500);
+        // Nor is an asked wait between two throttles.
+        let mut k = Pace::new(settings()).unwrap();
+        k.on_throttled(at(0), MID);
+        k.on_asked(at(5_000), Duration::from_secs(1));
+        k.on_throttled(at(10_000), MID);
+        let cut = k.rate_milli(at(10_000)).unwrap();
+        k.report(at(20_000), Signal::Served, MID);
+        assert!(k.rate_milli(at(20_000)).unwrap() > cut);
+    }
+
+    #[test]
+    fn a_drawn_slow_start_spreads_the_next_request_and_the_climb() {
+        // The lowest draw: as `slow_start`, except that the bucket is not left full.
+        let mut p = Pace::new(settings()).unwrap();
+        p.slow_start_drawn(at(0), Draw::ZERO);
+        assert_eq!(p.rate_milli(at(0)), Some(500));
+        assert_eq!(p.rate_milli(at(60_000)), Some(1_000));
+        assert_eq!(p.acquire(at(0)), Ok(()));
+        // The highest: the next request one interval away (2 s), the climb held for about
+        // three regrow times.
+        let mut q = Pace::new(settings()).unwrap();
+        q.slow_start_drawn(at(0), Draw::TOP);
+        assert_eq!(q.acquire(at(0)), Err(Duration::from_millis(2_000)));
+        assert_eq!(q.rate_milli(at(179_000)), Some(500));
+        assert_eq!(q.rate_milli(at(240_000)), Some(1_000));
+        // A throttle during the hold cuts from the held rate, and the curve runs from the cut.
+        q.on_throttled(at(100_000), MID);
+        assert!(q.rate_milli(at(100_000)).unwrap() < 500);
+        assert!(q.rate_milli(at(160_000)).unwrap() < 500);
     }
 
     #[test]

@@ -239,11 +239,12 @@ impl Attempts {
     /// Tells the endpoint's pace and breaker how an attempt that ended at `now` went: the pace
     /// hears its [`Signal`] (`draw` places the next request after a cut, and draws the
     /// breaker's open time); the breaker counts refused connections, timeouts, resets, TLS
-    /// failures and 5xx other than 503 as the endpoint being down, and any answer it served,
-    /// a 4xx included, as up. A throttle (429, 503) leaves the breaker as it is (the endpoint
-    /// is there, only loaded: the pace's business), as do a cancel and a broken body. When a
-    /// success closes a breaker that was not closed, the pace starts slowly
-    /// ([`Pace::slow_start`]) rather than let the whole backlog go at once.
+    /// failures and 5xx other than 503 as the endpoint being down, and any answer it served, a
+    /// 4xx included, as up. A throttle (429, 503) says the endpoint is there, only loaded (the
+    /// pace's business): it closes a half-open breaker without a slow start, ends a run of
+    /// failures, and never opens one ([`Breaker::on_throttled`]); a cancel and a broken body
+    /// change nothing. When a success closes a breaker that was not closed, the pace starts
+    /// slowly ([`Pace::slow_start_drawn`]) rather than let the whole backlog go at once.
     pub fn report(
         pace: Option<&mut Pace>,
         breaker: Option<&mut Breaker>,
@@ -256,6 +257,7 @@ impl Attempts {
         if let Some(b) = breaker {
             match (signal, outcome) {
                 (Signal::Served, _) => came_back = b.on_success(now),
+                (Signal::Throttled | Signal::Asked { .. }, _) => b.on_throttled(now),
                 (
                     Signal::Neither,
                     Outcome::Failure(
@@ -273,7 +275,7 @@ impl Attempts {
         if let Some(p) = pace {
             p.report(now, signal, draw);
             if came_back {
-                p.slow_start(now);
+                p.slow_start_drawn(now, draw);
             }
         }
     }
