@@ -284,9 +284,7 @@ impl Pace {
         let Some(rate) = self.rate_milli(now) else {
             return PaceView { rate_milli: 0, due: self.tat.saturating_sub(ticks(now)) };
         };
-        let interval = u64::from(interval_ticks(rate));
-        let tolerance = interval.saturating_mul(u64::from(self.settings.burst.saturating_sub(1)));
-        let limit = ticks(now).saturating_add(tolerance);
+        let limit = ticks(now).saturating_add(self.tolerance(interval_ticks(rate)));
         PaceView { rate_milli: rate, due: self.tat.saturating_sub(limit) }
     }
 
@@ -342,11 +340,7 @@ impl Pace {
         self.cut_at = now;
         // `rate_milli` now reads `keep` of `w_max`: the curve at t = 0.
         let interval = interval_ticks(self.rate_milli(now).unwrap_or(s.floor_milli));
-        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
-        // The draw scales a count of ticks as it scales milliseconds.
-        let spread = draw.scale(Duration::from_millis(u64::from(interval))).as_millis();
-        let wait = u64::from(interval / 2).saturating_add(u64::from(spread));
-        self.tat = self.tat.max(ticks(now).saturating_add(tolerance).saturating_add(wait));
+        self.place_next(now, interval, interval / 2, draw);
     }
 
     /// A served answer at `now`: lets the curve climb on past the rate it was cut from; once it
@@ -414,8 +408,7 @@ impl Pace {
             // Paced from here at the start rate, for when the wait is over.
             self.slow_start(now);
         }
-        let interval = self.rate_milli(now).map_or(0, interval_ticks);
-        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
+        let tolerance = self.tolerance(self.rate_milli(now).map_or(0, interval_ticks));
         let until = ticks(Instant::from_millis(now.as_millis().saturating_add(u64::from(wait.as_millis()))));
         self.tat = self.tat.max(until.saturating_add(tolerance));
     }
@@ -455,15 +448,26 @@ impl Pace {
         let hold = draw.scale(Duration::from_millis(u64::from(s.regrow.as_millis().saturating_mul(regrows))));
         self.cut_at = Instant::from_millis(now.as_millis().saturating_add(u64::from(hold.as_millis())));
         let interval = self.rate_milli(now).map_or(0, interval_ticks);
-        let tolerance = u64::from(interval).saturating_mul(u64::from(s.burst.saturating_sub(1)));
         // The other half of the draw, so that the first request and the climb are not tied.
         let second = match draw {
             Draw::Unit(v) => Draw::Unit(v.rotate_left(16)),
             other => other,
         };
-        let spread = second.scale(Duration::from_millis(u64::from(interval))).as_millis();
-        let first = ticks(now).saturating_add(tolerance).saturating_add(u64::from(spread));
-        self.tat = self.tat.max(first);
+        self.place_next(now, interval, 0, second);
+    }
+
+    /// How far ahead of now the bucket may run before a request waits: `burst − 1` intervals.
+    fn tolerance(&self, interval: u32) -> u64 {
+        u64::from(interval).saturating_mul(u64::from(self.settings.burst.saturating_sub(1)))
+    }
+
+    /// Places the next request at `now` plus `offset` and a share of one `interval` drawn by
+    /// `draw` (in ticks), past what the burst allows; a later token already reserved stays.
+    fn place_next(&mut self, now: Instant, interval: u32, offset: u32, draw: Draw) {
+        // The draw scales a count of ticks as it scales milliseconds.
+        let spread = draw.scale(Duration::from_millis(u64::from(interval))).as_millis();
+        let wait = u64::from(offset).saturating_add(u64::from(spread));
+        self.tat = self.tat.max(ticks(now).saturating_add(self.tolerance(interval)).saturating_add(wait));
     }
 
     /// Counts one answer for the tolerance.
