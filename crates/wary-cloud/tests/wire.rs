@@ -271,6 +271,13 @@ async fn huge_header_block_does_not_fit_a_small_buffer() {
 }
 
 /// Connects until the listener takes the connection again; returns when it did.
+/// Held by the tests that close a listener and expect connects to be refused, and by the tests
+/// that start processes: a process being started holds a copy of every descriptor of this one
+/// until it executes its program, a listening socket closed meanwhile included, and connects
+/// to the closed port are accepted until then (and reset after). Each test binary is its own
+/// process, so only the tests in this file need it.
+static NO_SPAWN_WHILE_REFUSING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn connect_when_reopened(addr: SocketAddr) -> (TcpStream, Instant) {
     let deadline = Instant::now() + IO_TIMEOUT;
     loop {
@@ -287,6 +294,7 @@ async fn connect_when_reopened(addr: SocketAddr) -> (TcpStream, Instant) {
 
 #[tokio::test]
 async fn scripted_refusal_window_then_the_same_port_serves_again() {
+    let _no_spawn = NO_SPAWN_WHILE_REFUSING.lock().await;
     let cloud = start("refuse_at=2:ms=600").await;
     let addr = cloud.addr();
     assert_eq!(exchange(addr, &keyed_request("k-1")).await.status(), Some(201));
@@ -327,6 +335,7 @@ async fn scripted_refusal_window_then_the_same_port_serves_again() {
 
 #[tokio::test]
 async fn refusal_on_demand_over_http_and_from_the_library() {
+    let _no_spawn = NO_SPAWN_WHILE_REFUSING.lock().await;
     let cloud = start("").await;
     let addr = cloud.addr();
     for bad in ["/admin/refuse", "/admin/refuse?ms=0", "/admin/refuse?ms=soon", "/admin/refuse?ms=3600001"] {
@@ -416,6 +425,7 @@ async fn final_report(
 
 #[tokio::test]
 async fn binary_prints_a_report_on_sigterm_and_sigint() {
+    let _no_spawn = NO_SPAWN_WHILE_REFUSING.lock().await;
     for signal in ["TERM", "INT"] {
         let (child, stdout, addr) =
             spawn_binary(&["--listen", "127.0.0.1:0", "--faults", "reset=1,seed=2"]).await;
@@ -435,6 +445,7 @@ async fn binary_prints_a_report_on_sigterm_and_sigint() {
 
 #[tokio::test]
 async fn binary_stops_when_stdin_closes_if_asked() {
+    let _no_spawn = NO_SPAWN_WHILE_REFUSING.lock().await;
     let (mut child, stdout, addr) =
         spawn_binary(&["--exit-on-stdin-close", "--faults", "huge_header=1:bytes=64"]).await;
     let resp = exchange(addr, &legacy_request("r-bin")).await;
