@@ -7,8 +7,8 @@
 use core::hint::black_box;
 
 use wary::{
-    Breaker, BreakerSettings, CallState, Draw, Duration, FleetBudget, Instant, Operation, Outcome, Pace,
-    PaceSettings, Policy, Signal,
+    Attempts, Breaker, BreakerSettings, CallState, Draw, Duration, FleetBudget, Instant, Operation, Outcome,
+    Pace, PaceSettings, Policy,
 };
 
 static FLEET: FleetBudget = match FleetBudget::new(10, 100) {
@@ -41,17 +41,7 @@ pub extern "C" fn _start() -> ! {
             }
             let outcome: Outcome = black_box(Outcome::status(i[0] as u16));
             let draw = Draw::unit(i[2]);
-            let signal = Signal::of(&outcome);
-            pace.report(now, signal, draw);
-            match signal {
-                Signal::Served => {
-                    if breaker.on_success(now) {
-                        pace.slow_start_drawn(now, draw);
-                    }
-                }
-                Signal::Neither => breaker.on_failure(now, draw),
-                Signal::Throttled | Signal::Asked { .. } => breaker.on_throttled(now),
-            }
+            Attempts::report(Some(&mut pace), Some(&mut breaker), &outcome, draw, now);
             let elapsed = Some(Duration::from_millis(u64::from(i[3])));
             black_box(policy.decide_with_fleet(&mut state, Operation::Read, &outcome, draw, elapsed, fleet));
         }

@@ -9,7 +9,9 @@
 //! 90th percentile and longest drain over 200 seeds, and how many runs drained within 240 s (the
 //! scenario's limit). docs/pacing.md reads it.
 
-use wary::{Breaker, BreakerSettings, Draw, Duration, Failure, Instant, Outcome, Pace, PaceSettings, Signal};
+use wary::{
+    Attempts, Breaker, BreakerSettings, Draw, Duration, Failure, Instant, Outcome, Pace, PaceSettings,
+};
 
 /// xorshift64: enough for a model.
 struct Rng(u64);
@@ -56,22 +58,11 @@ fn drain(settings: PaceSettings, seed: u64) -> u64 {
         };
         t += took;
         let now = Instant::from_millis(t);
-        let draw = rng.draw();
-        pace.report(now, Signal::of(&outcome), draw);
-        if matches!(Signal::of(&outcome), Signal::Throttled | Signal::Asked { .. }) {
-            breaker.on_throttled(now);
-        }
+        // The pace and the breaker hear the answer as the uplink's runner tells them.
+        Attempts::report(Some(&mut pace), Some(&mut breaker), &outcome, rng.draw(), now);
         match outcome {
-            Outcome::Ok => {
-                if breaker.on_success(now) {
-                    pace.slow_start_drawn(now, draw);
-                }
-                left -= 1;
-            }
-            Outcome::Failure(Failure::Reset | Failure::ResponseTimeout) => {
-                breaker.on_failure(now, rng.draw());
-                pause = 200;
-            }
+            Outcome::Ok => left -= 1,
+            Outcome::Failure(Failure::Reset | Failure::ResponseTimeout) => pause = 200,
             Outcome::Failure(Failure::Status { retry_after: Some(asked), .. }) => {
                 pause = u64::from(asked.as_millis());
             }

@@ -22,8 +22,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use wary::{
-    Backoff, Breaker, BreakerSettings, CallState, Decision, Draw, Duration, Failure, FleetBudget, Instant,
-    Jitter, Operation, Outcome, Pace, PaceSettings, Policy, Preset, Signal, Verdict,
+    Attempts, Backoff, Breaker, BreakerSettings, CallState, Decision, Draw, Duration, Failure, FleetBudget,
+    Instant, Jitter, Operation, Outcome, Pace, PaceSettings, Policy, Preset, Signal, Verdict,
 };
 
 /// The world of one run.
@@ -451,27 +451,17 @@ pub fn run(row: Row, world: &World) -> Stats {
                     }
                     _ => Outcome::status(503),
                 };
-                let signal = Signal::of(&outcome);
-                if let Some(p) = dev.pace.as_mut() {
-                    p.report(now, signal, Draw::unit(rng.u32(..)));
-                }
+                // The pace and the breaker hear the answer as the uplink's runner tells them.
+                Attempts::report(
+                    dev.pace.as_mut(),
+                    dev.breaker.as_mut(),
+                    &outcome,
+                    Draw::unit(rng.u32(..)),
+                    now,
+                );
                 if let Some(sm) = dev.smithy.as_mut() {
+                    let signal = Signal::of(&outcome);
                     sm.update(t as f64 / 1000.0, matches!(signal, Signal::Throttled | Signal::Asked { .. }));
-                }
-                if let Some(b) = dev.breaker.as_mut() {
-                    // The breaker watches whether the endpoint is there, the pace how loaded it
-                    // is: a throttle is the pace's, and leaves the breaker as it is.
-                    match signal {
-                        Signal::Served => {
-                            if b.on_success(now)
-                                && let Some(p) = dev.pace.as_mut()
-                            {
-                                p.slow_start_drawn(now, Draw::unit(rng.u32(..)));
-                            }
-                        }
-                        Signal::Neither => b.on_failure(now, Draw::unit(rng.u32(..))),
-                        Signal::Throttled | Signal::Asked { .. } => b.on_throttled(now),
-                    }
                 }
                 let Some(state) = dev.call.as_mut() else { continue };
                 let elapsed = Some(Duration::from_millis(t - dev.call_start));

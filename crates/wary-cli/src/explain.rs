@@ -175,6 +175,8 @@ pub fn pace(settings: wary::PaceSettings) -> Option<PaceExplained> {
 pub struct BreakerExplained {
     /// Failures in a row that open it.
     pub threshold: u8,
+    /// Whether one refused connection opens it.
+    pub refused_opens: bool,
     /// The first open time, shortest and longest (equal jitter).
     #[serde(rename = "first_open_min_ms")]
     pub first_open_min: Duration,
@@ -213,6 +215,7 @@ pub fn breaker(settings: wary::BreakerSettings) -> Option<BreakerExplained> {
     };
     Some(BreakerExplained {
         threshold: settings.threshold,
+        refused_opens: settings.refused_opens,
         first_open_min: open(1, wary::Draw::ZERO),
         first_open_max: open(1, wary::Draw::TOP),
         longest_open_min: open(64, wary::Draw::ZERO),
@@ -480,9 +483,14 @@ pub fn render(e: &Explanation, policy: &Policy) -> String {
         let _ = writeln!(
             s,
             "\nbreaker: opens after {} failures in a row (refused connections, timeouts, resets, TLS, 5xx but 503; \
-             throttles do not count); while open a call ends at once, gave_up (circuit_open), with nothing sent; \
+             throttles do not count){}; while open a call ends at once, gave_up (circuit_open), with nothing sent; \
              open {} to {} the first time, one probe then, each failed probe doubling it up to {} to {}",
-            b.threshold, b.first_open_min, b.first_open_max, b.longest_open_min, b.longest_open_max
+            b.threshold,
+            if b.refused_opens { ", or at once on a refused connection" } else { "" },
+            b.first_open_min,
+            b.first_open_max,
+            b.longest_open_min,
+            b.longest_open_max
         );
     }
     for w in &e.warnings {
@@ -588,6 +596,7 @@ mod tests {
         let text = render(&e, &policy);
         assert!(text.contains("the first cut sets 0.050/s (50% of the start 0.100/s)"), "{text}");
         assert!(text.contains("opens after 2 failures in a row"), "{text}");
+        assert!(text.contains("or at once on a refused connection"), "{text}");
         assert!(!text.contains("tolerates"), "{text}");
         e.pace = pace(wary::PaceSettings { tolerate_percent: 50, ..wary::PaceSettings::DEVICE });
         let text = render(&e, &policy);

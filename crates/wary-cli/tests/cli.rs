@@ -215,6 +215,7 @@ fn write_paced_ledger() -> String {
         threshold: 2,
         open: Duration::from_secs(3),
         max_open: Duration::from_secs(20),
+        refused_opens: false,
     })
     .unwrap();
     let refused = Outcome::Failure(Failure::Refused);

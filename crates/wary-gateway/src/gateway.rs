@@ -88,11 +88,14 @@ pub const UPSTREAM_PACE: wary::PaceSettings = wary::PaceSettings {
 
 /// The upstream's circuit breaker by default: open after 5 failures in a row (refused
 /// connections, timeouts, 5xx but 503) for 1–2 s, doubling to 15–30 s: short, because a
-/// gateway's calls stand for devices that are waiting for an answer.
+/// gateway's calls stand for devices that are waiting for an answer. A refused connection is
+/// one of the five, not an open breaker at once: behind a load balancer, one replica that
+/// restarts refuses a connection the next one serves.
 pub const UPSTREAM_BREAKER: wary::BreakerSettings = wary::BreakerSettings {
     threshold: 5,
     open: wary::Duration::from_millis(2_000),
     max_open: wary::Duration::from_millis(30_000),
+    refused_opens: false,
 };
 
 /// Who may post readings.

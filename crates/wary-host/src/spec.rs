@@ -137,6 +137,9 @@ pub struct BreakerSpec {
     /// The longest open time's ceiling, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_open_ms: Option<u64>,
+    /// Whether a refused connection opens it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_opens: Option<bool>,
 }
 
 impl BreakerSpec {
@@ -146,6 +149,7 @@ impl BreakerSpec {
             threshold: self.threshold.unwrap_or(defaults.threshold),
             open: self.open_ms.map_or(defaults.open, Duration::from_millis),
             max_open: self.max_open_ms.map_or(defaults.max_open, Duration::from_millis),
+            refused_opens: self.refused_opens.unwrap_or(defaults.refused_opens),
         }
     }
 
@@ -357,5 +361,9 @@ mod tests {
         assert!(toml::from_str::<PolicySpec>("[pace]\nregrow = 5\n").is_err());
         let j: PolicySpec = serde_json::from_str(r#"{"breaker": {"threshold": 3}}"#).unwrap();
         assert_eq!(j.breaker.unwrap().settings(BreakerSettings::DEVICE).threshold, 3);
+        let j: PolicySpec = serde_json::from_str(r#"{"breaker": {"refused_opens": false}}"#).unwrap();
+        let settings = j.breaker.unwrap().settings(BreakerSettings::DEVICE);
+        assert_eq!((settings.refused_opens, settings.threshold), (false, 2));
+        assert!(BreakerSpec::default().settings(BreakerSettings::DEVICE).refused_opens);
     }
 }

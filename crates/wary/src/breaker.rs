@@ -3,8 +3,8 @@
 //!
 //! An endpoint that refuses connections, times out or answers 5xx to every request is down; a
 //! device that keeps calling it spends battery and, once it comes back, adds to the herd. After
-//! `threshold` failures in a row the breaker opens: calls end at once without an attempt (the
-//! reading stays in the outbox). When the open time is over, one request goes as a probe
+//! `threshold` failures in a row (or one refused connection, if the settings say so) the breaker
+//! opens: calls end at once without an attempt (the reading stays in the outbox). When the open time is over, one request goes as a probe
 //! (half-open) while every other one is still refused; the probe's success closes the breaker,
 //! its failure opens it again for a longer time. Open times double from `open` up to
 //! `max_open` with equal jitter (half fixed, half drawn), so a fleet whose breakers opened
@@ -44,15 +44,24 @@ pub struct BreakerSettings {
     pub open: Duration,
     /// The longest open time's ceiling.
     pub max_open: Duration,
+    /// A refused connection opens a closed breaker at once, whatever `threshold` says. A
+    /// refusal is not a maybe: the connection was turned away before anything was sent (a TCP
+    /// reset answering its SYN, no route, a CoAP Reset), so nothing listens there now, and a
+    /// retry a few hundred milliseconds later meets the same closed port. A device's default;
+    /// not a gateway's, whose upstream may refuse one connection while one of its replicas
+    /// restarts and serve the next.
+    pub refused_opens: bool,
 }
 
 impl BreakerSettings {
     /// A device's uplink: open after 2 failures in a row (a call's first attempt and its first
-    /// retry), for 15–30 s the first time, doubling to 5–10 min.
+    /// retry), or at once on a refused connection, for 15–30 s the first time, doubling to
+    /// 5–10 min.
     pub const DEVICE: BreakerSettings = BreakerSettings {
         threshold: 2,
         open: Duration::from_millis(30_000),
         max_open: Duration::from_millis(600_000),
+        refused_opens: true,
     };
 }
 
@@ -214,14 +223,24 @@ impl Breaker {
         }
     }
 
-    /// A failure at `now` (a refused connection, a timeout, a 5xx or 429): counts toward
-    /// opening, or opens again after a failed probe, for an open time drawn with `draw`. A
-    /// failure of a request admitted before the breaker opened changes nothing.
+    /// A failure at `now` (a timeout, a reset, a 5xx other than 503): counts toward opening,
+    /// or opens again after a failed probe, for an open time drawn with `draw`. A failure of a
+    /// request admitted before the breaker opened changes nothing.
     pub fn on_failure(&mut self, now: Instant, draw: Draw) {
+        self.fail(now, draw, false);
+    }
+
+    /// A refused connection at `now`: opens a closed breaker at once if the settings say so
+    /// ([`BreakerSettings::refused_opens`]), and otherwise counts as [`Breaker::on_failure`].
+    pub fn on_refused(&mut self, now: Instant, draw: Draw) {
+        self.fail(now, draw, self.settings.refused_opens);
+    }
+
+    fn fail(&mut self, now: Instant, draw: Draw, at_once: bool) {
         let trips = match self.state {
             BreakerState::Closed { failures } => {
                 let failures = failures.saturating_add(1);
-                if failures < self.settings.threshold {
+                if failures < self.settings.threshold && !at_once {
                     self.state = BreakerState::Closed { failures };
                     return;
                 }
@@ -315,6 +334,29 @@ mod tests {
         // Closed again, a new trip starts from the first open time.
         trip(&mut lo, t, Draw::ZERO);
         assert_eq!(lo.admit(at(t)), Err(Duration::from_millis(15_000)));
+    }
+
+    #[test]
+    fn a_refused_connection_opens_it_at_once_where_the_settings_say_so() {
+        let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        assert_eq!(b.admit(at(0)), Ok(Permit::Closed));
+        b.on_refused(at(100), Draw::ZERO);
+        assert_eq!(b.state(), BreakerState::Open { until: at(15_100), trips: 1 });
+        // A failed probe opens it again for longer, as any failure does.
+        assert_eq!(b.admit(at(15_100)), Ok(Permit::Probe));
+        b.on_refused(at(15_200), Draw::ZERO);
+        assert_eq!(b.state(), BreakerState::Open { until: at(45_200), trips: 2 });
+        // Without the setting a refusal is one failure of `threshold`, like a timeout.
+        let counted = BreakerSettings { refused_opens: false, ..BreakerSettings::DEVICE };
+        let mut b = Breaker::new(counted).unwrap();
+        b.on_refused(at(0), Draw::ZERO);
+        assert_eq!(b.state(), BreakerState::Closed { failures: 1 });
+        b.on_refused(at(100), Draw::ZERO);
+        assert_eq!(b.state(), BreakerState::Open { until: at(15_100), trips: 1 });
+        // And with it, other failures still count to `threshold`.
+        let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        b.on_failure(at(0), Draw::ZERO);
+        assert_eq!(b.state(), BreakerState::Closed { failures: 1 });
     }
 
     #[test]

@@ -238,7 +238,8 @@ impl Attempts {
 
     /// Tells the endpoint's pace and breaker how an attempt that ended at `now` went: the pace
     /// hears its [`Signal`] (`draw` places the next request after a cut, and draws the
-    /// breaker's open time); the breaker counts refused connections, timeouts, resets, TLS
+    /// breaker's open time); the breaker counts refused connections (which open it at once
+    /// where [`crate::BreakerSettings::refused_opens`] says so), timeouts, resets, TLS
     /// failures and 5xx other than 503 as the endpoint being down, and any answer it served, a
     /// 4xx included, as up. A throttle (429, 503) says the endpoint is there, only loaded (the
     /// pace's business): it closes a half-open breaker without a slow start, ends a run of
@@ -258,11 +259,11 @@ impl Attempts {
             match (signal, outcome) {
                 (Signal::Served, _) => came_back = b.on_success(now),
                 (Signal::Throttled | Signal::Asked { .. }, _) => b.on_throttled(now),
+                (Signal::Neither, Outcome::Failure(Failure::Refused)) => b.on_refused(now, draw),
                 (
                     Signal::Neither,
                     Outcome::Failure(
-                        Failure::Refused
-                        | Failure::ConnectTimeout
+                        Failure::ConnectTimeout
                         | Failure::ResponseTimeout
                         | Failure::Reset
                         | Failure::Tls
@@ -433,6 +434,24 @@ mod tests {
             a.end(&p, Some(&fleet), Operation::Idempotent, key, Outcome::status(503), Draw::ZERO, at(3));
         assert_eq!(d, Decision::Done(Verdict::GaveUp(GiveUp::Throttled)));
         assert_eq!(r.verdict, Some(Verdict::GaveUp(GiveUp::Throttled)));
+    }
+
+    #[test]
+    fn report_opens_the_device_breaker_on_one_refusal_and_counts_other_failures() {
+        let refused = Outcome::Failure(Failure::Refused);
+        let mut b = Breaker::new(crate::BreakerSettings::DEVICE).unwrap();
+        Attempts::report(None, Some(&mut b), &Outcome::Failure(Failure::ResponseTimeout), Draw::ZERO, at(0));
+        assert_eq!(b.state().phase(), crate::Phase::Closed);
+        let mut b = Breaker::new(crate::BreakerSettings::DEVICE).unwrap();
+        Attempts::report(None, Some(&mut b), &refused, Draw::ZERO, at(0));
+        assert_eq!(b.state().phase(), crate::Phase::Open);
+        // Where the settings count refusals, one is one failure of the threshold.
+        let counted = crate::BreakerSettings { refused_opens: false, ..crate::BreakerSettings::DEVICE };
+        let mut b = Breaker::new(counted).unwrap();
+        Attempts::report(None, Some(&mut b), &refused, Draw::ZERO, at(0));
+        assert_eq!(b.state().phase(), crate::Phase::Closed);
+        Attempts::report(None, Some(&mut b), &refused, Draw::ZERO, at(10));
+        assert_eq!(b.state().phase(), crate::Phase::Open);
     }
 
     #[test]
