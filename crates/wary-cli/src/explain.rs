@@ -592,11 +592,15 @@ mod tests {
         let policy = Policy::builder(wary::Preset::Default).build().unwrap();
         let mut e = explain(&policy, None);
         e.pace = Some(p);
-        e.breaker = Some(b);
+        e.breaker = Some(b.clone());
         let text = render(&e, &policy);
         assert!(text.contains("the first cut sets 0.050/s (50% of the start 0.100/s)"), "{text}");
         assert!(text.contains("opens after 2 failures in a row"), "{text}");
+        assert!(!text.contains("or at once on a refused connection"), "{text}");
+        e.breaker = breaker(wary::BreakerSettings { refused_opens: true, ..wary::BreakerSettings::DEVICE });
+        let text = render(&e, &policy);
         assert!(text.contains("or at once on a refused connection"), "{text}");
+        e.breaker = Some(b.clone());
         assert!(!text.contains("tolerates"), "{text}");
         e.pace = pace(wary::PaceSettings { tolerate_percent: 50, ..wary::PaceSettings::DEVICE });
         let text = render(&e, &policy);

@@ -447,14 +447,14 @@ mod tests {
             .endpoint(endpoint.clone())
             .ledger(ledger.clone());
         let key = Key::from_parts(1, 1, 1);
-        let reset = Outcome::Failure(wary::Failure::Reset);
+        let refused = Outcome::Failure(wary::Failure::Refused);
         let mut call = a.begin();
         assert_eq!(call.before_first(&a), Ok(Duration::ZERO));
         call.start_attempt(&a);
-        assert!(matches!(call.after(&a, Operation::Idempotent, key, reset), Step::Retry { .. }));
+        assert!(matches!(call.after(&a, Operation::Idempotent, key, refused), Step::Retry { .. }));
         call.start_attempt(&a);
-        // The second reset opens it (threshold 2): the retry would meet it open.
-        let step = call.after(&a, Operation::Idempotent, key, reset);
+        // The second refusal opens it (threshold 2): the retry would meet it open.
+        let step = call.after(&a, Operation::Idempotent, key, refused);
         assert_eq!(step, Step::Done(Verdict::GaveUp(GiveUp::CircuitOpen)));
         assert_eq!(endpoint.breaker().unwrap().state().name(), "open");
         assert_eq!(a.begin().before_first(&a), Err(GiveUp::CircuitOpen));
@@ -476,13 +476,6 @@ mod tests {
             ));
         }
         assert_eq!(e2.breaker().unwrap().state().name(), "closed");
-        // A refused connection opens the device's breaker at once: its retry does not go.
-        let e3 = SharedEndpoint::new(None, Some(Breaker::new(wary::BreakerSettings::DEVICE).unwrap()));
-        let a3 = Adapter::with_rng(policy, crate::draw::seeded(6)).endpoint(e3.clone());
-        let mut call = a3.begin();
-        call.start_attempt(&a3);
-        let step = call.after(&a3, Operation::Idempotent, key, Outcome::Failure(wary::Failure::Refused));
-        assert_eq!(step, Step::Done(Verdict::GaveUp(GiveUp::CircuitOpen)));
     }
 
     #[test]

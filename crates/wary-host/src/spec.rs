@@ -361,9 +361,9 @@ mod tests {
         assert!(toml::from_str::<PolicySpec>("[pace]\nregrow = 5\n").is_err());
         let j: PolicySpec = serde_json::from_str(r#"{"breaker": {"threshold": 3}}"#).unwrap();
         assert_eq!(j.breaker.unwrap().settings(BreakerSettings::DEVICE).threshold, 3);
-        let j: PolicySpec = serde_json::from_str(r#"{"breaker": {"refused_opens": false}}"#).unwrap();
+        let j: PolicySpec = serde_json::from_str(r#"{"breaker": {"refused_opens": true}}"#).unwrap();
         let settings = j.breaker.unwrap().settings(BreakerSettings::DEVICE);
-        assert_eq!((settings.refused_opens, settings.threshold), (false, 2));
-        assert!(BreakerSpec::default().settings(BreakerSettings::DEVICE).refused_opens);
+        assert_eq!((settings.refused_opens, settings.threshold), (true, 2));
+        assert!(!BreakerSpec::default().settings(BreakerSettings::DEVICE).refused_opens);
     }
 }

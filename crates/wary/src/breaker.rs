@@ -3,7 +3,7 @@
 //!
 //! An endpoint that refuses connections, times out or answers 5xx to every request is down; a
 //! device that keeps calling it spends battery and, once it comes back, adds to the herd. After
-//! `threshold` failures in a row (or one refused connection, if the settings say so) the breaker
+//! `threshold` failures in a row (or one refused connection, where the settings say so) the breaker
 //! opens: calls end at once without an attempt (the reading stays in the outbox). When the open time is over, one request goes as a probe
 //! (half-open) while every other one is still refused; the probe's success closes the breaker,
 //! its failure opens it again for a longer time. Open times double from `open` up to
@@ -44,24 +44,24 @@ pub struct BreakerSettings {
     pub open: Duration,
     /// The longest open time's ceiling.
     pub max_open: Duration,
-    /// A refused connection opens a closed breaker at once, whatever `threshold` says. A
-    /// refusal is not a maybe: the connection was turned away before anything was sent (a TCP
-    /// reset answering its SYN, no route, a CoAP Reset), so nothing listens there now, and a
-    /// retry a few hundred milliseconds later meets the same closed port. A device's default;
-    /// not a gateway's, whose upstream may refuse one connection while one of its replicas
-    /// restarts and serve the next.
+    /// A refused connection opens a closed breaker at once, whatever `threshold` says: the
+    /// connection was turned away before anything was sent (a TCP reset answering its SYN, no
+    /// route), so nothing listens there now. Off by default, for a device as for a gateway: a
+    /// server that restarts refuses one connection and serves the next a few hundred
+    /// milliseconds later, and opening at once holds the caller for a whole open time
+    /// (docs/pacing.md).
     pub refused_opens: bool,
 }
 
 impl BreakerSettings {
     /// A device's uplink: open after 2 failures in a row (a call's first attempt and its first
-    /// retry), or at once on a refused connection, for 15–30 s the first time, doubling to
+    /// retry), a refused connection counting as one, for 15–30 s the first time, doubling to
     /// 5–10 min.
     pub const DEVICE: BreakerSettings = BreakerSettings {
         threshold: 2,
         open: Duration::from_millis(30_000),
         max_open: Duration::from_millis(600_000),
-        refused_opens: true,
+        refused_opens: false,
     };
 }
 
@@ -338,7 +338,8 @@ mod tests {
 
     #[test]
     fn a_refused_connection_opens_it_at_once_where_the_settings_say_so() {
-        let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        let at_once = BreakerSettings { refused_opens: true, ..BreakerSettings::DEVICE };
+        let mut b = Breaker::new(at_once).unwrap();
         assert_eq!(b.admit(at(0)), Ok(Permit::Closed));
         b.on_refused(at(100), Draw::ZERO);
         assert_eq!(b.state(), BreakerState::Open { until: at(15_100), trips: 1 });
@@ -346,15 +347,15 @@ mod tests {
         assert_eq!(b.admit(at(15_100)), Ok(Permit::Probe));
         b.on_refused(at(15_200), Draw::ZERO);
         assert_eq!(b.state(), BreakerState::Open { until: at(45_200), trips: 2 });
-        // Without the setting a refusal is one failure of `threshold`, like a timeout.
-        let counted = BreakerSettings { refused_opens: false, ..BreakerSettings::DEVICE };
-        let mut b = Breaker::new(counted).unwrap();
+        // Without the setting (the default) a refusal is one failure of `threshold`, like a
+        // timeout.
+        let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
         b.on_refused(at(0), Draw::ZERO);
         assert_eq!(b.state(), BreakerState::Closed { failures: 1 });
         b.on_refused(at(100), Draw::ZERO);
         assert_eq!(b.state(), BreakerState::Open { until: at(15_100), trips: 1 });
         // And with it, other failures still count to `threshold`.
-        let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        let mut b = Breaker::new(at_once).unwrap();
         b.on_failure(at(0), Draw::ZERO);
         assert_eq!(b.state(), BreakerState::Closed { failures: 1 });
     }

@@ -437,17 +437,17 @@ mod tests {
     }
 
     #[test]
-    fn report_opens_the_device_breaker_on_one_refusal_and_counts_other_failures() {
+    fn report_opens_the_breaker_on_one_refusal_where_set_and_counts_other_failures() {
         let refused = Outcome::Failure(Failure::Refused);
-        let mut b = Breaker::new(crate::BreakerSettings::DEVICE).unwrap();
+        let at_once = crate::BreakerSettings { refused_opens: true, ..crate::BreakerSettings::DEVICE };
+        let mut b = Breaker::new(at_once).unwrap();
         Attempts::report(None, Some(&mut b), &Outcome::Failure(Failure::ResponseTimeout), Draw::ZERO, at(0));
         assert_eq!(b.state().phase(), crate::Phase::Closed);
-        let mut b = Breaker::new(crate::BreakerSettings::DEVICE).unwrap();
+        let mut b = Breaker::new(at_once).unwrap();
         Attempts::report(None, Some(&mut b), &refused, Draw::ZERO, at(0));
         assert_eq!(b.state().phase(), crate::Phase::Open);
-        // Where the settings count refusals, one is one failure of the threshold.
-        let counted = crate::BreakerSettings { refused_opens: false, ..crate::BreakerSettings::DEVICE };
-        let mut b = Breaker::new(counted).unwrap();
+        // By default a refusal is one failure of the threshold.
+        let mut b = Breaker::new(crate::BreakerSettings::DEVICE).unwrap();
         Attempts::report(None, Some(&mut b), &refused, Draw::ZERO, at(0));
         assert_eq!(b.state().phase(), crate::Phase::Closed);
         Attempts::report(None, Some(&mut b), &refused, Draw::ZERO, at(10));

@@ -815,10 +815,10 @@ fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
     let mut runner =
         Runner::new(&p, h.delay(), &h.clock, Xorshift(3)).endpoint(Guards::new(&mut pace, &mut breaker));
     let refused = Outcome::Failure(Failure::Refused);
-    // A refused connection opens the device's breaker at once; the call's retry meets it open.
+    // Two refused connections open it; the call's third attempt meets it open.
     let r = h.call(&mut runner, &[refused, refused, refused]).unwrap_err();
-    assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 1));
-    assert_eq!(h.sent_at.borrow().len(), 1);
+    assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 2));
+    assert_eq!(h.sent_at.borrow().len(), 2);
     let Some(BreakerState::Open { until, trips: 1 }) =
         runner.endpoint_ref().breaker.as_deref().map(Breaker::state)
     else {
@@ -828,7 +828,7 @@ fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
     let before = h.sleeps().len();
     let r = h.call(&mut runner, &[Outcome::Ok]).unwrap_err();
     assert_eq!((r.verdict, r.attempts, r.last), (Verdict::GaveUp(GiveUp::CircuitOpen), 0, None));
-    assert_eq!((h.sent_at.borrow().len(), h.sleeps().len()), (1, before));
+    assert_eq!((h.sent_at.borrow().len(), h.sleeps().len()), (2, before));
     // Its open time over, one probe goes; it fails, and the breaker opens for longer.
     h.clock.0.set(until.as_millis());
     let r = h.call(&mut runner, &[refused, Outcome::Ok]).unwrap_err();
@@ -847,7 +847,7 @@ fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
         BreakerState::Closed { failures: 0 }
     );
     assert!(!runner.endpoint_ref().pace.as_deref().unwrap().is_open());
-    assert_eq!(h.sent_at.borrow().len(), 3);
+    assert_eq!(h.sent_at.borrow().len(), 4);
 }
 
 #[test]
