@@ -186,6 +186,20 @@ impl Breaker {
         self.state
     }
 
+    /// How long from `now` until [`Breaker::admit`] may let a request through, without asking
+    /// for one: zero while closed or once a probe may go. For an outbox that holds its readings
+    /// while the breaker is open instead of offering each of them to it.
+    pub fn wait(&self, now: Instant) -> Duration {
+        match self.state {
+            BreakerState::Closed { .. } => Duration::ZERO,
+            BreakerState::Open { until, .. } if now < until => until.duration_since(now),
+            BreakerState::HalfOpen { since, .. } if now.duration_since(since) < self.settings.open => {
+                self.settings.open.saturating_sub(now.duration_since(since))
+            }
+            BreakerState::Open { .. } | BreakerState::HalfOpen { .. } => Duration::ZERO,
+        }
+    }
+
     /// Asks to send one request at `now`: `Ok` says as what, `Err` is how long until the
     /// breaker may let one through (the open time left, or the time a probe out may still take).
     pub fn admit(&mut self, now: Instant) -> Result<Permit, Duration> {
@@ -381,11 +395,18 @@ mod tests {
     #[test]
     fn one_probe_at_a_time_until_it_answers_or_times_out() {
         let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+        assert_eq!(b.wait(at(0)), Duration::ZERO);
         trip(&mut b, 0, Draw::ZERO);
+        // `wait` says what `admit` would, and asks for nothing.
+        assert_eq!(b.wait(at(5_000)), Duration::from_millis(10_000));
+        assert_eq!(b.wait(at(15_000)), Duration::ZERO);
+        assert_eq!(b.state(), BreakerState::Open { until: at(15_000), trips: 1 });
         assert_eq!(b.admit(at(14_999)), Err(Duration::from_millis(1)));
         assert_eq!(b.admit(at(15_000)), Ok(Permit::Probe));
         assert_eq!(b.admit(at(15_000)), Err(Duration::from_millis(30_000)));
+        assert_eq!(b.wait(at(15_000)), Duration::from_millis(30_000));
         assert_eq!(b.admit(at(44_999)), Err(Duration::from_millis(1)));
+        assert_eq!(b.wait(at(45_000)), Duration::ZERO);
         // The probe never answered (its task was cancelled): another goes after `open`.
         assert_eq!(b.admit(at(45_000)), Ok(Permit::Probe));
         assert_eq!(b.state(), BreakerState::HalfOpen { since: at(45_000), trips: 1 });

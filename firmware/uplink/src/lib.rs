@@ -399,6 +399,8 @@ where
     let unreadable = Cell::new(0u32);
     // No send before this: a server's Retry-After that a call could not wait out.
     let mut hold_until: Option<Instant> = None;
+    // No send before this either: the endpoint's breaker is open.
+    let mut breaker_until: Option<Instant> = None;
     // A reset does not start the pause over: while the reading it was kept for is pending, the
     // first round waits the pause after the last one taken.
     if let Some(mark) = store.backoff().await {
@@ -423,6 +425,10 @@ where
         }
         if let Some(until) = hold_until.take().filter(|until| Instant::now() < *until) {
             defmt::info!("outbox held for the server's Retry-After until {=u64} ms", until.as_millis());
+            Timer::at(until).await;
+        }
+        if let Some(until) = breaker_until.take().filter(|until| Instant::now() < *until) {
+            defmt::info!("outbox held while the breaker is open, until {=u64} ms", until.as_millis());
             Timer::at(until).await;
         }
         summary.rounds = summary.rounds.saturating_add(1);
@@ -566,6 +572,19 @@ where
                     hold_until = Some(hold_until.map_or(until, |h| h.max(until)));
                     summary.held = summary.held.saturating_add(1);
                     // The server asked the device to stay away: the rest of this round waits too.
+                    break 'round;
+                }
+                if verdict == Verdict::GaveUp(GiveUp::CircuitOpen) {
+                    // Every other reading of the round would meet the same open breaker: the
+                    // round ends, and the outbox waits until the breaker may let a probe through.
+                    let now = Instant::now();
+                    let wait = runner
+                        .endpoint_ref()
+                        .breaker
+                        .as_deref()
+                        .map_or(Duration::ZERO, |b| b.wait(now.into()));
+                    let until = now.saturating_add(wait.into());
+                    breaker_until = Some(breaker_until.map_or(until, |h: Instant| h.max(until)));
                     break 'round;
                 }
             }
