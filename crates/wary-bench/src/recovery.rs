@@ -451,14 +451,12 @@ pub fn run(row: Row, world: &World) -> Stats {
                     }
                     _ => Outcome::status(503),
                 };
-                // The pace and the breaker hear the answer as the uplink's runner tells them.
-                Attempts::report(
-                    dev.pace.as_mut(),
-                    dev.breaker.as_mut(),
-                    &outcome,
-                    Draw::unit(rng.u32(..)),
-                    now,
-                );
+                // The pace and the breaker hear the answer as the uplink's runner tells them (a
+                // draw only for rows that have them, so the other rows' runs stay as they were).
+                if dev.pace.is_some() || dev.breaker.is_some() {
+                    let draw = Draw::unit(rng.u32(..));
+                    Attempts::report(dev.pace.as_mut(), dev.breaker.as_mut(), &outcome, draw, now);
+                }
                 if let Some(sm) = dev.smithy.as_mut() {
                     let signal = Signal::of(&outcome);
                     sm.update(t as f64 / 1000.0, matches!(signal, Signal::Throttled | Signal::Asked { .. }));

@@ -154,6 +154,9 @@ impl PaceView {
 
 /// The highest rate a pace counts: 16 777 requests a second, in thousandths.
 const MAX_RATE: u32 = (1 << 24) - 1;
+/// The span after an outage began over which a fleet's climbs back are spread, in regrow times
+/// ([`Pace::on_success`]).
+const OUTAGE_REGROWS: u64 = 5;
 /// One in Q12 fixed point.
 const Q12: i32 = 1 << 12;
 
@@ -166,7 +169,8 @@ pub struct Pace {
     w_max: u32,
     /// When the last cut was made.
     cut_at: Instant,
-    /// The last served answer while paced.
+    /// The last served answer while paced; from a cut made on an open pace until the next
+    /// served answer, when that cut was made (the outage's start, see `on_served`).
     served_at: Instant,
     /// The bucket as GCRA's theoretical arrival time, in ticks of 1/1024 ms: a request may go
     /// when it is at most `(burst − 1)` intervals ahead of now.
@@ -321,6 +325,9 @@ impl Pace {
         // the endpoint refuses everything, an outage (see `on_served`).
         if self.is_open() {
             self.fresh = true;
+            // Nothing was served while paced before this: the curve reads the cut's instant
+            // either way, and an outage's restart reads when it began.
+            self.served_at = now;
         } else if self.fresh {
             self.outage = true;
         }
@@ -353,9 +360,14 @@ impl Pace {
     /// ([`Pace::slow_start`]): `keep` of `start`, climbing back to `start` in the regrow time.
     ///
     /// So does the first served answer after an outage answered 503 (a first throttle on an open
-    /// pace, then another with nothing served or asked between them), but with its climb held
-    /// back: see [`Pace::slow_start_drawn`]. Without a draw (this method) the hold is nil;
-    /// [`Pace::report`] passes its draw.
+    /// pace, then another with nothing served or asked between them), with its next request
+    /// half an interval to one and a half away (as after a cut: the answer that ended the
+    /// outage was a request at the new rate already), and its climb held back until an instant
+    /// drawn within what is left of five regrow times since the outage began (its first
+    /// throttle), one regrow time at least: the fleet's window rather than each device's next
+    /// minute, so a device back early is held longer than one back late. Without a draw (this
+    /// method) the hold is nil and the next request half an interval away; [`Pace::report`]
+    /// passes its draw.
     pub fn on_success(&mut self, now: Instant) {
         self.on_served(now, Draw::ZERO);
     }
@@ -376,8 +388,18 @@ impl Pace {
             }
             if outage {
                 // Every device of a fleet meets the same outage and comes back within seconds of
-                // the others: the climb back is spread over one regrow time.
-                self.start_again(now, draw, 1);
+                // the others: the climb back is held until a drawn instant of what is left of
+                // `OUTAGE_REGROWS` regrow times since the outage began (the cut on the open
+                // pace, kept in `served_at`), and of at least one regrow time. The window is
+                // the fleet's, not each device's next minute: a device back early is held
+                // longer than one back late, and the fleet's climbs are spread over the same
+                // span whenever each came back. The next request is placed as after a cut
+                // (half an interval to one and a half): the answer that ended the outage was a
+                // request at the new rate already.
+                let k = u64::from(self.settings.regrow.as_millis());
+                let end = self.served_at.as_millis().saturating_add(k.saturating_mul(OUTAGE_REGROWS));
+                let window = end.saturating_sub(now.as_millis()).max(k);
+                self.start_again(now, draw, Duration::from_millis(window), true);
                 self.served_at = now;
                 return;
             }
@@ -437,15 +459,16 @@ impl Pace {
     /// climbing together they overshoot the cloud's capacity before its first throttle or ask
     /// reaches them. `draw` places both (from its two halves).
     pub fn slow_start_drawn(&mut self, now: Instant, draw: Draw) {
-        self.start_again(now, draw, 3);
+        let regrows = u64::from(self.settings.regrow.as_millis()).saturating_mul(3);
+        self.start_again(now, draw, Duration::from_millis(regrows), false);
     }
 
-    /// [`Pace::slow_start`], the next request after a drawn share of an interval and the climb
-    /// after a drawn share of `regrows` regrow times.
-    fn start_again(&mut self, now: Instant, draw: Draw, regrows: u32) {
+    /// [`Pace::slow_start`], the climb after a drawn share of `window`, and the next request
+    /// after a drawn share of an interval (past half an interval more when `after_a_request`:
+    /// the answer that started it again was a request at the new rate).
+    fn start_again(&mut self, now: Instant, draw: Draw, window: Duration, after_a_request: bool) {
         self.slow_start(now);
-        let s = self.settings;
-        let hold = draw.scale(Duration::from_millis(u64::from(s.regrow.as_millis().saturating_mul(regrows))));
+        let hold = draw.scale(window);
         self.cut_at = Instant::from_millis(now.as_millis().saturating_add(u64::from(hold.as_millis())));
         let interval = self.rate_milli(now).map_or(0, interval_ticks);
         // The other half of the draw, so that the first request and the climb are not tied.
@@ -453,7 +476,7 @@ impl Pace {
             Draw::Unit(v) => Draw::Unit(v.rotate_left(16)),
             other => other,
         };
-        self.place_next(now, interval, 0, second);
+        self.place_next(now, interval, if after_a_request { interval / 2 } else { 0 }, second);
     }
 
     /// How far ahead of now the bucket may run before a request waits: `burst − 1` intervals.
@@ -749,17 +772,23 @@ mod tests {
             assert!(p.rate_milli(at(10_000)).unwrap() < 500);
             p
         };
-        // Served: `keep` of `start`, held there for half a regrow time with the middle draw
-        // (whose other half places the next request within a millisecond), then back at
-        // `start` a regrow time later.
+        // Served 20 s after the outage began: `keep` of `start`, held there for half of what
+        // is left of five regrow times since it began (280 s) with the middle draw, then back
+        // at `start` a regrow time later; the next request half an interval away and the other
+        // half of the draw (within a millisecond) past it.
         let mut p = outage();
         p.report(at(20_000), Signal::Served, MID);
         assert_eq!(p.rate_milli(at(20_000)), Some(500));
-        assert_eq!(p.rate_milli(at(50_000)), Some(500));
-        assert!(p.rate_milli(at(80_000)).unwrap() > 500);
-        assert_eq!(p.rate_milli(at(110_000)), Some(1_000));
-        assert_eq!(p.acquire(at(20_000)), Err(Duration::from_millis(1)));
-        assert_eq!(p.acquire(at(20_001)), Ok(()));
+        assert_eq!(p.rate_milli(at(159_000)), Some(500));
+        assert!(p.rate_milli(at(190_000)).unwrap() > 500);
+        assert_eq!(p.rate_milli(at(220_000)), Some(1_000));
+        assert_eq!(p.acquire(at(20_000)), Err(Duration::from_millis(1_001)));
+        assert_eq!(p.acquire(at(21_001)), Ok(()));
+        // Served after the five regrow times: held half of one regrow time, the least window.
+        let mut late = outage();
+        late.report(at(400_000), Signal::Served, MID);
+        assert_eq!(late.rate_milli(at(429_000)), Some(500));
+        assert_eq!(late.rate_milli(at(490_000)), Some(1_000));
         // `on_success` has no draw: no hold.
         let mut q = outage();
         q.on_success(at(20_000));
