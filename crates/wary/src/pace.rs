@@ -424,9 +424,10 @@ impl Pace {
     /// again from `keep` of `start` ([`Pace::slow_start`]), as a served answer would.
     pub fn on_asked(&mut self, now: Instant, wait: Duration) {
         let s = self.settings;
-        let outage = self.outage || (!self.is_open() && self.w_max <= s.floor_milli);
+        // `outage` is only ever set on a paced endpoint.
+        let outage = !self.is_open() && (self.outage || self.w_max <= s.floor_milli);
         (self.fresh, self.outage) = (false, false);
-        if !self.is_open() && outage && s.start_milli > s.floor_milli {
+        if outage && s.start_milli > s.floor_milli {
             // Paced from here at the start rate, for when the wait is over.
             self.slow_start(now);
         }
