@@ -132,6 +132,7 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         "idle-close-tls" => crate::keepalive::idle_close_tls(root)?,
         "drain" => crate::keepalive::drain(root)?,
         "crash-loop" => crate::crash_loop::run(root)?,
+        "breaker-hold" => crate::breaker_hold::run(root)?,
         "coap" => crate::coap::coap(root)?,
         "coap-storm" => crate::coap::coap_storm(root)?,
         "mqtt" => crate::mqtt::run(root)?,
@@ -140,7 +141,7 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         _ => {
             let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt, mqtt-tls, mqtt-gateway)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, breaker-hold, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt, mqtt-tls, mqtt-gateway)"
                 );
             };
             run(root, scenario)?

@@ -1,6 +1,7 @@
 //! wary's one entry point for automation: `cargo xtask <verb>`.
 
 mod bench;
+mod breaker_hold;
 mod ci;
 mod coap;
 mod cores;
@@ -74,7 +75,7 @@ enum Verb {
     },
     /// Build the firmware and run its on-target tests under QEMU (mps2-an386); build the nRF52840-DK app.
     Qemu {
-        /// Run one device scenario only (`storm`, `resets`, `gateway-tls`), nothing else.
+        /// Run one device scenario only (any name `device` takes), nothing else.
         #[arg(long)]
         scenario: Option<String>,
     },
@@ -87,8 +88,9 @@ enum Verb {
     Net,
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
-    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `idle-close`, `drain`,
-    /// `coap`, `coap-storm`, `mqtt`, `mqtt-tls`, `mqtt-gateway`).
+    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `gateway-tls`,
+    /// `crash-loop`, `breaker-hold`, `idle-close`, `idle-close-tls`, `drain`, `coap`, `coap-storm`,
+    /// `mqtt`, `mqtt-tls`, `mqtt-gateway`).
     Device {
         /// The scenario's name.
         name: String,

@@ -55,6 +55,7 @@ pub fn qemu(root: &Path) -> Result<()> {
     let crash_loop = crate::crash_loop::run(root)?;
     step("device scenario `crash-loop` passed");
     println!("{crash_loop}");
+    crate::device::run_named(root, "breaker-hold")?;
     keep_alive_scenarios(root)?;
     for name in ["coap", "coap-storm"] {
         crate::device::run_named(root, name)?;
