@@ -203,17 +203,16 @@ impl Breaker {
     /// Asks to send one request at `now`: `Ok` says as what, `Err` is how long until the
     /// breaker may let one through (the open time left, or the time a probe out may still take).
     pub fn admit(&mut self, now: Instant) -> Result<Permit, Duration> {
-        match self.state {
-            BreakerState::Closed { .. } => Ok(Permit::Closed),
-            BreakerState::Open { until, .. } if now < until => Err(until.duration_since(now)),
-            BreakerState::HalfOpen { since, .. } if now.duration_since(since) < self.settings.open => {
-                Err(self.settings.open.saturating_sub(now.duration_since(since)))
-            }
-            BreakerState::Open { trips, .. } | BreakerState::HalfOpen { trips, .. } => {
-                self.state = BreakerState::HalfOpen { since: now, trips };
-                Ok(Permit::Probe)
-            }
+        let trips = match self.state {
+            BreakerState::Closed { .. } => return Ok(Permit::Closed),
+            BreakerState::Open { trips, .. } | BreakerState::HalfOpen { trips, .. } => trips,
+        };
+        let wait = self.wait(now);
+        if wait > Duration::ZERO {
+            return Err(wait);
         }
+        self.state = BreakerState::HalfOpen { since: now, trips };
+        Ok(Permit::Probe)
     }
 
     /// A success at `now`: the endpoint is up, the breaker closes. True if it was not closed
