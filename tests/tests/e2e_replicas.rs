@@ -256,11 +256,15 @@ async fn replicas_behind_nginx_lose_nothing_and_apply_once() {
         assert!(Instant::now() < deadline, "the storm never got going");
     }
     // Hold the replies for a moment, so every replica has readings in flight (applied upstream,
-    // the answer not back yet) when the victim dies: their resends must be deduplicated.
+    // the answer not back yet) when the victim dies: their resends must be deduplicated. Many
+    // sensors are sleeping out a Retry-After when the hold begins, so it takes about a second
+    // (the first held replies released, their sensors' next readings held) before some thirty
+    // are held. Killing at 0.8 s, with a dozen held and a third of those on the victim, broke
+    // two requests on one run and none on another; waiting for thirty breaks seven to twelve.
     cloud.set_faults("slow=1.0:ms=900,seed=22".parse().unwrap()).unwrap();
     let held = Instant::now();
     while cloud.stats().faults_injected.get("slow").copied().unwrap_or(0) < 30
-        && held.elapsed() < Duration::from_millis(800)
+        && held.elapsed() < Duration::from_millis(3000)
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
