@@ -41,7 +41,7 @@ fn at_ms(line: &str) -> Option<u64> {
 
 /// The breaker opened once, one call met it, the outbox was held until the instant the hold
 /// named, and the first reading to land after the hold landed at or after it.
-fn judge(lines: &[String]) -> Result<String> {
+pub(crate) fn judge(lines: &[String]) -> Result<String> {
     let met: Vec<u64> =
         lines.iter().filter(|l| l.contains("GaveUp(CircuitOpen)")).filter_map(|l| at_ms(l)).collect();
     let holds: Vec<(u64, u64)> = lines

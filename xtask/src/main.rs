@@ -13,6 +13,7 @@ mod fuzz;
 mod harness;
 mod keepalive;
 mod mqtt;
+mod mqtt_breaker;
 mod mqtt_gateway;
 mod mqtt_tls;
 mod msrv;

@@ -14,9 +14,10 @@
 //! different payloads or that no reading of the run had (`duplicates 0`), and every scripted
 //! fault was used. Raw redeliveries (a message the broker took before the device lost its
 //! PUBACK, sent again with the same key) are counted: the key is what absorbs them.
+//!
+//! Then the breaker's hold against the same broker ([`crate::mqtt_breaker`]), and the figures.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -154,8 +155,9 @@ pub fn run(root: &Path) -> Result<String> {
     let (elf, test_elf) = build_mqtt(&firmware, &dir)?;
     let result = on_target(&dir, &test_elf).and_then(|tests| {
         let run = scenario(root, &dir, &elf)?;
+        let held = crate::mqtt_breaker::run(&dir, &elf)?;
         let figures = figures(root, &dir, &elf)?;
-        Ok(format!("{tests}\n{run}\n{figures}"))
+        Ok(format!("{tests}\n{run}\n{held}\n{figures}"))
     });
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -172,17 +174,8 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
         "device scenario `mqtt`: {READINGS} readings over MQTT 5 through the fault proxy on 127.0.0.1:{} to mosquitto on :{broker_port}, restarted half-way",
         proxy.port()
     ));
-    let mut checker = Command::new("mosquitto_sub")
-        .args(["-h", "127.0.0.1", "-p", &broker_port.to_string(), "-V", "mqttv5", "-q", "1"])
-        .args(["-u", GATEWAY_USER, "-P", GATEWAY_PASSWORD, "-t", READINGS_FILTER])
-        .args(["-c", "-i", "wary-mqtt-checker", "-x", "3600", "-F", "%P|%p"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting mosquitto_sub")?;
-    let out = checker.stdout.take().context("mosquitto_sub stdout")?;
-    let seen = thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).collect::<Vec<_>>());
-    thread::sleep(Duration::from_millis(500));
+    let checker =
+        crate::mqtt_breaker::Checker::start(broker_port, &["-c", "-i", "wary-mqtt-checker", "-x", "3600"])?;
 
     // The broker's restart, once half of the readings' publishes went through the proxy.
     let restarter = {
@@ -199,10 +192,7 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
     let (broker, restarted) =
         restarter.join().map_err(|_| anyhow::anyhow!("the restart thread panicked"))??;
     // What the broker still holds for the checker reaches it within moments.
-    thread::sleep(Duration::from_secs(2));
-    let _ = checker.kill();
-    let _ = checker.wait();
-    let seen = seen.join().map_err(|_| anyhow::anyhow!("the checker's reader panicked"))?;
+    let seen = checker.stop(Duration::from_secs(2))?;
     drop(broker);
 
     match status {
