@@ -397,9 +397,10 @@ where
     // The one source of the Retry-After rules: the policy's.
     let rules = policy.retry_after_rules();
     let unreadable = Cell::new(0u32);
-    // No send before this: a server's Retry-After that a call could not wait out.
+    // No send before this: a server's Retry-After that a call could not wait out. Set by the
+    // call that ends the round, taken at the next round's start.
     let mut hold_until: Option<Instant> = None;
-    // No send before this either: the endpoint's breaker is open.
+    // No send before this either: the endpoint's breaker is open. Set and taken the same way.
     let mut breaker_until: Option<Instant> = None;
     // A reset does not start the pause over: while the reading it was kept for is pending, the
     // first round waits the pause after the last one taken.
@@ -569,7 +570,7 @@ where
                 }
                 if let Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) = verdict {
                     let until = Instant::now().saturating_add(asked.into());
-                    hold_until = Some(hold_until.map_or(until, |h| h.max(until)));
+                    hold_until = Some(until);
                     summary.held = summary.held.saturating_add(1);
                     // The server asked the device to stay away: the rest of this round waits too.
                     break 'round;
@@ -584,7 +585,7 @@ where
                         .as_deref()
                         .map_or(Duration::ZERO, |b| b.wait(now.into()));
                     let until = now.saturating_add(wait.into());
-                    breaker_until = Some(breaker_until.map_or(until, |h: Instant| h.max(until)));
+                    breaker_until = Some(until);
                     break 'round;
                 }
             }
