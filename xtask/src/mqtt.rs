@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -174,8 +174,7 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
         "device scenario `mqtt`: {READINGS} readings over MQTT 5 through the fault proxy on 127.0.0.1:{} to mosquitto on :{broker_port}, restarted half-way",
         proxy.port()
     ));
-    let checker =
-        crate::mqtt_breaker::Checker::start(broker_port, &["-c", "-i", "wary-mqtt-checker", "-x", "3600"])?;
+    let checker = Checker::start(broker_port, &["-c", "-i", "wary-mqtt-checker", "-x", "3600"])?;
 
     // The broker's restart, once half of the readings' publishes went through the proxy.
     let restarter = {
@@ -352,6 +351,42 @@ impl Tally {
             }
         }
         t
+    }
+}
+
+/// A `mosquitto_sub` on a broker's port as the gateway login (MQTT 5, QoS 1), printing each
+/// message's user properties and payload (`%P|%p`, read by [`Tally::of`]).
+pub(crate) struct Checker {
+    child: Child,
+    lines: thread::JoinHandle<Vec<String>>,
+}
+
+impl Checker {
+    /// Starts it on `port` with `extra` arguments, and returns once it has had time to subscribe.
+    pub(crate) fn start(port: u16, extra: &[&str]) -> Result<Checker> {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new("mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-V", "mqttv5", "-q", "1"])
+            .args(["-u", GATEWAY_USER, "-P", GATEWAY_PASSWORD, "-t", READINGS_FILTER])
+            .args(extra)
+            .args(["-F", "%P|%p"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting mosquitto_sub")?;
+        let out = child.stdout.take().context("mosquitto_sub stdout")?;
+        let lines =
+            thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).collect::<Vec<_>>());
+        thread::sleep(Duration::from_millis(500));
+        Ok(Checker { child, lines })
+    }
+
+    /// What it printed, after `settle` for what the broker still holds for it to arrive.
+    pub(crate) fn stop(mut self, settle: Duration) -> Result<Vec<String>> {
+        thread::sleep(settle);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.lines.join().map_err(|_| anyhow::anyhow!("the checker's reader panicked"))
     }
 }
 

@@ -11,16 +11,15 @@
 //! reading's key with one payload, and no other.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use wary_fixtures::mosquitto::{Broker, GATEWAY_USER, Login, READINGS_FILTER, Settings};
+use wary_fixtures::mosquitto::{Broker, GATEWAY_USER, Login, Settings};
 
 use crate::device::{DEVICE, Extra, TOKEN, run_uplink};
 use crate::harness::describe_exit;
-use crate::mqtt::{GATEWAY_PASSWORD, Tally, accepted_keys};
+use crate::mqtt::{Checker, GATEWAY_PASSWORD, Tally, accepted_keys};
 use crate::util::step;
 
 /// Readings the sensor makes: the probe's, and one more sent at the slow start's pace.
@@ -30,42 +29,6 @@ const READINGS: u32 = 2;
 const DOWN: Duration = Duration::from_secs(4);
 /// A wedged guest must never hold CI.
 const TIMEOUT: Duration = Duration::from_secs(180);
-
-/// A `mosquitto_sub` on a broker's port as the gateway login (MQTT 5, QoS 1), printing each
-/// message's user properties and payload (`%P|%p`, read by [`Tally::of`]).
-pub(crate) struct Checker {
-    child: Child,
-    lines: thread::JoinHandle<Vec<String>>,
-}
-
-impl Checker {
-    /// Starts it on `port` with `extra` arguments, and returns once it has had time to subscribe.
-    pub(crate) fn start(port: u16, extra: &[&str]) -> Result<Checker> {
-        use std::io::{BufRead, BufReader};
-        let mut child = Command::new("mosquitto_sub")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-V", "mqttv5", "-q", "1"])
-            .args(["-u", GATEWAY_USER, "-P", GATEWAY_PASSWORD, "-t", READINGS_FILTER])
-            .args(extra)
-            .args(["-F", "%P|%p"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting mosquitto_sub")?;
-        let out = child.stdout.take().context("mosquitto_sub stdout")?;
-        let lines =
-            thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).collect::<Vec<_>>());
-        thread::sleep(Duration::from_millis(500));
-        Ok(Checker { child, lines })
-    }
-
-    /// What it printed, after `settle` for what the broker still holds for it to arrive.
-    pub(crate) fn stop(mut self, settle: Duration) -> Result<Vec<String>> {
-        thread::sleep(settle);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.lines.join().map_err(|_| anyhow::anyhow!("the checker's reader panicked"))
-    }
-}
 
 /// Runs the hold against mosquitto (see the module docs) and returns its report.
 pub fn run(dir: &Path, elf: &Path) -> Result<String> {

@@ -3,12 +3,12 @@
 //!
 //! An endpoint that refuses connections, times out or answers 5xx to every request is down; a
 //! device that keeps calling it spends battery and, once it comes back, adds to the herd. After
-//! `threshold` failures in a row (or one refused connection, where the settings say so) the breaker
-//! opens: calls end at once without an attempt (the reading stays in the outbox). When the open time is over, one request goes as a probe
-//! (half-open) while every other one is still refused; the probe's success closes the breaker,
-//! its failure opens it again for a longer time. Open times double from `open` up to
-//! `max_open` with equal jitter (half fixed, half drawn), so a fleet whose breakers opened
-//! together does not probe together.
+//! `threshold` failures in a row (or one refused connection, where the settings say so) the
+//! breaker opens: calls end at once without an attempt (the reading stays in the outbox). When
+//! the open time is over, one request goes as a probe (half-open) while every other one is still
+//! refused; the probe's success closes the breaker, its failure opens it again for a longer
+//! time. Open times double from `open` up to `max_open` with equal jitter (half fixed, half
+//! drawn), so a fleet whose breakers opened together does not probe together.
 //!
 //! ```
 //! use wary::{Breaker, BreakerSettings, Draw, Duration, Instant, Permit};
