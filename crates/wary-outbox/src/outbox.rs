@@ -396,23 +396,45 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
         // Spent even if this push fails: a number is never worth two readings sharing a key.
         self.next_seq = seq.checked_add(1);
         let word = F::WRITE_SIZE.max(F::READ_SIZE);
-        let Some(record) =
-            entry::encode(id, &entry, word, &mut self.buf.0).and_then(|len| self.buf.0.get(..len))
-        else {
-            return Err(PushError::Failed(entry, Error::Encode));
-        };
-        match self.queue.push(record, false).await {
-            Ok(()) => {
-                self.counters.accepted = self.counters.accepted.saturating_add(1);
-                self.pending = self.pending.saturating_add(1);
-                Ok(id)
+        let mut walked = false;
+        loop {
+            let Some(record) =
+                entry::encode(id, &entry, word, &mut self.buf.0).and_then(|len| self.buf.0.get(..len))
+            else {
+                return Err(PushError::Failed(entry, Error::Encode));
+            };
+            match self.queue.push(record, false).await {
+                Ok(()) => {
+                    self.counters.accepted = self.counters.accepted.saturating_add(1);
+                    self.pending = self.pending.saturating_add(1);
+                    return Ok(id);
+                }
+                // Settled records free their page only once a walk of the queue passes it: after
+                // a reboot that settled the records a cut had left pending, the page the push
+                // needs can still read as taken. One walk, then the push again, before the queue
+                // is called full.
+                Err(sequential_storage::Error::FullStorage) if !walked => {
+                    walked = true;
+                    if let Err(error) = self.walk().await {
+                        return Err(PushError::Failed(entry, error));
+                    }
+                }
+                Err(sequential_storage::Error::FullStorage) => {
+                    self.counters.refused = self.counters.refused.saturating_add(1);
+                    return Err(PushError::Full(entry));
+                }
+                Err(error) => return Err(PushError::Failed(entry, runtime_error(&mut self.counters, error))),
             }
-            Err(sequential_storage::Error::FullStorage) => {
-                self.counters.refused = self.counters.refused.saturating_add(1);
-                Err(PushError::Full(entry))
-            }
-            Err(error) => Err(PushError::Failed(entry, runtime_error(&mut self.counters, error))),
         }
+    }
+
+    /// Walks the whole queue without popping anything, which lets the flash library free the
+    /// pages whose records are all settled as it passes them.
+    async fn walk(&mut self) -> Result<(), Error> {
+        let counters = &mut self.counters;
+        let mut iter = self.queue.iter().await.map_err(|error| runtime_error(counters, error))?;
+        while iter.next(&mut self.buf.0).await.map_err(|error| runtime_error(counters, error))?.is_some() {}
+        Ok(())
     }
 
     /// The oldest pending record.
