@@ -30,7 +30,9 @@
 //!   modem's [`DialWindow`]. A device in a reset loop thus does not start every boot from no
 //!   backoff. Record version 2; a version 1 record reads as no history (see `boot.rs`).
 //! - **Refusal.** A full queue refuses a push and hands the entry back
-//!   ([`PushError::Full`]), counting the refusal; nothing is dropped silently.
+//!   ([`PushError::Full`]), counting the refusal; nothing is dropped silently. Full means
+//!   full: settled records free their page only when a walk of the queue passes it, so a push
+//!   that finds no room walks the queue once and tries again before it refuses.
 //! - **Damage.** At open, a range holding garbage, another format or a fresh emulator's zeros is
 //!   recognised, reported in the [`OpenReport`] and erased; foreign records are discarded, never
 //!   handed back as readings. A flash error is counted and returned as [`Error::Flash`].
