@@ -29,7 +29,7 @@ pub fn run(root: &Path) -> Result<String> {
     let (lines, report, elapsed) = run_device(root, &BREAKER_HOLD)?;
     let log = Log::read(&lines);
     let summary = check(&BREAKER_HOLD, &log, &report)?;
-    let text = judge(&lines)?;
+    let text = judge(&lines, "two refused connections")?;
     Ok(format!("{text}\n{summary}\nwall time {elapsed:.1} s"))
 }
 
@@ -40,8 +40,9 @@ fn at_ms(line: &str) -> Option<u64> {
 }
 
 /// The breaker opened once, one call met it, the outbox was held until the instant the hold
-/// named, and the first reading to land after the hold landed at or after it.
-pub(crate) fn judge(lines: &[String]) -> Result<String> {
+/// named, and the first reading to land after the hold landed at or after it. `opened_by` says
+/// what opened it, for the report.
+pub(crate) fn judge(lines: &[String], opened_by: &str) -> Result<String> {
     let met: Vec<u64> =
         lines.iter().filter(|l| l.contains("GaveUp(CircuitOpen)")).filter_map(|l| at_ms(l)).collect();
     let holds: Vec<(u64, u64)> = lines
@@ -89,7 +90,7 @@ pub(crate) fn judge(lines: &[String]) -> Result<String> {
         bail!("breaker-hold failed:\n  {}", errors.join("\n  "));
     }
     Ok(format!(
-        "breaker: opened by two refused connections; one call met it at {} ms, the outbox held until {until} ms ({:.1} s), the probe landed at {} ms",
+        "breaker: opened by {opened_by}; one call met it at {} ms, the outbox held until {until} ms ({:.1} s), the probe landed at {} ms",
         met.first().copied().unwrap_or(0),
         open as f64 / 1000.0,
         after.unwrap_or(0)
@@ -116,7 +117,7 @@ mod tests {
 
     #[test]
     fn a_round_that_ends_at_the_breaker_and_a_hold_until_its_probe_pass() {
-        let text = judge(&lines(HELD)).unwrap();
+        let text = judge(&lines(HELD), "two refused connections").unwrap();
         assert!(text.contains("until 18941 ms (18.2 s)") && text.contains("landed at 19029 ms"), "{text}");
     }
 
@@ -131,18 +132,18 @@ mod tests {
             1.149 WARN  reading RecordId { boot: 1, seq: 3 } GaveUp(CircuitOpen): kept for a later round
             24.289 INFO  LANDED boot=00000001 seq=2
         ";
-        let err = judge(&lines(old)).unwrap_err().to_string();
+        let err = judge(&lines(old), "").unwrap_err().to_string();
         assert!(err.contains("never held"), "{err}");
         // A hold that a reading does not honour fails too.
         let early = HELD.replace("19.029 INFO  LANDED", "12.000 INFO  LANDED");
-        let err = judge(&lines(&early)).unwrap_err().to_string();
+        let err = judge(&lines(&early), "").unwrap_err().to_string();
         assert!(err.contains("during the hold"), "{err}");
         // So does a second call meeting the breaker.
         let twice = HELD.replace(
             "1.113 INFO",
             "0.900 WARN  reading RecordId { boot: 1, seq: 3 } GaveUp(CircuitOpen): kept\n 1.113 INFO",
         );
-        let err = judge(&lines(&twice)).unwrap_err().to_string();
+        let err = judge(&lines(&twice), "").unwrap_err().to_string();
         assert!(err.contains("2 calls met the open breaker"), "{err}");
     }
 }

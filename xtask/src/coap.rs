@@ -6,7 +6,9 @@
 //!   Debian names the binary `coap-server-notls`), on 127.0.0.1 only, with `-d` so that each
 //!   `POST` to a new path creates a resource holding its body. A server we did not write: the
 //!   check reads the resources back with `coap-client` (`.well-known/core`, then a `GET` of each
-//!   key) and must find every accepted reading's key once, with its body, and no other.
+//!   key) and must find every accepted reading's key once, with its body, and no other. Then
+//!   the breaker's hold against the same server, down while the device boots
+//!   (`crate::coap_breaker`).
 //!
 //! - `coap-storm`: against our CoAP fault server (`wary_fixtures::coap_fault`), which loses ACKs
 //!   after the effect, answers 5.03 and 4.29 with Max-Age, sends responses twice and restarts
@@ -139,21 +141,25 @@ fn libcoap(program: &str) -> Result<String> {
 }
 
 /// A free UDP port on 127.0.0.1 (bound, read, released).
-fn free_udp_port() -> Result<u16> {
+pub(crate) fn free_udp_port() -> Result<u16> {
     let socket = UdpSocket::bind("127.0.0.1:0").context("binding a UDP port")?;
     Ok(socket.local_addr()?.port())
 }
 
 /// `coap-server` on 127.0.0.1, killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
 }
 
 impl Server {
     fn start() -> Result<Server> {
+        Server::start_on(free_udp_port()?)
+    }
+
+    /// The server on `port`, once it answers.
+    pub(crate) fn start_on(port: u16) -> Result<Server> {
         let program = libcoap("coap-server")?;
-        let port = free_udp_port()?;
         let child = Command::new(&program)
             .args(["-A", "127.0.0.1", "-p", &port.to_string(), "-d", DYNAMIC])
             .stdin(Stdio::null())
@@ -220,7 +226,10 @@ pub fn coap(root: &Path) -> Result<String> {
     let pcap = dir.join("coap.pcap");
     let more = Extra { pcap: Some(&pcap), ..Extra::default() };
     let result = crate::device::run_uplink_elf(&elf, server.port, COAP.readings, COAP.plan, &more);
+    let elapsed = started.elapsed().as_secs_f64();
     let wire = wire(&pcap, server.port);
+    // The breaker's hold against the same server, with the same build.
+    let held = crate::coap_breaker::run(&elf);
     let _ = std::fs::remove_dir_all(&dir);
     let (status, lines) = result?;
     let wire = wire?;
@@ -231,27 +240,34 @@ pub fn coap(root: &Path) -> Result<String> {
         }
         Some(_) => {}
     }
-    let links = get(server.port, ".well-known/core")?;
-    let listed = listed_keys(&links);
-    // Each resource holds the last body posted to it: a reading's JSON.
-    let mut keys = serde_json::Map::new();
-    for (key, times) in &listed {
-        let body = get(server.port, &format!("r/{key}"))?;
-        let effects = if body.trim_start().starts_with('{') { *times } else { 0 };
-        keys.insert(key.clone(), serde_json::json!({ "effects": effects, "replays": 0 }));
-    }
-    let duplicates = listed.values().filter(|n| **n > 1).count();
-    let report = serde_json::json!({ "keys": keys, "cloud": { "duplicates": { "keys": duplicates } } });
+    let (report, listed) = read_back(server.port)?;
     let log = Log::read(&lines);
     let text = check(&COAP, &log, &report)?;
     let figures = record(root, "calm", &wire, log_accepted(&lines))?;
     let coap_line = lines.iter().find_map(|l| l.split_once("COAP ").map(|(_, rest)| rest.to_owned()));
     Ok(format!(
-        "{text}\nserver: libcoap coap-server, {} resources under /r read back, each once with a JSON body\ndevice: {}\n{figures}\nwall time {:.1} s",
-        listed.len(),
+        "{text}\nserver: libcoap coap-server, {listed} resources under /r read back, each once with a JSON body\ndevice: {}\n{figures}\nwall time {elapsed:.1} s\n{}",
         coap_line.unwrap_or_default(),
-        started.elapsed().as_secs_f64()
+        held?,
     ))
+}
+
+/// What libcoap's server holds, read back with `coap-client` in the device scenarios' report
+/// form: each `/r/<key>` resource listed in `.well-known/core` is an effect of its key if its
+/// body is a reading's JSON (a resource holds the last body posted to it). Also the count of
+/// resources listed.
+pub(crate) fn read_back(port: u16) -> Result<(serde_json::Value, usize)> {
+    let links = get(port, ".well-known/core")?;
+    let listed = listed_keys(&links);
+    let mut keys = serde_json::Map::new();
+    for (key, times) in &listed {
+        let body = get(port, &format!("r/{key}"))?;
+        let effects = if body.trim_start().starts_with('{') { *times } else { 0 };
+        keys.insert(key.clone(), serde_json::json!({ "effects": effects, "replays": 0 }));
+    }
+    let duplicates = listed.values().filter(|n| **n > 1).count();
+    let report = serde_json::json!({ "keys": keys, "cloud": { "duplicates": { "keys": duplicates } } });
+    Ok((report, listed.len()))
 }
 
 /// Runs `coap-storm`: the uplink against the CoAP fault server. Its report, checked: every

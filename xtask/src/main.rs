@@ -4,6 +4,7 @@ mod bench;
 mod breaker_hold;
 mod ci;
 mod coap;
+mod coap_breaker;
 mod cores;
 mod crash_loop;
 mod demo;

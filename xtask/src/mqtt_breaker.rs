@@ -60,7 +60,7 @@ pub fn run(dir: &Path, elf: &Path) -> Result<String> {
         }
         Some(_) => {}
     }
-    let held = crate::breaker_hold::judge(&lines).context("mqtt (breaker)")?;
+    let held = crate::breaker_hold::judge(&lines, "two refused connections").context("mqtt (breaker)")?;
     let accepted = accepted_keys(&lines);
     let tally = Tally::of(&seen);
     let lost = accepted.iter().filter(|k| !tally.payloads.contains_key(*k)).count();
