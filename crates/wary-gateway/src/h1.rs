@@ -22,7 +22,10 @@
 //!   did not read is skipped when it is already in the buffer, and the connection is closed
 //!   otherwise; pipelined requests are answered in order;
 //! - every head (the first and each one after an answer) must arrive within the head timeout:
-//!   a connection that trickles or idles past it is closed without an answer.
+//!   a connection that trickles or idles past it is closed without an answer;
+//! - every answer must be taken within the same time: a client that sends requests and stops
+//!   reading the answers is closed once the socket's buffers are full and a write waits past it,
+//!   instead of holding its connection and task until it goes.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -87,6 +90,9 @@ struct Conn<S> {
     body: Framing,
     /// `Expect: 100-continue` on the current request, not answered yet.
     expect_continue: bool,
+    /// How long an answer may take to be written: a client that stops reading is closed after
+    /// it rather than holding its connection and task for ever.
+    write_timeout: Duration,
 }
 
 /// The body of a request on a [`serve`] connection, read from the connection itself.
@@ -383,8 +389,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
+    /// Writes `bytes` whole within the write timeout; `false` if the connection cannot be used
+    /// any more.
     async fn write(&mut self, bytes: &[u8]) -> bool {
-        self.io.write_all(bytes).await.is_ok() && self.io.flush().await.is_ok()
+        let io = &mut self.io;
+        let whole = async move { io.write_all(bytes).await.is_ok() && io.flush().await.is_ok() };
+        matches!(tokio::time::timeout(self.write_timeout, whole).await, Ok(true))
     }
 }
 
@@ -442,13 +452,21 @@ pub trait Handler<S>: Sync {
 }
 
 /// Serves requests on `io` until the client closes, a head fails or idles past `head_timeout`,
-/// or an answer says `Connection: close`.
+/// an answer is not taken within `head_timeout` (a client that stops reading), or an answer
+/// says `Connection: close`.
 pub async fn serve<S, H>(io: S, head_timeout: Duration, handler: H)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
     H: Handler<S>,
 {
-    let mut conn = Conn { io, buf: BytesMut::new(), scanned: 0, body: Framing::Done, expect_continue: false };
+    let mut conn = Conn {
+        io,
+        buf: BytesMut::new(),
+        scanned: 0,
+        body: Framing::Done,
+        expect_continue: false,
+        write_timeout: head_timeout,
+    };
     loop {
         let head = match tokio::time::timeout(head_timeout, conn.read_head()).await {
             Ok(Ok(Some(head))) => head,
@@ -663,6 +681,7 @@ mod tests {
             scanned: 0,
             body: Framing::Done,
             expect_continue: false,
+            write_timeout: Duration::from_secs(2),
         };
         client.write_all(b"POST /a HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody").await.unwrap();
         let head = conn.read_head().await.ok().flatten().unwrap();
@@ -740,5 +759,31 @@ mod tests {
         client.read_to_end(&mut out).await.unwrap();
         assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n") && out.ends_with(b"/a"), "{out:?}");
         conn.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_its_answers_is_closed_after_the_timeout() {
+        // Room for a few answers only; the client pipelines many requests and reads nothing.
+        let limit = Duration::from_millis(300);
+        let (mut client, server) = tokio::io::duplex(256);
+        let conn = tokio::spawn(serve(server, limit, PathOnly));
+        let requests = b"GET /a HTTP/1.1\r\n\r\n".repeat(40);
+        let writer = tokio::spawn(async move {
+            let _ = client.write_all(&requests).await;
+            client
+        });
+        let started = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), conn)
+            .await
+            .expect("the connection is still held by a client that does not read")
+            .unwrap();
+        let held = started.elapsed();
+        assert!(held >= limit, "closed after {held:?}, before the timeout");
+        // What the client can still read is whole answers, fewer than it asked for.
+        let mut client = writer.await.unwrap();
+        let mut out = Vec::new();
+        let _ = client.read_to_end(&mut out).await;
+        let answers = out.windows(17).filter(|w| w == b"HTTP/1.1 200 OK\r\n").count();
+        assert!((1..40).contains(&answers), "{answers} answers");
     }
 }

@@ -30,7 +30,8 @@
 //!
 //! Every refusal above the queue is answered before anything is queued or sent upstream, and
 //! counted by reason in the metrics. `GET /healthz` answers 200 for a load balancer's health
-//! checks. Header reads and TLS handshakes are bounded in time, bodies in time and size; a device that hangs up does not cancel its reading's call (it lands
+//! checks. Header reads, TLS handshakes and the writing of each answer are bounded in time,
+//! bodies in time and size; a device that hangs up does not cancel its reading's call (it lands
 //! or not; the device's keyed resend is deduplicated upstream).
 
 use std::convert::Infallible;
