@@ -188,14 +188,32 @@ impl Backoff {
         )
     }
 
-    /// The shortest wait retry `k` can draw (every draw at 0), given the previous wait.
+    /// The shortest wait retry `k` can draw, given the previous wait: every draw at 0, except
+    /// for [`Jitter::Coap`], whose bound is its range's floor, the ceiling itself (see
+    /// [`Backoff::max_wait`]).
     pub const fn min_wait(&self, k: u32, previous: Duration) -> Duration {
-        self.wait(k, previous, Draw::ZERO)
+        match self.jitter {
+            Jitter::Coap => self.ceiling(k),
+            _ => self.wait(k, previous, Draw::ZERO),
+        }
     }
 
-    /// The longest wait retry `k` can draw, given the previous wait.
+    /// The longest wait retry `k` can draw, given the previous wait: every draw at the top,
+    /// except for [`Jitter::Coap`], whose bound is its range's top, one and a half ceilings.
+    ///
+    /// A CoAP wait is the call's one draw, doubled at each retry: which draw gives the shortest
+    /// or the longest retry `k` depends on where the doubling meets the cap (a larger first
+    /// draw can double past the range a retry earlier and be held, then brought up to its
+    /// floor), so the draws at 0 and at the top do not bound it; the range it is brought into
+    /// does.
     pub const fn max_wait(&self, k: u32, previous: Duration) -> Duration {
-        self.wait(k, previous, Draw::TOP)
+        match self.jitter {
+            Jitter::Coap => {
+                let c = self.ceiling(k);
+                c.saturating_add(Duration::from_millis((c.as_millis() >> 1) as u64))
+            }
+            _ => self.wait(k, previous, Draw::TOP),
+        }
     }
 }
 
@@ -404,6 +422,41 @@ mod tests {
         assert_eq!(c.wait(3, ms(1), Draw::TOP), ms(8_000));
         // With no previous wait any retry draws: the shortest and longest of the range.
         assert_eq!((c.min_wait(3, Duration::ZERO), c.max_wait(3, Duration::ZERO)), (ms(8_000), ms(12_000)));
+    }
+
+    #[test]
+    fn coap_waits_stay_within_min_wait_and_max_wait_whatever_the_first_draw() {
+        // Where the doubling meets the cap, a larger first draw doubles past the range one retry
+        // sooner, is held and brought up to the floor: base 1.9 s and cap 10.537 s, a first
+        // draw of 8 % gives 1,976, 3,952, 7,904 and then 10,537 ms, where a draw of 0 gives
+        // 15,200 ms. The bounds must hold for every draw, not only at 0 and at the top.
+        let c = b(1_900, 10_537, Jitter::Coap);
+        assert_eq!(
+            chained(&c, 4, &[pct(8), Draw::ZERO, Draw::ZERO, Draw::ZERO]),
+            [1_976, 3_952, 7_904, 10_537]
+        );
+        assert_eq!(chained(&c, 4, &[Draw::ZERO; 4])[3], 15_200);
+        // The bounds chained as `Policy::max_retries` and `wary explain` chain them.
+        for cap in [1_900, 5_000, 10_537, 15_000, 60_000] {
+            let c = b(1_900, cap, Jitter::Coap);
+            let (mut lo, mut hi) = (Duration::ZERO, Duration::ZERO);
+            let bounds: Vec<(Duration, Duration)> = (1..=12u32)
+                .map(|k| {
+                    (lo, hi) = (c.min_wait(k, lo), c.max_wait(k, hi));
+                    (lo, hi)
+                })
+                .collect();
+            for first in (0..=99).map(pct).chain([Draw::unit(0), Draw::unit(u32::MAX), Draw::TOP]) {
+                let mut previous = Duration::ZERO;
+                for (k, (lo, hi)) in (1..=12u32).zip(&bounds) {
+                    previous = c.wait(k, previous, first);
+                    assert!(
+                        *lo <= previous && previous <= *hi,
+                        "cap {cap}, first draw {first:?}, retry {k}: {previous:?} not in {lo:?}..={hi:?}"
+                    );
+                }
+            }
+        }
         // A base of 0 stays 0; a huge ceiling saturates instead of wrapping.
         assert_eq!(b(0, 100, Jitter::Coap).wait(1, Duration::ZERO, Draw::TOP), ms(0));
         let huge = b(u64::from(u32::MAX - 1), u64::MAX, Jitter::Coap);

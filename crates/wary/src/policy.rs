@@ -594,6 +594,21 @@ mod tests {
     }
 
     #[test]
+    fn coap_jitter_near_the_cap_still_bounds_the_retries() {
+        // With a first draw of 8 % the waits are 1,976, 3,952, 7,904 and 10,537 ms (24.4 s in
+        // all, within the 28.4 s budget): four retries. Bounded by the draws at 0 (1.9, 3.8, 7.6
+        // and 15.2 s), the budget seemed to hold three.
+        let p = Policy::builder(Preset::Default)
+            .base(ms(1_900))
+            .cap(ms(10_537))
+            .budget(ms(28_384))
+            .jitter(Jitter::Coap)
+            .build()
+            .unwrap();
+        assert_eq!(p.max_retries(), Some(4));
+    }
+
+    #[test]
     fn deadline_with_attempt_time_bounds_too() {
         let p = basic().deadline(ms(20)).min_attempt(ms(2)).build().unwrap();
         // Costs 1+2, 2+2, 4+2, 8+2 = 21 > 20: three retries.
