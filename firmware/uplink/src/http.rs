@@ -52,7 +52,7 @@
 use core::fmt::Write as _;
 use core::net::SocketAddrV4;
 
-use embassy_net::tcp::{ConnectError, TcpSocket};
+use embassy_net::tcp::{ConnectError, State, TcpSocket};
 use embassy_net::{IpAddress, Stack};
 use embassy_time::{Duration, Instant, with_deadline};
 use embedded_io_async::{ErrorType, Read, Write};
@@ -347,6 +347,27 @@ pub async fn post_timed<const SOCKET_RX: usize, const SOCKET_TX: usize, const HE
         Err(err) => defmt::debug!("http: {} in phase {}", err, err.phase()),
     }
     (result, timing)
+}
+
+/// Connects `socket` to `server` by `deadline`, after closing what a last connection left on it
+/// (FIN sent, TIME-WAIT); on failure the socket is reset and left closed.
+pub(crate) async fn reconnect(
+    socket: &mut TcpSocket<'_>,
+    server: SocketAddrV4,
+    deadline: Instant,
+) -> Result<(), HttpError> {
+    if socket.state() != State::Closed {
+        socket.abort();
+        let grace = deadline.saturating_duration_since(Instant::now()).min(CLOSE_GRACE);
+        let _ = embassy_time::with_timeout(grace, socket.flush()).await;
+    }
+    match connect(socket, server, deadline).await {
+        Ok(()) => Ok(()),
+        Err(err) => {
+            finish(socket, false, deadline).await;
+            Err(err)
+        }
+    }
 }
 
 /// Closes the socket: a clean FIN after an answer, an RST otherwise (a half-read reply must

@@ -27,7 +27,8 @@
 //! - **One request per attempt**: the transport never retries; the runner decides.
 //! - **HTTPS** (feature `tls`): [`tls::TlsTransport`] is the same exchange over TLS 1.3, the
 //!   server authenticated by a CA pinned in the firmware, one session kept across attempts and
-//!   readings as the plain transport keeps its connection.
+//!   readings as the plain transport keeps its connection: both are [`transport::Http`], on
+//!   the socket alone or on a TLS session ([`transport::Carrier`]).
 //! - **CoAP** (feature `coap`): [`coap::CoapTransport`] sends each reading as a confirmable
 //!   `POST` over UDP, one transmission per attempt under [`coap::POLICY`] (RFC 7252's timing).
 //! - Every attempt is logged with defmt by the core's ledger, as a device line tagged

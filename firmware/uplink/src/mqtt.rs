@@ -167,16 +167,7 @@ impl<'a> Pipe<'a> for SharedSocket<'a> {
 
     async fn connect(&self, server: SocketAddrV4, deadline: Instant) -> Result<(), Failure> {
         let mut socket = self.lock().await;
-        if socket.state() != State::Closed {
-            socket.abort();
-            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
-            let _ = embassy_time::with_timeout(grace, socket.flush()).await;
-        }
-        if let Err(err) = http::connect(&mut socket, server, deadline).await {
-            http::finish(&mut socket, false, deadline).await;
-            return Err(crate::transport::failure(err));
-        }
-        Ok(())
+        http::reconnect(&mut socket, server, deadline).await.map_err(crate::transport::failure)
     }
 
     async fn state(&self) -> (bool, bool) {

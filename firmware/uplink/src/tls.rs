@@ -7,8 +7,8 @@
 //! landed. One ChaCha20 generator, seeded once with 256 bits, serves every handshake in turn.
 //!
 //! **One handshake per connection, not per reading**: [`TlsTransport`] keeps its TLS session
-//! across attempts and readings under the same rules as the plain transport's kept connection
-//! (see [`TlsTransport`]). **No resumption across reconnects**: a new connection pays a full
+//! across attempts and readings under the same rules as the plain transport's kept connection:
+//! it is the same transport ([`Http`]) on another [`Carrier`] ([`Secure`]). **No resumption across reconnects**: a new connection pays a full
 //! handshake, because embedded-tls 0.19 reads a server's `NewSessionTicket` and throws it away
 //! (it keeps neither the ticket nor a resumption secret), and its only PSK is an external one
 //! (`TlsConfig::with_psk`, binder label `ext binder`), which a rustls server does not offer (it
@@ -33,7 +33,7 @@ use core::net::SocketAddrV4;
 use core::ptr::NonNull;
 
 use embassy_net::Stack;
-use embassy_net::tcp::{State, TcpSocket};
+use embassy_net::tcp::TcpSocket;
 use embassy_time::{Duration, Instant, with_deadline};
 use embedded_io_async::{ErrorType, Read, Write};
 use embedded_tls::pki::CertVerifier;
@@ -42,14 +42,13 @@ use embedded_tls::{
     MaxFragmentLength, NoClock, TlsCipherSuite, TlsConfig, TlsConnection, TlsContext, TlsError, TlsVerifier,
 };
 use rand_chacha::ChaCha20Rng;
+#[cfg(feature = "mqtt")]
 use wary::Failure;
 
 use crate::http::{self, Buffers, Handed, HttpError, Post, Response, Timing};
-use crate::identity::Credential;
-use crate::transport::{
-    ANSWER_LEN, Answer, BatchBody, Check, Counts, KeepAlive, MAX_BATCH, Message, Transport, answer, failure,
-    settle_batch,
-};
+#[cfg(feature = "mqtt")]
+use crate::transport::failure;
+use crate::transport::{Carrier, Http, quiet};
 
 /// The largest TLS 1.3 record body a server may send (2^14 bytes of plaintext, a content-type
 /// byte, up to 255 bytes of padding and tag): a read buffer this size takes any server's
@@ -332,10 +331,10 @@ where
 /// It holds a pointer rather than a `&mut` because the socket has two users: the session
 /// ([`TlsConnection`] owns its delegate and lends it to nobody) and the transport (which must
 /// see the server's FIN, RST or unread bytes before writing on a kept connection, and send its
-/// own FIN or RST). Both go through [`Link`], which hands out the socket only through
+/// own FIN or RST). Both go through `Link`, which hands out the socket only through
 /// `&mut Link`: while a TLS future runs it borrows `Link::tls`, so the transport cannot reach
 /// the socket at the same time.
-struct Tcp<'a, 's> {
+pub struct Tcp<'a, 's> {
     socket: NonNull<TcpSocket<'s>>,
     _borrow: PhantomData<&'a mut TcpSocket<'s>>,
 }
@@ -402,6 +401,17 @@ struct Link<'a, 's> {
 }
 
 impl<'a, 's> Link<'a, 's> {
+    /// `socket` with no session yet, and the record buffers each session is lent.
+    fn new(socket: &'a mut TcpSocket<'s>, read: &'a mut [u8], write: &'a mut [u8]) -> Self {
+        Link {
+            socket: NonNull::from(socket),
+            tls: None,
+            read: Lent::new(read),
+            write: Lent::new(write),
+            _borrow: PhantomData,
+        }
+    }
+
     /// The socket, for connecting, checking and closing: never while a session's future runs
     /// (it borrows `self.tls`, this borrows all of `self`).
     fn socket(&mut self) -> &mut TcpSocket<'s> {
@@ -434,36 +444,64 @@ impl<'a, 's> Link<'a, 's> {
 }
 
 /// Keyed writes as HTTPS `POST`s to one server, authenticated by a pinned CA, over one TLS
-/// session kept across attempts and readings.
+/// session kept across attempts and readings: [`Http`] on [`Secure`].
 ///
-/// The session lives exactly as long as its TCP connection, under the rules of
-/// [`HttpTransport`](crate::HttpTransport)'s kept connection: it is opened (TCP, then a full
-/// handshake) by [`Transport::open`] when none is open, and ends when the server's reply says
-/// so (`Connection: close`, HTTP/1.0, a body to the connection's end), a reply's body was not
-/// read to its framed end, an exchange failed, the server's FIN or RST or any unread bytes were
-/// seen before a request (a `close_notify` alert from the server is such bytes: the server is
-/// closing), it idled past the limit ([`IDLE_LIMIT`](crate::transport::IDLE_LIMIT) by default),
-/// or the uplink closed it. A write on a connection the server had closed is classified and
-/// counted ([`Counts`]) as over plain HTTP. The server's `NewSessionTicket` messages, sent
-/// after the handshake, are read (and dropped) with the first reply. Batches, when turned on
-/// ([`TlsTransport::batches`]), go as over plain HTTP, inside the session.
-pub struct TlsTransport<'a, 's> {
-    stack: Stack<'s>,
-    server: SocketAddrV4,
-    path: &'a str,
-    pinned: Pinned<'a>,
+/// The session lives exactly as long as its TCP connection, under the rules of [`Http`]'s kept
+/// connection: it is opened (TCP, then a full handshake) by
+/// [`Transport::open`](crate::Transport::open) when none is open, and ends when the server's
+/// reply says so, an exchange failed, the server's FIN or RST or any unread bytes were seen
+/// before a request (a `close_notify` alert from the server is such bytes: the server is
+/// closing), it idled past the limit ([`IDLE_LIMIT`](crate::transport::IDLE_LIMIT) by
+/// default), or the uplink closed it. A write on a connection the server had closed is
+/// classified and counted ([`Counts`](crate::transport::Counts)) as over plain HTTP. The
+/// server's `NewSessionTicket` messages, sent after the handshake, are read (and dropped) with
+/// the first reply. Batches, when turned on ([`Http::batches`]), go as over plain HTTP, inside
+/// the session.
+pub type TlsTransport<'a, 's> = Http<'a, 's, Secure<'a, 's>>;
+
+/// A TLS 1.3 session on the socket, the server authenticated by the pinned CA ([`Pinned`]):
+/// the [`Carrier`] of [`TlsTransport`]. Each connection runs a full handshake; the session
+/// ends with its connection (a `close_notify` before a clean FIN).
+pub struct Secure<'a, 's> {
     link: Link<'a, 's>,
-    head: &'a mut [u8],
+    pinned: Pinned<'a>,
     rng: ChaCha20Rng,
-    credential: Option<&'a Credential>,
-    counts: Counts,
-    keep: KeepAlive,
-    /// The end of the attempt `open` was called for, which `send` shares.
-    deadline: Option<Instant>,
-    /// The batch endpoint and the most messages a batch carries, when batches are on.
-    batch: Option<(&'a str, usize)>,
-    /// The start of the last batch answer's body.
-    answer: [u8; ANSWER_LEN],
+}
+
+impl<'a, 's> Carrier for Secure<'a, 's> {
+    const SCHEME: &'static str = "https";
+    type Stream<'x>
+        = &'x mut TlsConnection<'a, Tcp<'a, 's>, Suite>
+    where
+        Self: 'x;
+
+    fn quiet(&mut self) -> bool {
+        quiet(self.link.socket())
+    }
+
+    async fn connect(&mut self, server: SocketAddrV4, deadline: Instant) -> Result<(), HttpError> {
+        self.link.tls = None;
+        http::reconnect(self.link.socket(), server, deadline).await?;
+        let tls = self.link.new_session();
+        let (opened, tls_error) = handshake(tls, &self.pinned, None, &mut self.rng, deadline).await;
+        if let Err(err) = opened {
+            defmt::info!("the TLS handshake failed: {} ({})", err, tls_error);
+            self.link.end(false, deadline).await;
+        }
+        opened
+    }
+
+    fn stream(&mut self) -> Option<Self::Stream<'_>> {
+        self.link.tls.as_mut()
+    }
+
+    async fn end(&mut self, clean: bool, deadline: Instant) {
+        self.link.end(clean, deadline).await;
+    }
+
+    fn host(&self) -> &str {
+        self.pinned.server_name
+    }
 }
 
 impl<'a, 's> TlsTransport<'a, 's> {
@@ -485,255 +523,8 @@ impl<'a, 's> TlsTransport<'a, 's> {
         write: &'a mut [u8],
         rng: ChaCha20Rng,
     ) -> Self {
-        TlsTransport {
-            stack,
-            server,
-            path,
-            pinned,
-            link: Link {
-                socket: NonNull::from(socket),
-                tls: None,
-                read: Lent::new(read),
-                write: Lent::new(write),
-                _borrow: PhantomData,
-            },
-            head,
-            rng,
-            credential: None,
-            counts: Counts::default(),
-            keep: KeepAlive::new(Some(crate::transport::IDLE_LIMIT)),
-            deadline: None,
-            batch: None,
-            answer: [0; ANSWER_LEN],
-        }
-    }
-
-    /// Sends up to `most` (at most [`MAX_BATCH`]) pending messages as one `POST` to `path`, the
-    /// receiver's batch endpoint, as [`HttpTransport::batches`](crate::HttpTransport::batches)
-    /// does over plain HTTP. Off by default: a receiver must take batches.
-    #[must_use]
-    pub fn batches(mut self, path: &'a str, most: usize) -> Self {
-        self.batch = (most > 1).then_some((path, most.min(MAX_BATCH)));
-        self
-    }
-
-    /// Sends `credential` as `Authorization: Bearer <token>` on every attempt, inside the TLS
-    /// session (without this, no `Authorization` header).
-    #[must_use]
-    pub fn with_credential(mut self, credential: Option<&'a Credential>) -> Self {
-        self.credential = credential;
-        self
-    }
-
-    /// Keeps a session for at most `limit` between requests (keep it under the server's own
-    /// idle timeout).
-    #[must_use]
-    pub fn idle_limit(mut self, limit: Duration) -> Self {
-        self.keep = KeepAlive::new(Some(limit));
-        self
-    }
-
-    /// One connection and handshake per request, each with `Connection: close` (no
-    /// keep-alive).
-    #[must_use]
-    pub fn connection_per_request(mut self) -> Self {
-        self.keep = KeepAlive::new(None);
-        self
-    }
-
-    /// What the transport saw so far.
-    pub fn counts(&self) -> Counts {
-        self.counts
-    }
-
-    /// Whether the kept session can carry a request now; ends it (counted) when it cannot.
-    async fn check_kept(&mut self) {
-        match self.keep.check(self.link.socket(), &mut self.counts) {
-            Check::None | Check::Usable => {}
-            Check::Stale => {
-                defmt::info!("https: the kept connection was closed by the server; a new one");
-                self.end(false).await;
-            }
-            Check::Idle => self.end(true).await,
-        }
-    }
-
-    /// Ends the session and its connection.
-    async fn end(&mut self, clean: bool) {
-        self.keep.forget();
-        let deadline = Instant::now().saturating_add(http::CLOSE_GRACE);
-        self.link.end(clean, deadline).await;
-    }
-
-    /// Makes sure a session is open by `deadline`: a TCP connection and a full handshake.
-    async fn ensure_open(&mut self, deadline: Instant) -> Result<(), HttpError> {
-        self.check_kept().await;
-        if self.keep.is_open() {
-            return Ok(());
-        }
-        if !self.stack.is_link_up() || self.stack.config_v4().is_none() {
-            return Err(HttpError::NoNetwork);
-        }
-        self.link.tls = None;
-        let socket = self.link.socket();
-        // A socket left closing (FIN sent, TIME-WAIT) must be closed before it connects again.
-        if socket.state() != State::Closed {
-            socket.abort();
-            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
-            let _ = embassy_time::with_timeout(grace, socket.flush()).await;
-        }
-        self.counts.connects = self.counts.connects.saturating_add(1);
-        if let Err(err) = http::connect(self.link.socket(), self.server, deadline).await {
-            http::finish(self.link.socket(), false, deadline).await;
-            return Err(err);
-        }
-        let tls = self.link.new_session();
-        let (opened, _) = handshake(tls, &self.pinned, None, &mut self.rng, deadline).await;
-        match opened {
-            Ok(()) => {
-                self.keep.opened();
-                Ok(())
-            }
-            Err(err) => {
-                self.link.end(false, deadline).await;
-                Err(err)
-            }
-        }
-    }
-
-    /// One request on the open session (opening one if there is none).
-    async fn exchange(&mut self, message: &Message<'_>, deadline: Instant) -> Result<Response, HttpError> {
-        self.ensure_open(deadline).await?;
-        let request = Post {
-            path: self.path,
-            idempotency_key: message.key,
-            body: message.body,
-            credential: self.credential,
-        };
-        // Nothing is written when the head cannot be encoded: the session stays as it was.
-        let head_len =
-            http::encode_head_for(&request, self.pinned.server_name, !self.keep.keeps(), self.head).await?;
-        self.round_trip(head_len, &message.body, false, deadline).await.map(|(reply, _)| reply)
-    }
-
-    /// One batch request to `path` on the open session (opening one if there is none): the
-    /// reply and how many bytes of its body `answer` holds.
-    async fn exchange_batch(
-        &mut self,
-        path: &str,
-        messages: &[Message<'_>],
-        deadline: Instant,
-    ) -> Result<(Response, usize), HttpError> {
-        let body = BatchBody(messages);
-        if !body.valid() {
-            return Err(HttpError::BadRequest);
-        }
-        self.ensure_open(deadline).await?;
-        let close = !self.keep.keeps();
-        let head_len = http::encode_batch_head(
-            path,
-            self.credential,
-            self.pinned.server_name,
-            body.content_length(),
-            close,
-            self.head,
-        )
-        .await?;
-        self.round_trip(head_len, &body, true, deadline).await
-    }
-
-    /// Sends the encoded head and `body` in the open session and reads the reply (keeping the
-    /// start of its body when `keep_answer`), then keeps or ends the session by the reply.
-    async fn round_trip<B: reqwless::request::RequestBody>(
-        &mut self,
-        head_len: usize,
-        body: &B,
-        keep_answer: bool,
-        deadline: Instant,
-    ) -> Result<(Response, usize), HttpError> {
-        let reused = self.keep.is_reused();
-        if reused {
-            self.counts.reused = self.counts.reused.saturating_add(1);
-        }
-        let answer: &mut [u8] = if keep_answer { &mut self.answer } else { &mut [] };
-        let (result, reusable) = match self.link.tls.as_mut() {
-            Some(tls) => http::send_and_read_keeping(tls, head_len, body, self.head, answer, deadline).await,
-            // `ensure_open` left a session open; without one nothing was sent.
-            None => (Err(HttpError::SendFailed), false),
-        };
-        if let (Err(err), true) = (&result, reused) {
-            self.counts.record_stale(*err);
-        }
-        if !self.keep.replied(result.is_ok() && reusable) {
-            self.link.end(result.is_ok(), deadline).await;
-        }
-        match &result {
-            Ok((reply, _)) => defmt::debug!("https: {} ({=bool} reused)", reply, reused),
-            Err(err) => defmt::debug!("https: {} in phase {} ({=bool} reused)", err, err.phase(), reused),
-        }
-        result
-    }
-
-    /// One batch exchange for `messages`, each answered by its place.
-    async fn send_batch(
-        &mut self,
-        path: &str,
-        messages: &[Message<'_>],
-        answers: &mut [Answer],
-        deadline: Instant,
-    ) {
-        self.counts.record_batch(messages.len());
-        let result = self.exchange_batch(path, messages, deadline).await;
-        if !settle_batch(
-            &mut self.counts,
-            result,
-            &self.answer,
-            answers.get_mut(..messages.len()).unwrap_or(&mut []),
-        ) {
-            self.batch = None;
-        }
-    }
-}
-
-impl Transport for TlsTransport<'_, '_> {
-    const BATCH: usize = MAX_BATCH;
-
-    fn batch_limit(&self) -> usize {
-        self.batch.map_or(1, |(_, most)| most)
-    }
-
-    async fn open(&mut self, limit: wary::Duration) -> Result<(), Failure> {
-        let deadline = Instant::now().saturating_add(limit.into());
-        self.deadline = Some(deadline);
-        match self.ensure_open(deadline).await {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                let result = Err(err);
-                self.counts.record(&result);
-                defmt::debug!("https: {} in phase {}", err, err.phase());
-                Err(failure(err))
-            }
-        }
-    }
-
-    async fn send(&mut self, messages: &[Message<'_>], answers: &mut [Answer], limit: wary::Duration) {
-        let by_limit = Instant::now().saturating_add(limit.into());
-        let deadline = self.deadline.take().map_or(by_limit, |open| open.min(by_limit));
-        if let (Some((path, _)), true) = (self.batch, messages.len() > 1) {
-            self.send_batch(path, messages, answers, deadline).await;
-            return;
-        }
-        for (message, slot) in messages.iter().zip(answers.iter_mut()) {
-            let result = self.exchange(message, deadline).await;
-            self.counts.record(&result);
-            *slot = answer(result);
-        }
-    }
-
-    async fn close(&mut self) {
-        if self.keep.is_open() {
-            self.end(true).await;
-        }
+        let link = Link::new(socket, read, write);
+        Http::with_carrier(Secure { link, pinned, rng }, stack, server, path, head)
     }
 }
 
@@ -744,14 +535,7 @@ impl Transport for TlsTransport<'_, '_> {
 /// `DISCONNECT`, with an RST after a failure.
 #[cfg(feature = "mqtt")]
 pub struct TlsPipe<'a> {
-    state: embassy_sync::mutex::Mutex<embassy_sync::blocking_mutex::raw::NoopRawMutex, PipeState<'a>>,
-    pinned: Pinned<'a>,
-}
-
-#[cfg(feature = "mqtt")]
-struct PipeState<'a> {
-    link: Link<'a, 'a>,
-    rng: ChaCha20Rng,
+    state: embassy_sync::mutex::Mutex<embassy_sync::blocking_mutex::raw::NoopRawMutex, Secure<'a, 'a>>,
 }
 
 #[cfg(feature = "mqtt")]
@@ -767,14 +551,8 @@ impl<'a> TlsPipe<'a> {
         write: &'a mut [u8],
         rng: ChaCha20Rng,
     ) -> Self {
-        let link = Link {
-            socket: NonNull::from(socket),
-            tls: None,
-            read: Lent::new(read),
-            write: Lent::new(write),
-            _borrow: PhantomData,
-        };
-        TlsPipe { state: embassy_sync::mutex::Mutex::new(PipeState { link, rng }), pinned }
+        let link = Link::new(socket, read, write);
+        TlsPipe { state: embassy_sync::mutex::Mutex::new(Secure { link, pinned, rng }) }
     }
 }
 
@@ -783,7 +561,7 @@ impl<'a> TlsPipe<'a> {
 /// connection.
 #[cfg(feature = "mqtt")]
 pub struct TlsStream<'a>(
-    &'a embassy_sync::mutex::Mutex<embassy_sync::blocking_mutex::raw::NoopRawMutex, PipeState<'a>>,
+    &'a embassy_sync::mutex::Mutex<embassy_sync::blocking_mutex::raw::NoopRawMutex, Secure<'a, 'a>>,
 );
 
 #[cfg(feature = "mqtt")]
@@ -827,36 +605,13 @@ impl<'a> crate::mqtt::Pipe<'a> for TlsPipe<'a> {
     }
 
     async fn connect(&self, server: SocketAddrV4, deadline: Instant) -> Result<(), Failure> {
-        let mut state = self.state.lock().await;
-        let PipeState { link, rng } = &mut *state;
-        link.tls = None;
-        let socket = link.socket();
-        // A socket left closing (FIN sent, TIME-WAIT) must be closed before it connects again.
-        if socket.state() != State::Closed {
-            socket.abort();
-            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
-            let _ = embassy_time::with_timeout(grace, socket.flush()).await;
-        }
-        if let Err(err) = http::connect(link.socket(), server, deadline).await {
-            http::finish(link.socket(), false, deadline).await;
-            return Err(failure(err));
-        }
-        let tls = link.new_session();
-        let (opened, tls_error) = handshake(tls, &self.pinned, None, rng, deadline).await;
-        match opened {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                defmt::info!("mqtt: the TLS handshake failed: {} ({})", err, tls_error);
-                link.end(false, deadline).await;
-                Err(failure(err))
-            }
-        }
+        self.state.lock().await.connect(server, deadline).await.map_err(failure)
     }
 
     async fn state(&self) -> (bool, bool) {
         let mut state = self.state.lock().await;
         let socket = state.link.socket();
-        (socket.state() == State::Established && socket.may_send(), socket.can_recv())
+        (socket.state() == embassy_net::tcp::State::Established && socket.may_send(), socket.can_recv())
     }
 
     async fn finish(&self, clean: bool, deadline: Instant) {

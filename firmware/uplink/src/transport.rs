@@ -18,9 +18,9 @@
 //! a failed exchange is a wary [`Failure`] named by whether the message may have reached the
 //! server.
 //!
-//! [`HttpTransport`] is HTTP per reading: one HTTP/1.1 `POST` per message through an
-//! `embassy-net` stack, whatever link is under the stack (Ethernet, PPP over a cellular modem,
-//! Wi-Fi), over one connection kept across attempts and readings (see [`HttpTransport`] for
+//! [`Http`] is HTTP per reading: one HTTP/1.1 `POST` per message through an `embassy-net`
+//! stack, whatever link is under the stack (Ethernet, PPP over a cellular modem, Wi-Fi), over
+//! one connection kept across attempts and readings (see [`Http`] for
 //! when it ends and how a write onto a connection the server closed is classified), one
 //! message per exchange unless batches are on (below). A failed exchange maps ([`failure`]) by what it says about
 //! whether the request may have reached the server:
@@ -37,8 +37,7 @@
 //! | no reply in time | `ResponseTimeout` | may have landed |
 //! | the request cannot be encoded | `BadBody` | our own bug: no resend can fix it, so the call fails |
 //!
-//! **Batches** (off by default; [`HttpTransport::batches`], and over TLS
-//! `tls::TlsTransport::batches`): up to [`MAX_BATCH`] messages in
+//! **Batches** (off by default; [`Http::batches`], over plain HTTP as over TLS): up to [`MAX_BATCH`] messages in
 //! one `POST` to the receiver's batch endpoint, a JSON array of `[key, body]` pairs, answered
 //! by one status per message, in order (docs/batches.md). Each message's answer is read from
 //! its place in that array exactly as the status of a request of its own would be:
@@ -58,6 +57,7 @@ use core::net::SocketAddrV4;
 use embassy_net::Stack;
 use embassy_net::tcp::{State, TcpSocket};
 use embassy_time::Instant;
+use embedded_io_async::{Read, Write};
 use wary::{
     Duration, Failure, Outcome,
     retry_after::{Reading, Rules},
@@ -320,7 +320,10 @@ pub const IDLE_LIMIT: embassy_time::Duration = embassy_time::Duration::from_secs
 
 /// Keyed writes as HTTP/1.1 `POST`s to one server through an `embassy-net` stack, over one
 /// connection kept across attempts and readings (HTTP/1.1 persistent connections), or one
-/// connection per request ([`HttpTransport::connection_per_request`]).
+/// connection per request ([`Http::connection_per_request`]). What carries the connection is
+/// `C` ([`Carrier`]): the socket alone ([`HttpTransport`]) or a TLS session on it
+/// (`tls::TlsTransport`, whose session lives exactly as long as its connection). Everything
+/// below holds for both.
 ///
 /// The connection is opened by [`Transport::open`] when there is none, and ends (and the next
 /// `open` makes a new one) when: the server's reply says so (`Connection: close`, HTTP/1.0, or
@@ -341,11 +344,11 @@ pub const IDLE_LIMIT: embassy_time::Duration = embassy_time::Duration::from_secs
 /// that does not cover the request would prove it, but embassy-net does not expose it), so the
 /// third row stays "may have landed", as RFC 9112 9.3.1 requires for a request that is not
 /// idempotent.
-pub struct HttpTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> {
+pub struct Http<'a, 's, C> {
+    carrier: C,
     stack: Stack<'s>,
     server: SocketAddrV4,
     path: &'a str,
-    socket: TcpSocket<'a>,
     head: &'a mut [u8],
     credential: Option<&'a Credential>,
     counts: Counts,
@@ -359,10 +362,88 @@ pub struct HttpTransport<'a, 's, const SOCKET_RX: usize, const SOCKET_TX: usize,
     answer: [u8; ANSWER_LEN],
 }
 
-/// The life of a kept connection, the same for every transport over TCP (plain HTTP here,
-/// HTTPS in `tls::TlsTransport`): whether one is open, when its last reply ended, how many
-/// requests it carried, and whether it may carry the next one. The transport owns the socket
-/// and does the closing; this says when.
+/// Plain HTTP/1.1: [`Http`] on the socket alone.
+pub type HttpTransport<'a, 's> = Http<'a, 's, Plain<'a>>;
+
+/// What carries [`Http`]'s requests over its TCP socket: the socket alone ([`Plain`]) or a TLS
+/// session on it (`tls::Secure`). [`Http`] decides when a connection opens, carries a request
+/// and ends, and counts it; a carrier does what differs between them.
+#[allow(async_fn_in_trait)]
+pub trait Carrier {
+    /// The scheme, for the log.
+    const SCHEME: &'static str;
+    /// What a request is written to and its reply read from.
+    type Stream<'x>: Read + Write
+    where
+        Self: 'x;
+
+    /// Whether the open connection can carry a request: established, no FIN or RST from the
+    /// server seen, no bytes waiting that nobody asked for.
+    fn quiet(&mut self) -> bool;
+
+    /// Opens a connection to `server` by `deadline`, with whatever runs on it before a request
+    /// (a TLS handshake). Nothing of a request is sent; on failure nothing is left open.
+    ///
+    /// # Errors
+    ///
+    /// Why it could not be opened, by its phase (every one before the request).
+    async fn connect(&mut self, server: SocketAddrV4, deadline: Instant) -> Result<(), HttpError>;
+
+    /// The open connection's stream; `None` when none is open.
+    fn stream(&mut self) -> Option<Self::Stream<'_>>;
+
+    /// Ends the connection by `deadline` at the latest: cleanly (a FIN, after TLS's
+    /// `close_notify`) after a clean answer, with an RST otherwise.
+    async fn end(&mut self, clean: bool, deadline: Instant);
+
+    /// The `Host` header's value: the server's address, or the name TLS authenticated.
+    fn host(&self) -> &str;
+}
+
+/// The socket alone: plain HTTP/1.1 ([`HttpTransport`]).
+pub struct Plain<'a> {
+    socket: TcpSocket<'a>,
+    /// The server's address as `Host` gives it: `255.255.255.255:65535` is 21 bytes.
+    host: heapless::String<21>,
+}
+
+impl<'a> Carrier for Plain<'a> {
+    const SCHEME: &'static str = "http";
+    type Stream<'x>
+        = http::Handed<'x, 'a>
+    where
+        Self: 'x;
+
+    fn quiet(&mut self) -> bool {
+        quiet(&self.socket)
+    }
+
+    async fn connect(&mut self, server: SocketAddrV4, deadline: Instant) -> Result<(), HttpError> {
+        http::reconnect(&mut self.socket, server, deadline).await
+    }
+
+    fn stream(&mut self) -> Option<Self::Stream<'_>> {
+        Some(http::Handed(&mut self.socket))
+    }
+
+    async fn end(&mut self, clean: bool, deadline: Instant) {
+        http::finish(&mut self.socket, clean, deadline).await;
+    }
+
+    fn host(&self) -> &str {
+        &self.host
+    }
+}
+
+/// Whether a connection on `socket` is quiet: established, the server's FIN (close-wait) or
+/// RST (closed) not seen, and no bytes waiting that nobody asked for.
+pub(crate) fn quiet(socket: &TcpSocket<'_>) -> bool {
+    socket.state() == State::Established && socket.may_send() && !socket.can_recv()
+}
+
+/// The life of a kept connection, the same for every carrier (plain HTTP, HTTPS): whether one
+/// is open, when its last reply ended, how many requests it carried, and whether it may carry
+/// the next one. The transport owns the connection and does the closing; this says when.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KeepAlive {
     /// `None`: one connection per request (`Connection: close`).
@@ -414,9 +495,10 @@ impl KeepAlive {
         self.kept.is_some_and(|kept| kept.requests > 0)
     }
 
-    /// Whether the kept connection, on `socket`, can carry a request now, counting what ends
-    /// it; the connection is forgotten unless it is [`Check::Usable`] (the caller ends it).
-    pub(crate) fn check(&mut self, socket: &TcpSocket<'_>, counts: &mut Counts) -> Check {
+    /// Whether the kept connection, `quiet` or not ([`Carrier::quiet`]), can carry a request
+    /// now, counting what ends it; the connection is forgotten unless it is [`Check::Usable`]
+    /// (the caller ends it).
+    pub(crate) fn check(&mut self, quiet: bool, counts: &mut Counts) -> Check {
         let Some(kept) = self.kept else { return Check::None };
         // One connection per request: a connection that carried one is not reused (it was
         // ended after its reply); a fresh one is the request's own.
@@ -426,8 +508,7 @@ impl KeepAlive {
         };
         // Anything but a clean, quiet, established connection: the server's FIN (close-wait),
         // its RST (closed), or bytes nobody asked for.
-        let usable = socket.state() == State::Established && socket.may_send() && !socket.can_recv();
-        if !usable {
+        if !quiet {
             counts.stale_before_write = counts.stale_before_write.saturating_add(1);
             self.kept = None;
             Check::Stale
@@ -526,7 +607,7 @@ impl Counts {
     }
 
     /// Counts a request written on a kept connection that failed with `err`, by the
-    /// reused-connection table of [`HttpTransport`]. Other failures are not the race.
+    /// reused-connection table of [`Http`]. Other failures are not the race.
     pub fn record_stale(&mut self, err: HttpError) {
         match err {
             HttpError::SendFailed => self.stale_unsent = self.stale_unsent.saturating_add(1),
@@ -554,24 +635,41 @@ impl Counts {
     }
 }
 
-impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>
-    HttpTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
-{
+impl<'a, 's: 'a> HttpTransport<'a, 's> {
     /// Posts to `path` on `server` through `stack`, keeping the connection for at most
     /// [`IDLE_LIMIT`] between requests. The transport holds one of the stack's sockets for its
     /// whole life.
-    pub fn new(
+    pub fn new<const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize>(
         stack: Stack<'s>,
         server: SocketAddrV4,
         path: &'a str,
         buffers: &'a mut Buffers<SOCKET_RX, SOCKET_TX, HEAD>,
     ) -> Self {
         let (rx, tx, head) = buffers.parts();
-        HttpTransport {
+        let mut host = heapless::String::new();
+        // Every IPv4 address and port fit (see `Plain::host`).
+        let _ = core::fmt::Write::write_fmt(&mut host, format_args!("{server}"));
+        let carrier = Plain { socket: TcpSocket::new(stack, rx, tx), host };
+        Http::with_carrier(carrier, stack, server, path, head)
+    }
+}
+
+impl<'a, 's, C: Carrier> Http<'a, 's, C> {
+    /// Posts to `path` on `server` through `stack` over `carrier`, with `head` for the request
+    /// head and the reply's header block, keeping the connection for at most [`IDLE_LIMIT`]
+    /// between requests.
+    pub(crate) fn with_carrier(
+        carrier: C,
+        stack: Stack<'s>,
+        server: SocketAddrV4,
+        path: &'a str,
+        head: &'a mut [u8],
+    ) -> Self {
+        Http {
+            carrier,
             stack,
             server,
             path,
-            socket: TcpSocket::new(stack, rx, tx),
             head,
             credential: None,
             counts: Counts::default(),
@@ -593,7 +691,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     }
 
     /// Sends `credential` as `Authorization: Bearer <token>` on every attempt (without this,
-    /// no `Authorization` header).
+    /// no `Authorization` header); over TLS, inside the session.
     #[must_use]
     pub fn with_credential(mut self, credential: Option<&'a Credential>) -> Self {
         self.credential = credential;
@@ -608,7 +706,8 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
         self
     }
 
-    /// One connection per request, each with `Connection: close` (no keep-alive).
+    /// One connection per request (over TLS, a handshake per request), each with
+    /// `Connection: close` (no keep-alive).
     #[must_use]
     pub fn connection_per_request(mut self) -> Self {
         self.keep = KeepAlive::new(None);
@@ -622,10 +721,11 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
 
     /// Whether the kept connection can carry a request now; ends it (counted) when it cannot.
     async fn check_kept(&mut self) {
-        match self.keep.check(&self.socket, &mut self.counts) {
+        let quiet = self.keep.is_open() && self.carrier.quiet();
+        match self.keep.check(quiet, &mut self.counts) {
             Check::None | Check::Usable => {}
             Check::Stale => {
-                defmt::info!("http: the kept connection was closed by the server; a new one");
+                defmt::info!("{=str}: the kept connection was closed by the server; a new one", C::SCHEME);
                 self.end(false).await;
             }
             Check::Idle => self.end(true).await,
@@ -636,7 +736,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
     async fn end(&mut self, clean: bool) {
         self.keep.forget();
         let deadline = Instant::now().saturating_add(http::CLOSE_GRACE);
-        http::finish(&mut self.socket, clean, deadline).await;
+        self.carrier.end(clean, deadline).await;
     }
 
     /// Makes sure a connection is open by `deadline`.
@@ -648,23 +748,10 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
         if !self.stack.is_link_up() || self.stack.config_v4().is_none() {
             return Err(HttpError::NoNetwork);
         }
-        // A socket left closing (FIN sent, TIME-WAIT) must be closed before it connects again.
-        if self.socket.state() != State::Closed {
-            self.socket.abort();
-            let grace = deadline.saturating_duration_since(Instant::now()).min(http::CLOSE_GRACE);
-            let _ = embassy_time::with_timeout(grace, self.socket.flush()).await;
-        }
         self.counts.connects = self.counts.connects.saturating_add(1);
-        match http::connect(&mut self.socket, self.server, deadline).await {
-            Ok(()) => {
-                self.keep.opened();
-                Ok(())
-            }
-            Err(err) => {
-                http::finish(&mut self.socket, false, deadline).await;
-                Err(err)
-            }
-        }
+        self.carrier.connect(self.server, deadline).await?;
+        self.keep.opened();
+        Ok(())
     }
 
     /// One request on the open connection (opening one if there is none).
@@ -676,15 +763,14 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
             body: message.body,
             credential: self.credential,
         };
-        let host = self.host()?;
-        let keep = self.keep.keeps();
+        let host = self.carrier.host();
         // Nothing was written if encoding fails: the connection stays as it was.
-        let head_len = http::encode_head_for(&request, &host, !keep, self.head).await?;
+        let head_len = http::encode_head_for(&request, host, !self.keep.keeps(), self.head).await?;
         self.round_trip(head_len, &message.body, false, deadline).await.map(|(reply, _)| reply)
     }
 
     /// One batch request to `path` on the open connection (opening one if there is none): the
-    /// reply and how many bytes of its body [`HttpTransport::answer`] holds.
+    /// reply and how many bytes of its body the transport's `answer` holds.
     async fn exchange_batch(
         &mut self,
         path: &str,
@@ -696,19 +782,12 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
             return Err(HttpError::BadRequest);
         }
         self.ensure_open(deadline).await?;
-        let host = self.host()?;
-        let keep = self.keep.keeps();
+        let host = self.carrier.host();
+        let close = !self.keep.keeps();
         let head_len =
-            http::encode_batch_head(path, self.credential, &host, body.content_length(), !keep, self.head)
+            http::encode_batch_head(path, self.credential, host, body.content_length(), close, self.head)
                 .await?;
         self.round_trip(head_len, &body, true, deadline).await
-    }
-
-    fn host(&self) -> Result<heapless::String<21>, HttpError> {
-        let mut host = heapless::String::<21>::new();
-        core::fmt::Write::write_fmt(&mut host, format_args!("{}", self.server))
-            .map_err(|_| HttpError::BadRequest)?;
-        Ok(host)
     }
 
     /// Sends the encoded head and `body` on the open connection and reads the reply (keeping the
@@ -725,24 +804,24 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
             self.counts.reused = self.counts.reused.saturating_add(1);
         }
         let answer: &mut [u8] = if keep_answer { &mut self.answer } else { &mut [] };
-        let (result, reusable) = http::send_and_read_keeping(
-            &mut http::Handed(&mut self.socket),
-            head_len,
-            body,
-            self.head,
-            answer,
-            deadline,
-        )
-        .await;
+        let (result, reusable) = match self.carrier.stream() {
+            Some(mut stream) => {
+                http::send_and_read_keeping(&mut stream, head_len, body, self.head, answer, deadline).await
+            }
+            // `ensure_open` left a connection open; without one nothing was sent.
+            None => (Err(HttpError::SendFailed), false),
+        };
         if let (Err(err), true) = (&result, reused) {
             self.counts.record_stale(*err);
         }
         if !self.keep.replied(result.is_ok() && reusable) {
-            http::finish(&mut self.socket, result.is_ok(), deadline).await;
+            self.carrier.end(result.is_ok(), deadline).await;
         }
         match &result {
-            Ok((reply, _)) => defmt::debug!("http: {} ({=bool} reused)", reply, reused),
-            Err(err) => defmt::debug!("http: {} in phase {} ({=bool} reused)", err, err.phase(), reused),
+            Ok((reply, _)) => defmt::debug!("{=str}: {} ({=bool} reused)", C::SCHEME, reply, reused),
+            Err(err) => {
+                defmt::debug!("{=str}: {} in phase {} ({=bool} reused)", C::SCHEME, err, err.phase(), reused);
+            }
         }
         result
     }
@@ -809,9 +888,7 @@ pub(crate) fn settle_batch(
     true
 }
 
-impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usize> Transport
-    for HttpTransport<'a, 's, SOCKET_RX, SOCKET_TX, HEAD>
-{
+impl<C: Carrier> Transport for Http<'_, '_, C> {
     const BATCH: usize = MAX_BATCH;
 
     fn batch_limit(&self) -> usize {
@@ -826,7 +903,7 @@ impl<'a, 's: 'a, const SOCKET_RX: usize, const SOCKET_TX: usize, const HEAD: usi
             Err(err) => {
                 let result = Err(err);
                 self.counts.record(&result);
-                defmt::debug!("http: {} in phase {}", err, err.phase());
+                defmt::debug!("{=str}: {} in phase {}", C::SCHEME, err, err.phase());
                 Err(failure(err))
             }
         }
