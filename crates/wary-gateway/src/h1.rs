@@ -13,6 +13,8 @@
 //! - a head ends at its empty line, found by scanning each byte once (a head trickling in one
 //!   byte at a time costs no re-parsing); more than [`MAX_BUF`] bytes without one is answered
 //!   431 and the connection closed;
+//! - an HTTP/1.1 head without a `Host` field, or with two, is answered 400 and the connection
+//!   closed (RFC 9112 §3.2);
 //! - a body is framed by `Content-Length` (equal values only) or `Transfer-Encoding: chunked`
 //!   (the only coding taken: others 501); both at once, or a malformed length, is 400 and the
 //!   connection closed (RFC 9112 §6.3: no request smuggling);
@@ -31,7 +33,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -202,6 +204,11 @@ fn parse_head(bytes: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
         let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| HeadError::Malformed)?;
         let value = HeaderValue::from_bytes(f.value).map_err(|_| HeadError::Malformed)?;
         headers.append(name, value);
+    }
+    // RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host field; a server answers 400
+    // to one without it or with two.
+    if version == Version::HTTP_11 && headers.get_all(HOST).iter().count() != 1 {
+        return Err(HeadError::Malformed);
     }
     let codings = tokens(&headers, TRANSFER_ENCODING);
     let lengths = headers.get_all(CONTENT_LENGTH).iter().flat_map(|v| v.as_bytes().split(|&b| b == b','));
@@ -618,7 +625,7 @@ mod tests {
     #[tokio::test]
     async fn pipelined_requests_are_answered_in_order_with_their_bodies() {
         let out = exchange(
-            b"POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nonePOST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\ntw\r\n1;ext=1\r\no\r\n0\r\nTrailer: x\r\n\r\nGET /c HTTP/1.1\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nonePOST /b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\ntw\r\n1;ext=1\r\no\r\n0\r\nTrailer: x\r\n\r\nGET /c HTTP/1.1\r\nHost: a\r\n\r\n",
         )
         .await;
         assert_eq!(bodies(&out), ["POST /a \"one\"", "POST /b \"two\"", "GET /c \"\""], "{out}");
@@ -629,46 +636,65 @@ mod tests {
 
     #[tokio::test]
     async fn close_http_1_0_and_a_malformed_head_end_the_connection() {
-        let out = exchange(b"GET /close HTTP/1.1\r\n\r\nGET /never HTTP/1.1\r\n\r\n").await;
+        let out =
+            exchange(b"GET /close HTTP/1.1\r\nHost: a\r\n\r\nGET /never HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert_eq!(bodies(&out), ["GET /close \"\""], "{out}");
         assert!(out.contains("connection: close\r\n"), "{out}");
-        let out = exchange(b"GET /a HTTP/1.0\r\n\r\nGET /never HTTP/1.1\r\n\r\n").await;
+        let out = exchange(b"GET /a HTTP/1.0\r\n\r\nGET /never HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert_eq!(bodies(&out).len(), 1, "{out}");
-        let out = exchange(b"GET /a HTTP/1.1\r\nConnection: Close\r\n\r\nGET /never HTTP/1.1\r\n\r\n").await;
+        let out = exchange(
+            b"GET /a HTTP/1.1\r\nHost: a\r\nConnection: Close\r\n\r\nGET /never HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await;
         assert_eq!(bodies(&out).len(), 1, "{out}");
-        let out = exchange(b"GET /a HTTP/1.1\r\nBad Header\r\n\r\nGET /never HTTP/1.1\r\n\r\n").await;
+        let out = exchange(
+            b"GET /a HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\nGET /never HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await;
         assert!(out.starts_with("HTTP/1.1 400 "), "{out}");
         assert_eq!(bodies(&out).len(), 1, "{out}");
-        let out = exchange(b"POST /a HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n").await;
+        let out = exchange(b"POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n").await;
         assert!(out.starts_with("HTTP/1.1 501 "), "{out}");
     }
 
     #[tokio::test]
+    async fn an_http_1_1_head_without_one_host_is_400_and_the_connection_closed() {
+        for head in ["GET /a HTTP/1.1\r\n", "GET /a HTTP/1.1\r\nHost: a\r\nHost: b\r\n"] {
+            let out = exchange(format!("{head}\r\nGET /never HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes()).await;
+            assert!(out.starts_with("HTTP/1.1 400 ") && out.contains("connection: close\r\n"), "{out}");
+            assert_eq!(bodies(&out).len(), 1, "{out}");
+        }
+        // HTTP/1.0 has no such rule.
+        let out = exchange(b"GET /a HTTP/1.0\r\n\r\n").await;
+        assert_eq!(bodies(&out), ["GET /a \"\""], "{out}");
+    }
+
+    #[tokio::test]
     async fn bodies_over_the_limit_or_cut_short_are_refused_and_the_connection_closed() {
-        let out = exchange(b"POST /a HTTP/1.1\r\nContent-Length: 65\r\n\r\n").await;
+        let out = exchange(b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 65\r\n\r\n").await;
         assert_eq!(bodies(&out), ["TooLarge"], "{out}");
         assert!(out.contains("connection: close"), "{out}");
-        let out = exchange(b"POST /a HTTP/1.1\r\nContent-Length: 10\r\n\r\nshort").await;
+        let out = exchange(b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nshort").await;
         assert_eq!(bodies(&out), ["Broken"], "{out}");
         let big = format!(
-            "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n{}\r\n0\r\n\r\n",
+            "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n{}\r\n0\r\n\r\n",
             "x".repeat(65)
         );
         let out = exchange(big.as_bytes()).await;
         assert_eq!(bodies(&out), ["TooLarge"], "{out}");
-        let out = exchange(b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").await;
+        let out = exchange(b"POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").await;
         assert_eq!(bodies(&out), ["Broken"], "{out}");
     }
 
     #[tokio::test]
     async fn a_head_past_the_buffer_is_431_and_a_trickle_within_it_is_parsed_once() {
-        let huge = format!("GET /a HTTP/1.1\r\nX: {}\r\n\r\n", "p".repeat(MAX_BUF));
+        let huge = format!("GET /a HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n", "p".repeat(MAX_BUF));
         let out = exchange(huge.as_bytes()).await;
         assert!(out.starts_with("HTTP/1.1 431 "), "{out}");
         // Empty lines before the request line are skipped (RFC 9112 §2.2).
-        let out = exchange(b"\r\n\r\nGET /a HTTP/1.1\r\n\r\n").await;
+        let out = exchange(b"\r\n\r\nGET /a HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert_eq!(bodies(&out), ["GET /a \"\""], "{out}");
-        let out = exchange(b"\n\n\nGET /a HTTP/1.1\n\n").await;
+        let out = exchange(b"\n\n\nGET /a HTTP/1.1\nHost: a\n\n").await;
         assert_eq!(bodies(&out), ["GET /a \"\""], "{out}");
     }
 
@@ -683,14 +709,14 @@ mod tests {
             expect_continue: false,
             write_timeout: Duration::from_secs(2),
         };
-        client.write_all(b"POST /a HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody").await.unwrap();
+        client.write_all(b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nbody").await.unwrap();
         let head = conn.read_head().await.ok().flatten().unwrap();
         assert_eq!(conn.buf.as_ref(), b"body", "the body came in with the head");
         conn.body = head.framing;
         assert_eq!(conn.read_body(64).await, Ok(Bytes::from_static(b"body")));
         assert_eq!(conn.buf.capacity(), 0);
         // A pipelined request's bytes are kept.
-        client.write_all(b"POST /a HTTP/1.1\r\nContent-Length: 4\r\n\r\nbodyGET").await.unwrap();
+        client.write_all(b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nbodyGET").await.unwrap();
         let head = conn.read_head().await.ok().flatten().unwrap();
         conn.body = head.framing;
         assert_eq!(conn.read_body(64).await, Ok(Bytes::from_static(b"body")));
@@ -702,7 +728,7 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(4096);
         tokio::spawn(serve(server, Duration::from_secs(2), Mirror));
         client
-            .write_all(b"POST /a HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+            .write_all(b"POST /a HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
             .await
             .unwrap();
         let mut got = [0u8; 25];
@@ -720,7 +746,7 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(4096);
         tokio::spawn(serve(server, Duration::from_secs(2), PathOnly));
         client
-            .write_all(b"POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhelloPOST /b HTTP/1.1\r\nContent-Length: 5\r\n\r\n")
+            .write_all(b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloPOST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n")
             .await
             .unwrap();
         let mut out = String::new();
@@ -744,7 +770,7 @@ mod tests {
         let limit = Duration::from_millis(200);
         let (mut client, server) = tokio::io::duplex(4096);
         let conn = tokio::spawn(serve(server, limit, PathOnly));
-        for b in b"GET /a HTTP/1.1\r\nX: " {
+        for b in b"GET /a HTTP/1.1\r\nHost: a\r\nX: " {
             let _ = client.write_all(&[*b]).await;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -754,7 +780,7 @@ mod tests {
         // Idle after an answer: closed once the next head does not come.
         let (mut client, server) = tokio::io::duplex(4096);
         let conn = tokio::spawn(serve(server, limit, PathOnly));
-        client.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+        client.write_all(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
         let mut out = Vec::new();
         client.read_to_end(&mut out).await.unwrap();
         assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n") && out.ends_with(b"/a"), "{out:?}");
@@ -767,7 +793,7 @@ mod tests {
         let limit = Duration::from_millis(300);
         let (mut client, server) = tokio::io::duplex(256);
         let conn = tokio::spawn(serve(server, limit, PathOnly));
-        let requests = b"GET /a HTTP/1.1\r\n\r\n".repeat(40);
+        let requests = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n".repeat(40);
         let writer = tokio::spawn(async move {
             let _ = client.write_all(&requests).await;
             client

@@ -97,11 +97,17 @@ pub async fn connect_as(
     Ok(sender)
 }
 
-/// Sends one request on an open connection: its status and body.
+/// Sends one request on an open connection: its status and body. A request without `Host` gets
+/// one from its URI, as every HTTP/1.1 client sends it (hyper's connection-level sender adds
+/// none, and the gateway refuses a request without it).
 pub async fn send(
     sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    req: Request<Full<Bytes>>,
+    mut req: Request<Full<Bytes>>,
 ) -> (StatusCode, Bytes) {
+    if let Some(authority) = req.uri().authority().map(|a| a.as_str().to_owned()) {
+        let host = http::HeaderValue::from_str(&authority).unwrap();
+        req.headers_mut().entry(http::header::HOST).or_insert(host);
+    }
     let resp = sender.send_request(req).await.unwrap();
     let status = resp.status();
     (status, resp.into_body().collect().await.unwrap().to_bytes())
