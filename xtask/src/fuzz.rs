@@ -35,9 +35,15 @@ pub fn fuzz(root: &Path, seconds: u64, required: bool, seed: Option<u32>) -> Res
     let seed_arg = seed.map(|s| format!("-seed={s}"));
     for t in &targets {
         step(&format!("fuzz {t} for {seconds} s"));
+        // A target's dictionary, `fuzz/<target>.dict`, where it has one.
+        let dict = dir.join(format!("{t}.dict"));
+        let dict_arg = dict.is_file().then(|| format!("-dict={}", dict.display()));
         let mut args = vec!["run", t.as_str(), "--", time.as_str()];
         if let Some(s) = &seed_arg {
             args.push(s);
+        }
+        if let Some(d) = &dict_arg {
+            args.push(d);
         }
         eprintln!("    $ cargo +nightly fuzz {}", args.join(" "));
         let status = fuzz_command(&dir).args(&args).status().context("starting `cargo fuzz run`")?;
