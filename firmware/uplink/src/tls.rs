@@ -8,9 +8,11 @@
 //!
 //! **One handshake per connection, not per reading**: [`TlsTransport`] keeps its TLS session
 //! across attempts and readings under the same rules as the plain transport's kept connection:
-//! it is the same transport ([`Http`]) on another [`Carrier`] ([`Secure`]). **No resumption across reconnects**: a new connection pays a full
-//! handshake, because embedded-tls 0.19 reads a server's `NewSessionTicket` and throws it away
-//! (it keeps neither the ticket nor a resumption secret), and its only PSK is an external one
+//! it is the same transport ([`Http`]) on another [`Carrier`] ([`Secure`]).
+//!
+//! **No resumption across reconnects**: a new connection pays a full handshake, because
+//! embedded-tls 0.19 reads a server's `NewSessionTicket` and throws it away (it keeps neither
+//! the ticket nor a resumption secret), and its only PSK is an external one
 //! (`TlsConfig::with_psk`, binder label `ext binder`), which a rustls server does not offer (it
 //! accepts only its own tickets, bound with `res binder`). firmware/README.md gives what a
 //! reconnect costs.

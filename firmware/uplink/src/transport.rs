@@ -20,10 +20,10 @@
 //!
 //! [`Http`] is HTTP per reading: one HTTP/1.1 `POST` per message through an `embassy-net`
 //! stack, whatever link is under the stack (Ethernet, PPP over a cellular modem, Wi-Fi), over
-//! one connection kept across attempts and readings (see [`Http`] for
-//! when it ends and how a write onto a connection the server closed is classified), one
-//! message per exchange unless batches are on (below). A failed exchange maps ([`failure`]) by what it says about
-//! whether the request may have reached the server:
+//! one connection kept across attempts and readings (see [`Http`] for when it ends and how a
+//! write onto a connection the server closed is classified), plain or inside a TLS session,
+//! one message per exchange unless batches are on (below). A failed exchange maps
+//! ([`failure`]) by what it says about whether the request may have reached the server:
 //!
 //! | exchange result | answer | why |
 //! |---|---|---|
@@ -37,9 +37,9 @@
 //! | no reply in time | `ResponseTimeout` | may have landed |
 //! | the request cannot be encoded | `BadBody` | our own bug: no resend can fix it, so the call fails |
 //!
-//! **Batches** (off by default; [`Http::batches`], over plain HTTP as over TLS): up to [`MAX_BATCH`] messages in
-//! one `POST` to the receiver's batch endpoint, a JSON array of `[key, body]` pairs, answered
-//! by one status per message, in order (docs/batches.md). Each message's answer is read from
+//! **Batches** (off by default; [`Http::batches`], over plain HTTP as over TLS): up to
+//! [`MAX_BATCH`] messages in one `POST` to the receiver's batch endpoint, a JSON array of
+//! `[key, body]` pairs, answered by one status per message, in order (docs/batches.md). Each message's answer is read from
 //! its place in that array exactly as the status of a request of its own would be:
 //!
 //! | batch exchange result | each message's answer |
