@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::device::{Extra, Log, Route, Scenario, check};
-use crate::harness::{TARGET, build, build_uplink_variant, describe_exit, elf_path};
+use crate::harness::{TARGET, build, build_uplink_variant, elf_path, uplink_exited};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, have, step};
 
 /// The libcoap run: 12 readings, no resets, no faults of ours (the server is libcoap's).
@@ -233,13 +233,7 @@ pub fn coap(root: &Path) -> Result<String> {
     let _ = std::fs::remove_dir_all(&dir);
     let (status, lines) = result?;
     let wire = wire?;
-    match status {
-        None => bail!("coap: QEMU still running at its time limit; killed"),
-        Some(status) if !status.success() => {
-            bail!("coap: the uplink failed under QEMU: {}", describe_exit(status))
-        }
-        Some(_) => {}
-    }
+    uplink_exited("coap", status, crate::device::TIMEOUT)?;
     let (report, listed) = read_back(server.port)?;
     let log = Log::read(&lines);
     let text = check(&COAP, &log, &report)?;
@@ -290,13 +284,7 @@ pub fn coap_storm(root: &Path) -> Result<String> {
     let seen = server.stop();
     let (status, lines) = result?;
     let wire = wire?;
-    match status {
-        None => bail!("coap-storm: QEMU still running at its time limit; killed"),
-        Some(status) if !status.success() => {
-            bail!("coap-storm: the uplink failed under QEMU: {}", describe_exit(status))
-        }
-        Some(_) => {}
-    }
+    uplink_exited("coap-storm", status, crate::device::TIMEOUT)?;
     let report = seen.report();
     let log = Log::read(&lines);
     let text = check(&COAP_STORM, &log, &report)?;

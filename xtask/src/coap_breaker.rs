@@ -15,11 +15,11 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::coap::{Server, free_udp_port, read_back};
 use crate::device::{Extra, Log, Route, Scenario, TOKEN, check, run_uplink};
-use crate::harness::describe_exit;
+use crate::harness::uplink_exited;
 use crate::util::step;
 
 /// Two readings: the probe's, and one more sent at the slow start's pace.
@@ -54,13 +54,7 @@ pub fn run(elf: &Path) -> Result<String> {
         run_uplink(elf, port, TOKEN, COAP_BREAKER.readings, COAP_BREAKER.plan, TIMEOUT, &Extra::default())?;
     let elapsed = started.elapsed().as_secs_f64();
     let server = back.join().map_err(|_| anyhow::anyhow!("the server's thread panicked"))??;
-    match status {
-        None => bail!("coap (breaker): QEMU still running after {} s; killed", TIMEOUT.as_secs()),
-        Some(s) if !s.success() => {
-            bail!("coap (breaker): the uplink failed under QEMU: {}", describe_exit(s))
-        }
-        Some(_) => {}
-    }
+    uplink_exited("coap (breaker)", status, TIMEOUT)?;
     let held =
         crate::breaker_hold::judge(&lines, "two unanswered transmissions").context("coap (breaker)")?;
     let (report, listed) = read_back(port)?;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::harness::{TARGET, build, describe_exit, elf_path, start_qemu, wait_with_timeout};
+use crate::harness::{TARGET, build, elf_path, start_qemu, uplink_exited, wait_with_timeout};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_targets, step};
 
 /// The device id the firmware is given on its command line (`device=`), in every key. Its low
@@ -30,7 +30,7 @@ pub(crate) const DEVICE: u64 = 0x5741_5259_0a38_6001;
 /// run fails if any line of the device's log shows any part of it.
 pub(crate) const TOKEN: &str = "3c5e0f6a1d7b48c29e0a4f81b6d3572c0e9f1a2b3c4d5e6f708192a3b4c5d6e7";
 /// A wedged guest must never hold CI; healthy runs take 5 to 40 s.
-const TIMEOUT: Duration = Duration::from_secs(240);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(240);
 
 /// One device run: the cloud's faults and what the firmware is told.
 pub struct Scenario {
@@ -296,13 +296,7 @@ fn run_route(root: &Path, scenario: &Scenario, more: &Extra<'_>) -> Result<Route
             line.replace(TOKEN, "…")
         );
     }
-    match status {
-        None => bail!("{}: QEMU still running after {} s; killed", scenario.name, TIMEOUT.as_secs()),
-        Some(status) if !status.success() => {
-            bail!("{}: the uplink failed under QEMU: {}", scenario.name, describe_exit(status))
-        }
-        Some(_) => {}
-    }
+    uplink_exited(scenario.name, status, TIMEOUT)?;
     if let Some(line) = lines.iter().find(|line| shows_token(line)) {
         bail!(
             "{}: a device log line shows part of its credential: {:?}",

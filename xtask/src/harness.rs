@@ -170,6 +170,20 @@ pub(crate) fn wait_with_timeout(child: &mut Child, limit: Duration) -> Result<Op
     }
 }
 
+/// Fails unless the uplink under QEMU ran to a clean exit: `status` `None` (killed at
+/// `timeout`) or a failing exit is an error named by `label`.
+pub(crate) fn uplink_exited(
+    label: &str,
+    status: Option<ExitStatus>,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    match status {
+        None => bail!("{label}: QEMU still running after {} s; killed", timeout.as_secs()),
+        Some(s) if !s.success() => bail!("{label}: the uplink failed under QEMU: {}", describe_exit(s)),
+        Some(_) => Ok(()),
+    }
+}
+
 /// The firmware's exit codes (mps2-an386 crate, `exit_code`) in words.
 pub(crate) fn describe_exit(status: ExitStatus) -> String {
     match status.code() {

@@ -29,7 +29,7 @@ use wary_fixtures::mosquitto::{Broker, GATEWAY_USER, Login, READINGS_FILTER, Set
 use wary_fixtures::mqtt_fault::{Fault, Proxy};
 
 use crate::device::{DEVICE, Extra, TOKEN, key_hex, run_uplink};
-use crate::harness::{TARGET, build, build_uplink_variant, describe_exit, elf_path};
+use crate::harness::{TARGET, build, build_uplink_variant, describe_exit, elf_path, uplink_exited};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_mosquitto, ensure_targets, step};
 
 /// Readings the sensor makes.
@@ -194,11 +194,7 @@ fn scenario(root: &Path, dir: &Path, elf: &Path) -> Result<String> {
     let seen = checker.stop(Duration::from_secs(2))?;
     drop(broker);
 
-    match status {
-        None => bail!("mqtt: QEMU still running after {} s; killed", TIMEOUT.as_secs()),
-        Some(s) if !s.success() => bail!("mqtt: the uplink failed under QEMU: {}", describe_exit(s)),
-        Some(_) => {}
-    }
+    uplink_exited("mqtt", status, TIMEOUT)?;
     if let Some(line) = lines.iter().find(|l| l.contains(&TOKEN[..16]) || l.contains(&TOKEN[48..])) {
         bail!("mqtt: a device log line shows part of its credential: {:?}", line.replace(TOKEN, "…"));
     }

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use wary_fixtures::mosquitto::{Broker, GATEWAY_USER, Login, Settings};
 
 use crate::device::{DEVICE, Extra, TOKEN, run_uplink};
-use crate::harness::describe_exit;
+use crate::harness::uplink_exited;
 use crate::mqtt::{Checker, GATEWAY_PASSWORD, Tally, accepted_keys};
 use crate::util::step;
 
@@ -53,13 +53,7 @@ pub fn run(dir: &Path, elf: &Path) -> Result<String> {
     let seen = checker.stop(Duration::from_secs(1))?;
     drop(broker);
 
-    match status {
-        None => bail!("mqtt (breaker): QEMU still running after {} s; killed", TIMEOUT.as_secs()),
-        Some(s) if !s.success() => {
-            bail!("mqtt (breaker): the uplink failed under QEMU: {}", describe_exit(s))
-        }
-        Some(_) => {}
-    }
+    uplink_exited("mqtt (breaker)", status, TIMEOUT)?;
     let held = crate::breaker_hold::judge(&lines, "two refused connections").context("mqtt (breaker)")?;
     let accepted = accepted_keys(&lines);
     let tally = Tally::of(&seen);

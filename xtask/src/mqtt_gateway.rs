@@ -31,7 +31,7 @@ use wary_fixtures::mqtt_fault::{Fault, Proxy};
 use crate::device::{
     Cloud, DEVICE, Extra, Log, Route, TOKEN, host_bins, key_hex, put_faults, scrape, shows_token,
 };
-use crate::harness::{TARGET, build, describe_exit};
+use crate::harness::{TARGET, build, uplink_exited};
 use crate::mqtt::{GATEWAY_PASSWORD, build_mqtt};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_mosquitto, ensure_targets, step};
 
@@ -221,11 +221,7 @@ fn scenario(dir: &Path, elf: &Path, bins: &crate::device::HostBins) -> Result<St
         crate::device::run_uplink(elf, proxy.port(), TOKEN, READINGS, PLAN, TIMEOUT, &extra)?;
     let device_secs = started.elapsed().as_secs_f64();
     let kill = killer.join().map_err(|_| anyhow::anyhow!("the kill thread panicked"))??;
-    match status {
-        None => bail!("mqtt-gateway: QEMU still running after {} s; killed", TIMEOUT.as_secs()),
-        Some(s) if !s.success() => bail!("mqtt-gateway: the uplink failed under QEMU: {}", describe_exit(s)),
-        Some(_) => {}
-    }
+    uplink_exited("mqtt-gateway", status, TIMEOUT)?;
     let log = Log::read(&lines);
     let accepted: BTreeSet<String> = log.accepted.iter().map(|&(b, s)| key_hex(b, s)).collect();
 

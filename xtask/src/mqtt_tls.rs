@@ -28,7 +28,7 @@ use wary_fixtures::mosquitto::{Broker, GATEWAY_USER, Login, READINGS_FILTER, Set
 use wary_fixtures::tls::{SERVER_NAME, TestChain};
 
 use crate::device::{DEVICE, Extra, TOKEN, run_uplink};
-use crate::harness::{TARGET, build_uplink_variant, describe_exit};
+use crate::harness::{TARGET, build_uplink_variant, uplink_exited};
 use crate::mqtt::{GATEWAY_PASSWORD, Tally, accepted_keys, read_pcap, restart_when, wire_row, write_figures};
 use crate::util::{ensure_apt, ensure_cargo_install, ensure_mosquitto, ensure_targets, step};
 
@@ -159,11 +159,7 @@ fn scenario(
     let (broker, restarted) = restart?;
     drop(broker);
     let (status, lines) = run?;
-    match status {
-        None => bail!("mqtt-tls: QEMU still running after {} s; killed", TIMEOUT.as_secs()),
-        Some(s) if !s.success() => bail!("mqtt-tls: the uplink failed under QEMU: {}", describe_exit(s)),
-        Some(_) => {}
-    }
+    uplink_exited("mqtt-tls", status, TIMEOUT)?;
     let mut problems = vec![];
     if let Some(line) = lines.iter().find(|l| l.contains(&TOKEN[..16]) || l.contains(&TOKEN[48..])) {
         problems
