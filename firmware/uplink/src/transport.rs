@@ -39,8 +39,9 @@
 //!
 //! **Batches** (off by default; [`Http::batches`], over plain HTTP as over TLS): up to
 //! [`MAX_BATCH`] messages in one `POST` to the receiver's batch endpoint, a JSON array of
-//! `[key, body]` pairs, answered by one status per message, in order (docs/batches.md). Each message's answer is read from
-//! its place in that array exactly as the status of a request of its own would be:
+//! `[key, body]` pairs, answered by one status per message, in order (docs/batches.md). Each
+//! message's answer is read from its place in that array exactly as the status of a request of
+//! its own would be:
 //!
 //! | batch exchange result | each message's answer |
 //! |---|---|
