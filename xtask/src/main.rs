@@ -20,6 +20,7 @@ mod mqtt_tls;
 mod msrv;
 mod mutants;
 mod net;
+mod panic_sites;
 mod qemu;
 mod shares;
 mod tls;

@@ -43,6 +43,7 @@ pub fn qemu(root: &Path) -> Result<()> {
     ensure_cargo_install("defmt-print", "defmt-print", &[])?;
     let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
+    panic_sites(root, &firmware)?;
     for bin in TEST_BINS {
         run_under_qemu(&elf_path(&firmware, bin), bin)?;
     }
@@ -119,6 +120,7 @@ pub fn board(root: &Path) -> Result<()> {
     eprintln!("    built in {:.1} s", started.elapsed().as_secs_f64());
     let plain = dir.join("target/wary-nrf52840-dk.plain.elf");
     copy_elf(&elf_path(&dir, BOARD_BIN), &plain)?;
+    crate::panic_sites::check(root, &llvm_size, &plain)?;
 
     step("building it again with `--features tls` (TLS 1.3, a CA pinned at build time)");
     let ca_dir = env::temp_dir().join(format!("wary-board-ca-{}", std::process::id()));
@@ -157,12 +159,24 @@ pub fn size(root: &Path) -> Result<()> {
     let llvm_size = llvm_size()?;
     let firmware = root.join(crate::harness::QEMU_BOARD);
     build(&firmware)?;
+    panic_sites(root, &firmware)?;
     step("firmware size (flash = text + data, RAM = data + bss; the stack is not counted)");
     let bins: Vec<_> = ALL_BINS.iter().map(|bin| (*bin, elf_path(&firmware, bin))).collect();
     size_table(&llvm_size, &bins)?;
     shares_table(&llvm_size.with_file_name("llvm-nm"), &bins[..1])?;
     transport_sizes(&firmware, &llvm_size)?;
     board(root)
+}
+
+/// Every firmware binary's panic sites in wary, wary-outbox and wary-dial: each must be an `async`
+/// body's guard ([`crate::panic_sites`]).
+fn panic_sites(root: &Path, firmware: &Path) -> Result<()> {
+    step("panic sites: each one in wary, wary-outbox and wary-dial must be an async body's guard");
+    let llvm = llvm_size()?;
+    for bin in ALL_BINS {
+        crate::panic_sites::check(root, &llvm, &elf_path(firmware, bin))?;
+    }
+    Ok(())
 }
 
 /// The QEMU uplink built once per transport (HTTP/1.1, HTTPS, CoAP, MQTT, MQTT over TLS): its
