@@ -553,9 +553,10 @@ mod tests {
         assert_eq!(Pace::new(PaceSettings { floor_milli: 0, ..d }).err(), Some(PaceError::Rates));
         assert_eq!(Pace::new(PaceSettings { floor_milli: 200, ..d }).err(), Some(PaceError::Rates));
         assert_eq!(Pace::new(PaceSettings { start_milli: 20_000, ..d }).err(), Some(PaceError::Rates));
-        let fast = PaceSettings { ceiling_milli: MAX_RATE + 1, ..d };
+        // The highest rate counted is 16 777.215 requests a second.
+        let fast = PaceSettings { ceiling_milli: 16_777_216, ..d };
         assert_eq!(Pace::new(fast).err(), Some(PaceError::TooFast));
-        assert!(Pace::new(PaceSettings { ceiling_milli: MAX_RATE, ..d }).is_ok());
+        assert!(Pace::new(PaceSettings { ceiling_milli: 16_777_215, ..d }).is_ok());
         assert_eq!(Pace::new(PaceSettings { keep_percent: 0, ..d }).err(), Some(PaceError::Keep));
         assert_eq!(Pace::new(PaceSettings { keep_percent: 100, ..d }).err(), Some(PaceError::Keep));
         assert_eq!(Pace::new(PaceSettings { regrow: Duration::ZERO, ..d }).err(), Some(PaceError::Regrow));
@@ -638,6 +639,55 @@ mod tests {
         p.on_success(at(250_000));
         assert!(p.is_open());
         assert_eq!(p.acquire(at(250_000)), Ok(()));
+    }
+
+    #[test]
+    fn a_regrow_past_65_s_draws_the_same_curve_stretched() {
+        // Past 2^16 ms the curve's times are shifted down before its 32-bit division: the rate
+        // at each share of the regrow time is the 60 s curve's at the same share.
+        let curve = |regrow_ms: u64| {
+            let mut p =
+                Pace::new(PaceSettings { regrow: Duration::from_millis(regrow_ms), ..settings() }).unwrap();
+            p.on_throttled(at(0), MID);
+            let mut rates = [0u32; 5];
+            for (rate, tenths) in rates.iter_mut().zip([0, 2, 5, 8, 10]) {
+                *rate = p.rate_milli(at(regrow_ms * tenths / 10)).unwrap();
+            }
+            p.on_success(at(regrow_ms));
+            (rates, p.rate_milli(at(regrow_ms * 3 / 2)).unwrap())
+        };
+        let (short, past) = curve(60_000);
+        // 1 + (1 − keep)·((t − K)/K)³ of the rate cut from, 1 000.
+        assert_eq!(short, [500, 744, 937, 995, 1_000]);
+        for regrow in [65_536, 600_000, 3_600_000] {
+            let (long, long_past) = curve(regrow);
+            for (a, b) in long.iter().zip(short) {
+                assert!(a.abs_diff(b) <= 2, "regrow {regrow} ms: {long:?} against {short:?}");
+            }
+            assert!(long_past.abs_diff(past) <= 2, "regrow {regrow} ms: {long_past} against {past}");
+        }
+    }
+
+    #[test]
+    fn a_pace_whose_start_is_its_floor_has_no_slow_start_to_go_back_to() {
+        // With `start` at the floor there is no lower rate to start again from: a served answer
+        // or an ask after a cut at the floor leave the curve's climb where it was.
+        let flat = PaceSettings { start_milli: 100, floor_milli: 100, ..settings() };
+        let r = |p: &Pace, t| p.rate_milli(at(t)).unwrap();
+        let mut p = Pace::new(flat).unwrap();
+        p.on_throttled(at(0), MID);
+        assert_eq!(r(&p, 0), 100);
+        // Answers move the climb on from the cut; it opens as any pace does.
+        for t in (10_000..=600_000).step_by(10_000) {
+            p.on_success(at(t));
+        }
+        assert!(p.is_open(), "{:?}", p.rate_milli(at(600_000)));
+        // An ask long after the cut does not start the climb again either.
+        let mut p = Pace::new(flat).unwrap();
+        p.on_throttled(at(0), MID);
+        p.on_asked(at(200_000), Duration::from_millis(1_000));
+        p.on_success(at(202_000));
+        assert!(r(&p, 230_000) > 1_000, "{}", r(&p, 230_000));
     }
 
     #[test]

@@ -199,7 +199,8 @@ impl Attempts {
         {
             // Not reached while nothing else changes the breaker: one that admits now admits
             // later too. Kept so a breaker is never passed.
-            self.admission = Some(Admission { breaker_left: left, ..seen });
+            seen.breaker_left = left;
+            self.admission = Some(seen);
             return Gate::Stop(GiveUp::CircuitOpen);
         }
         if let Some(p) = pace {
@@ -419,6 +420,18 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_that_adds_no_wait_lets_the_attempt_go_whatever_the_call_has_left() {
+        // Only a wait the pace adds is charged to the call: the deadline is the decision's to
+        // judge, not the admission's.
+        let p = Policy::builder(Preset::Default).deadline(ms(1_000)).build().unwrap();
+        let mut pace = Pace::new(crate::PaceSettings::DEVICE).unwrap();
+        let mut guards = Guards { pace: Some(&mut pace), breaker: None };
+        let mut a = Attempts::new(at(0));
+        assert_eq!(a.admit_at(&mut guards, &p, at(5_000)), Ok(ms(0)));
+        assert_eq!(a.state().waited(), ms(0));
+    }
+
+    #[test]
     fn a_step_charges_the_fleet_and_a_refused_retry_is_throttled() {
         let p = Policy::builder(Preset::Default).build().unwrap();
         let fleet = FleetBudget::new(3, 100).unwrap();
@@ -452,6 +465,57 @@ mod tests {
         assert_eq!(b.state().phase(), crate::Phase::Closed);
         Attempts::report(None, Some(&mut b), &refused, Draw::ZERO, at(10));
         assert_eq!(b.state().phase(), crate::Phase::Open);
+    }
+
+    #[test]
+    fn report_tells_the_breaker_what_says_the_endpoint_is_down_and_what_says_it_is_there() {
+        use crate::{BreakerSettings, Phase};
+        let phase_after = |outcomes: &[Outcome]| {
+            let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+            for (t, o) in (0..).step_by(10).zip(outcomes) {
+                Attempts::report(None, Some(&mut b), o, Draw::ZERO, at(t));
+            }
+            b.state().phase()
+        };
+        let f = Outcome::Failure;
+        // Down: two in a row open it (the device's threshold).
+        for down in [
+            f(Failure::ConnectTimeout),
+            f(Failure::ResponseTimeout),
+            f(Failure::Reset),
+            f(Failure::Tls),
+            Outcome::status(500),
+            Outcome::status(502),
+            Outcome::status(504),
+        ] {
+            assert_eq!(phase_after(&[down]), Phase::Closed, "{down:?}");
+            assert_eq!(phase_after(&[down, down]), Phase::Open, "{down:?}");
+        }
+        // Says nothing of the endpoint: a broken body, a cancel.
+        for nothing in [f(Failure::BadBody), f(Failure::Cancelled)] {
+            assert_eq!(phase_after(&[nothing, nothing, nothing]), Phase::Closed, "{nothing:?}");
+        }
+        // There: served (a 4xx included) or throttled (429 or 503, asked to wait or not). Either
+        // ends the run of failures.
+        let timeout = f(Failure::ResponseTimeout);
+        for there in [
+            Outcome::Ok,
+            Outcome::status(404),
+            Outcome::status(429),
+            Outcome::status(503),
+            Outcome::status_after(503, ms(5_000)),
+        ] {
+            assert_eq!(phase_after(&[timeout, there, timeout]), Phase::Closed, "{there:?}");
+        }
+        // A throttled probe closes a half-open breaker; a timed-out one opens it again.
+        for (answer, then) in [(Outcome::status(429), Phase::Closed), (timeout, Phase::Open)] {
+            let mut b = Breaker::new(BreakerSettings::DEVICE).unwrap();
+            Attempts::report(None, Some(&mut b), &timeout, Draw::ZERO, at(0));
+            Attempts::report(None, Some(&mut b), &timeout, Draw::ZERO, at(10));
+            assert_eq!(b.admit(at(100_000)), Ok(crate::Permit::Probe));
+            Attempts::report(None, Some(&mut b), &answer, Draw::ZERO, at(100_010));
+            assert_eq!(b.state().phase(), then, "{answer:?}");
+        }
     }
 
     #[test]

@@ -777,6 +777,38 @@ fn a_paced_runner_paces_first_attempts_and_a_plain_one_does_not() {
     assert!(plain.sleeps().is_empty());
 }
 
+#[test]
+fn a_call_with_nothing_to_pace_or_break_draws_once_a_decision() {
+    // The pace and the breaker take draws of their own; with neither, a call's waits are the
+    // ones its decisions draw from the generator, in order, as a plain call's always were.
+    let p = doubling().jitter(Jitter::Full).build().unwrap();
+    let failing = [Outcome::status(503); 10];
+    let mut rng = Xorshift(1);
+    let mut state = wary::CallState::new();
+    let expected: Vec<u64> = (0..5)
+        .map(|_| {
+            match p.decide(
+                &mut state,
+                Operation::Idempotent,
+                &failing[0],
+                wary::Draw::from_rng(&mut rng),
+                None,
+            ) {
+                wary::Decision::Retry { wait } => u64::from(wait.as_millis()),
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    let plain = Paced::new();
+    let mut runner = Runner::new(&p, plain.delay(), &plain.clock, Xorshift(1));
+    assert!(plain.call(&mut runner, &failing).is_err());
+    assert_eq!(plain.sleeps(), expected);
+    let empty = Paced::new();
+    let mut runner = Runner::new(&p, empty.delay(), &empty.clock, Xorshift(1)).endpoint(Guards::default());
+    assert!(empty.call(&mut runner, &failing).is_err());
+    assert_eq!(empty.sleeps(), expected);
+}
+
 impl Paced {
     fn sleeps(&self) -> Vec<u64> {
         self.sleeps.borrow().clone()
