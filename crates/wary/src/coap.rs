@@ -161,9 +161,9 @@ pub const TABLE: Table = {
 };
 
 /// A response code byte from its class and detail (`c.dd`: 3 bits and 5 bits, RFC 7252
-/// section 3); each is masked to its width.
+/// section 3); each is masked to its width, and the two, disjoint, are added.
 pub const fn code(class: u8, detail: u8) -> u8 {
-    ((class & 0x07) << 5) | (detail & 0x1f)
+    ((class & 0x07) << 5).wrapping_add(detail & 0x1f)
 }
 
 /// The HTTP status a response code maps to: `class × 100 + detail` (4.04 is 404, 5.03 is 503,

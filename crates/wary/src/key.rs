@@ -215,6 +215,15 @@ mod tests {
     }
 
     #[test]
+    fn a_key_shows_as_its_hex() {
+        extern crate std;
+        use std::format;
+        let k = Key::from_parts(0xdead_beef_0bad_f00d, 7, 0x89ab_cdef);
+        assert_eq!(format!("{k}"), "deadbeef0badf00d0000000789abcdef");
+        assert_eq!(format!("{k:?}"), "Key(deadbeef0badf00d0000000789abcdef)");
+    }
+
+    #[test]
     #[cfg(feature = "payload-key")]
     fn payload_key_is_sha256_prefix() {
         // SHA-256("") = e3b0c442 98fc1c14 9afbf4c8 996fb924 ...

@@ -778,6 +778,25 @@ fn a_paced_runner_paces_first_attempts_and_a_plain_one_does_not() {
 }
 
 #[test]
+fn a_closure_is_a_clock_a_token_resets_and_a_stop_says_what_ended_the_call() {
+    let clock = || Instant::from_millis(1_234);
+    assert_eq!(Clock::now(&clock), Instant::from_millis(1_234));
+    let token = CancelToken::new();
+    token.cancel();
+    assert!(wary::Cancel::is_cancelled(&token));
+    token.reset();
+    assert!(!wary::Cancel::is_cancelled(&token));
+    let h = Harness::new();
+    let stopped =
+        h.run(&doubling().build().unwrap(), Operation::Idempotent, &[Outcome::status(503); 10]).unwrap_err();
+    assert_eq!(stopped.to_string(), "gave_up (attempts) after 6 attempts, the last a status 503");
+    let h = Harness::new();
+    let p = Policy::builder(Preset::Default).max_attempts(1).build().unwrap();
+    let stopped = h.run(&p, Operation::Idempotent, &[Outcome::Failure(Failure::Reset)]).unwrap_err();
+    assert_eq!(stopped.to_string(), "gave_up (attempts) after 1 attempt, the last a reset");
+}
+
+#[test]
 fn a_call_with_nothing_to_pace_or_break_draws_once_a_decision() {
     // The pace and the breaker take draws of their own; with neither, a call's waits are the
     // ones its decisions draw from the generator, in order, as a plain call's always were.
