@@ -29,7 +29,7 @@ struct Site {
 }
 
 /// Checks the firmware image `elf`; `llvm_size` locates the LLVM tools beside it. Prints how
-/// many panic sites the image holds and how many are in the two crates.
+/// many panic sites the image holds and how many are in the checked crates.
 pub fn check(root: &Path, llvm_size: &Path, elf: &Path) -> Result<()> {
     let readobj = llvm_size.with_file_name("llvm-readobj");
     let elf_arg = elf.to_str().context("ELF path is not UTF-8")?;

@@ -3,7 +3,8 @@
 //! firmware posting over its LAN9118 straight to the faulty test cloud, with and without resets,
 //! and over TLS through the gateway (with a right and a wrong token); `cargo xtask size` prints what
 //! the firmware binaries take of flash and RAM, and the wary core's share. Both also build the
-//! nRF52840-DK application ([`board`]), which needs the board to run, so it is only compiled.
+//! nRF52840-DK application ([`board`]), which needs the board to run, so it is only compiled,
+//! and both read every image's panic sites ([`crate::panic_sites`]).
 //!
 //! The firmware is its own cargo workspace with its own `.cargo/config.toml` (target, linker
 //! scripts), so cargo runs with `boards/mps2-an386/` as its current directory; the board is another
