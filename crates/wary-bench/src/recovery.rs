@@ -17,13 +17,22 @@
 //! client rate limiter (written here from its published constants, in floating point, as the
 //! reference). Two rows show the classic retry loop without the outbox: retry each reading until
 //! it lands, with no jitter and with full jitter. Every decision is the core's own.
+//!
+//! A pace and a breaker are asked as the uplink asks them: the drain waits for the pace between
+//! calls (asked on a copy), each call's attempts go through `wary::Attempts` (its first when the
+//! call starts, a retry for the instant its backoff ends, the pace's wait charged to the call),
+//! and each answer is told to both through `Attempts::report`. A call that meets an open breaker
+//! ends the round; that round, like one ended by a Retry-After too long for a call, takes its
+//! pause and holds the outbox until the breaker may let a probe through (or the asked wait is
+//! over), whichever is later, as the uplink's loop does.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use wary::{
-    Attempts, Backoff, Breaker, BreakerSettings, CallState, Decision, Draw, Duration, Failure, FleetBudget,
-    Instant, Jitter, Operation, Outcome, Pace, PaceSettings, Policy, Preset, Signal, Verdict,
+    Attempts, Backoff, Breaker, BreakerSettings, Decision, Draw, Duration, Failure, FleetBudget, Gate,
+    GiveUp, Guards, Instant, Jitter, Key, Operation, Outcome, Pace, PaceSettings, Policy, Preset, Signal,
+    Verdict,
 };
 
 /// The world of one run.
@@ -311,9 +320,7 @@ struct Device {
     /// Whether this round landed something.
     landed: bool,
     /// The current call, if one is under way.
-    call: Option<CallState>,
-    /// When the current call started.
-    call_start: u64,
+    call: Option<Attempts>,
     /// The round pause's doublings in a row.
     round_step: u32,
     fleet: FleetBudget,
@@ -324,16 +331,103 @@ struct Device {
     paid: bool,
 }
 
-/// An event: a device is ready to send, or an answer arrives.
+impl Device {
+    /// True when a pace or a breaker gates its attempts (through [`Attempts::admit`], as the
+    /// uplink's runner asks them).
+    fn guarded(&self) -> bool {
+        self.pace.is_some() || self.breaker.is_some()
+    }
+}
+
+/// An event: a device is ready for its next call (or, without a pace or breaker, its next
+/// attempt), an attempt goes, or an answer arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Ready,
+    Send,
     Answer { outcome: u8, retry_after_s: u32 },
 }
 
 const OK: u8 = 0;
 const UNAVAILABLE: u8 = 1;
 const REFUSED: u8 = 2;
+
+type Queue = BinaryHeap<Reverse<(u64, u32, Event)>>;
+
+/// A run's state besides its devices: what the round and call endings need.
+struct Sim {
+    row: Row,
+    rounds: Backoff,
+    rng: fastrand::Rng,
+    queue: Queue,
+    s: Stats,
+    delays: Vec<u64>,
+    recovery_start: u64,
+}
+
+impl Sim {
+    /// How a round ends, as the uplink ends it: a round that kept a reading pauses (doubling
+    /// from 500 ms, one doubling more while the fleet budget refuses retries; back to 500 ms once
+    /// a round lands something); a server's Retry-After too long for a call, or an open breaker,
+    /// holds the outbox until `hold` as well. The next round starts when both are over.
+    fn end_round(&mut self, dev: &mut Device, d: u32, t: u64, hold: Option<u64>) {
+        if dev.landed {
+            dev.round_step = 0;
+        }
+        let mut wake = t;
+        if dev.kept > 0 {
+            let throttled = !dev.fleet.allows_retry();
+            let k = dev.round_step + 1 + u32::from(throttled);
+            let pause = self.rounds.wait(k, Duration::ZERO, Draw::unit(self.rng.u32(..)));
+            dev.round_step += 1;
+            wake = t + u64::from(pause.as_millis());
+        }
+        (dev.in_round, dev.kept, dev.landed) = (0, 0, false);
+        self.queue.push(Reverse((wake.max(hold.unwrap_or(0)), d, Event::Ready)));
+    }
+
+    /// A call of device `d` ended with `verdict` at `t`: the reading lands or is kept, and the
+    /// round goes on, or ends.
+    fn end_call(&mut self, dev: &mut Device, d: u32, t: u64, verdict: Verdict) {
+        dev.call = None;
+        if verdict == Verdict::Ok {
+            self.s.delivered += 1;
+            self.delays.push(t);
+            self.s.drain_ms = t.saturating_sub(self.recovery_start);
+            dev.pending -= 1;
+            dev.landed = true;
+        } else {
+            dev.kept += 1;
+            dev.in_round += 1;
+        }
+        if verdict == Verdict::GaveUp(GiveUp::CircuitOpen) {
+            self.s.breaker_refusals += 1;
+        }
+        if dev.pending == 0 {
+            return;
+        }
+        if !self.row.outbox() {
+            // Retry until landed: a call that stops starts again at once.
+            self.queue.push(Reverse((t, d, Event::Ready)));
+            return;
+        }
+        match verdict {
+            // The server asked the device to stay away: the rest of the round waits too.
+            Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) => {
+                self.end_round(dev, d, t, Some(t + u64::from(asked.as_millis())));
+            }
+            // Every other reading of the round would meet the same open breaker: the round
+            // ends, and the outbox waits until the breaker may let a probe through.
+            Verdict::GaveUp(GiveUp::CircuitOpen) => {
+                let now = Instant::from_millis(t);
+                let wait = dev.breaker.as_ref().map_or(Duration::ZERO, |b| b.wait(now));
+                self.end_round(dev, d, t, Some(t + u64::from(wait.as_millis()).max(1)));
+            }
+            _ if dev.in_round < dev.pending => self.queue.push(Reverse((t, d, Event::Ready))),
+            _ => self.end_round(dev, d, t, None),
+        }
+    }
+}
 
 /// Runs one row in one world.
 pub fn run(row: Row, world: &World) -> Stats {
@@ -344,7 +438,6 @@ pub fn run(row: Row, world: &World) -> Stats {
     };
     let pace = Pace::new(PaceSettings::DEVICE).unwrap_or_else(|e| panic!("pace refused: {e:?}"));
     let breaker = Breaker::new(BreakerSettings::DEVICE).unwrap_or_else(|e| panic!("breaker refused: {e:?}"));
-    let rounds = Backoff::new(Duration::from_millis(500), Duration::from_secs(30), Jitter::Equal);
     let mut rng = fastrand::Rng::with_seed(world.seed);
     let mut devices: Vec<Device> = (0..world.devices)
         .map(|_| Device {
@@ -353,7 +446,6 @@ pub fn run(row: Row, world: &World) -> Stats {
             kept: 0,
             landed: false,
             call: None,
-            call_start: 0,
             round_step: 0,
             fleet: FleetBudget::new(10, 500).unwrap_or_else(|e| panic!("fleet budget refused: {e:?}")),
             pace: matches!(row, Row::WaryPace | Row::WaryPaceBreaker).then_some(pace),
@@ -363,13 +455,21 @@ pub fn run(row: Row, world: &World) -> Stats {
         })
         .collect();
     // Devices wake within the first second (their own timers), in a fixed order per seed.
-    let mut queue: BinaryHeap<Reverse<(u64, u32, Event)>> =
-        (0..world.devices).map(|d| Reverse((rng.u64(0..1000), d, Event::Ready))).collect();
-    let mut s = Stats::default();
-    let mut delays: Vec<u64> = Vec::with_capacity(world.readings() as usize);
-    let (mut second, mut served) = (u64::MAX, 0u32);
+    let queue: Queue = (0..world.devices).map(|d| Reverse((rng.u64(0..1000), d, Event::Ready))).collect();
     let recovery_start = world.outage_ms;
-    while let Some(Reverse((t, d, event))) = queue.pop() {
+    let mut sim = Sim {
+        row,
+        rounds: Backoff::new(Duration::from_millis(500), Duration::from_secs(30), Jitter::Equal),
+        rng,
+        queue,
+        s: Stats::default(),
+        delays: Vec::with_capacity(world.readings() as usize),
+        recovery_start,
+    };
+    let (mut second, mut served) = (u64::MAX, 0u32);
+    // Every reading's call carries a key; the simulation's are all the same (nothing reads them).
+    let key = Key::from_parts(0, 0, 0);
+    while let Some(Reverse((t, d, event))) = sim.queue.pop() {
         if t >= world.horizon_ms {
             break;
         }
@@ -380,51 +480,64 @@ pub fn run(row: Row, world: &World) -> Stats {
                 if dev.pending == 0 {
                     continue;
                 }
-                if let Some(b) = dev.breaker.as_mut()
-                    && let Err(wait) = b.admit(now)
-                {
-                    // The call ends at once (gave up, the breaker open) and keeps its reading;
-                    // every reading of the round meets the same breaker, so the round ends and
-                    // the outbox comes back when the breaker may let a probe through.
-                    s.breaker_refusals += 1;
-                    dev.call = None;
-                    dev.in_round = 0;
-                    dev.kept = 0;
-                    dev.landed = false;
-                    queue.push(Reverse((t + u64::from(wait.as_millis()).max(1), d, Event::Ready)));
-                    continue;
+                if dev.call.is_none() && dev.guarded() {
+                    // The drain honours the pace between calls, asked on a copy (the call takes
+                    // the token); then the call asks the breaker and the pace before its first
+                    // attempt, as the uplink's runner does.
+                    if let Some(p) = dev.pace.as_ref()
+                        && let Err(wait) = { *p }.acquire(now)
+                    {
+                        sim.queue.push(Reverse((t + u64::from(wait.as_millis()).max(1), d, Event::Ready)));
+                        continue;
+                    }
+                    let mut call = Attempts::new(now);
+                    let gate = call.admit(&policy, dev.pace.as_mut(), dev.breaker.as_mut(), now);
+                    dev.call = Some(call);
+                    match gate {
+                        Gate::Go => {}
+                        Gate::Wait(wait) => {
+                            sim.queue.push(Reverse((t + u64::from(wait.as_millis()), d, Event::Send)));
+                            continue;
+                        }
+                        Gate::Stop(why) => {
+                            let verdict = Verdict::GaveUp(why);
+                            sim.end_call(dev, d, t, verdict);
+                            continue;
+                        }
+                    }
+                } else {
+                    // Smithy's limiter gates every attempt, retries included, before it goes.
+                    if let Some(sm) = dev.smithy.as_mut()
+                        && !dev.paid
+                        && let Err(secs) = sm.acquire(t as f64 / 1000.0)
+                    {
+                        dev.paid = true;
+                        sim.queue.push(Reverse((t + (secs * 1000.0).ceil() as u64, d, Event::Ready)));
+                        continue;
+                    }
+                    dev.paid = false;
+                    if dev.call.is_none() {
+                        dev.call = Some(Attempts::new(now));
+                    }
                 }
-                if let Some(p) = dev.pace.as_mut()
-                    && let Err(wait) = p.acquire(now)
-                {
-                    queue.push(Reverse((t + u64::from(wait.as_millis()).max(1), d, Event::Ready)));
-                    continue;
-                }
-                if let Some(sm) = dev.smithy.as_mut()
-                    && !dev.paid
-                    && let Err(secs) = sm.acquire(t as f64 / 1000.0)
-                {
-                    dev.paid = true;
-                    queue.push(Reverse((t + (secs * 1000.0).ceil() as u64, d, Event::Ready)));
-                    continue;
-                }
-                dev.paid = false;
-                if dev.call.is_none() {
-                    dev.call = Some(CallState::new());
-                    dev.call_start = t;
+                sim.queue.push(Reverse((t, d, Event::Send)));
+            }
+            Event::Send => {
+                if let Some(call) = dev.call.as_mut() {
+                    call.start(&policy, now);
                 }
                 // The request reaches the cloud.
-                s.requests += 1;
+                sim.s.requests += 1;
                 let sec = t / 1000;
-                if s.per_second.len() <= sec as usize {
-                    s.per_second.resize(sec as usize + 1, 0);
+                if sim.s.per_second.len() <= sec as usize {
+                    sim.s.per_second.resize(sec as usize + 1, 0);
                 }
-                s.per_second[sec as usize] += 1;
+                sim.s.per_second[sec as usize] += 1;
                 if sec != second {
                     (second, served) = (sec, 0);
                 }
                 let (outcome, retry_after_s) = if t < recovery_start {
-                    s.outage_requests += 1;
+                    sim.s.outage_requests += 1;
                     match world.outage {
                         OutageMode::Unavailable => (UNAVAILABLE, 0),
                         OutageMode::Refused => (REFUSED, 0),
@@ -433,14 +546,14 @@ pub fn run(row: Row, world: &World) -> Stats {
                     served += 1;
                     (OK, 0)
                 } else if world.spread {
-                    let left = world.readings() - s.delivered;
+                    let left = world.readings() - sim.s.delivered;
                     let need_s = left.div_ceil(u64::from(world.capacity)).max(1);
-                    (UNAVAILABLE, rng.u64(1..=need_s) as u32)
+                    (UNAVAILABLE, sim.rng.u64(1..=need_s) as u32)
                 } else {
                     (UNAVAILABLE, 0)
                 };
-                let rtt = world.rtt_ms - world.rtt_spread_ms + rng.u64(0..=2 * world.rtt_spread_ms);
-                queue.push(Reverse((t + rtt, d, Event::Answer { outcome, retry_after_s })));
+                let rtt = world.rtt_ms - world.rtt_spread_ms + sim.rng.u64(0..=2 * world.rtt_spread_ms);
+                sim.queue.push(Reverse((t + rtt, d, Event::Answer { outcome, retry_after_s })));
             }
             Event::Answer { outcome, retry_after_s } => {
                 let outcome = match outcome {
@@ -453,87 +566,57 @@ pub fn run(row: Row, world: &World) -> Stats {
                 };
                 // The pace and the breaker hear the answer as the uplink's runner tells them (a
                 // draw only for rows that have them, so the other rows' runs stay as they were).
-                if dev.pace.is_some() || dev.breaker.is_some() {
-                    let draw = Draw::unit(rng.u32(..));
+                if dev.guarded() {
+                    let draw = Draw::unit(sim.rng.u32(..));
                     Attempts::report(dev.pace.as_mut(), dev.breaker.as_mut(), &outcome, draw, now);
                 }
                 if let Some(sm) = dev.smithy.as_mut() {
                     let signal = Signal::of(&outcome);
                     sm.update(t as f64 / 1000.0, matches!(signal, Signal::Throttled | Signal::Asked { .. }));
                 }
-                let Some(state) = dev.call.as_mut() else { continue };
-                let elapsed = Some(Duration::from_millis(t - dev.call_start));
-                let draw = Draw::unit(rng.u32(..));
-                let decision = if row.outbox() {
-                    policy.decide_with_fleet(
-                        state,
-                        Operation::KeyedWrite,
-                        &outcome,
-                        draw,
-                        elapsed,
-                        &dev.fleet,
-                    )
-                } else {
-                    policy.decide(state, Operation::KeyedWrite, &outcome, draw, elapsed)
-                };
+                let guarded = dev.guarded();
+                let Some(call) = dev.call.as_mut() else { continue };
+                let draw = Draw::unit(sim.rng.u32(..));
+                let fleet = row.outbox().then_some(&dev.fleet);
+                let (decision, _) = call.end(&policy, fleet, Operation::KeyedWrite, key, outcome, draw, now);
                 match decision {
+                    Decision::Retry { wait } if guarded => {
+                        // Asked for the instant the backoff wait ends: a retry they refuse ends
+                        // the call there.
+                        let at = t + u64::from(wait.as_millis());
+                        match call.admit_at(
+                            &mut Guards { pace: dev.pace.as_mut(), breaker: dev.breaker.as_mut() },
+                            &policy,
+                            Instant::from_millis(at),
+                        ) {
+                            Ok(more) => {
+                                sim.queue.push(Reverse((at + u64::from(more.as_millis()), d, Event::Send)))
+                            }
+                            Err(why) => {
+                                let verdict = Verdict::GaveUp(why);
+                                sim.end_call(dev, d, t, verdict);
+                            }
+                        }
+                    }
                     Decision::Retry { wait } => {
-                        queue.push(Reverse((t + u64::from(wait.as_millis()), d, Event::Ready)));
+                        sim.queue.push(Reverse((t + u64::from(wait.as_millis()), d, Event::Ready)));
                     }
                     Decision::Done(verdict) => {
-                        dev.call = None;
-                        if verdict == Verdict::Ok {
-                            s.delivered += 1;
-                            delays.push(t);
-                            s.drain_ms = t.saturating_sub(recovery_start);
-                            dev.pending -= 1;
-                            dev.landed = true;
-                        } else {
-                            dev.kept += 1;
-                            dev.in_round += 1;
-                        }
-                        if dev.pending == 0 {
-                            continue;
-                        }
-                        if let Verdict::GaveUp(wary::GiveUp::RetryAfterTooLong { asked }) = verdict
-                            && row.outbox()
-                        {
-                            // The uplink holds its outbox for what the server asked, and the rest
-                            // of the round waits too.
-                            dev.round_step = if dev.landed { 0 } else { dev.round_step };
-                            (dev.in_round, dev.kept, dev.landed) = (0, 0, false);
-                            queue.push(Reverse((t + u64::from(asked.as_millis()), d, Event::Ready)));
-                        } else if !row.outbox() && verdict != Verdict::Ok {
-                            // Retry until landed: a call that stops starts again at once.
-                            queue.push(Reverse((t, d, Event::Ready)));
-                        } else if dev.in_round < dev.pending {
-                            queue.push(Reverse((t, d, Event::Ready)));
-                        } else {
-                            // The round is over and kept readings: pause.
-                            if dev.landed {
-                                dev.round_step = 0;
-                            }
-                            let throttled = !dev.fleet.allows_retry();
-                            let k = dev.round_step + 1 + u32::from(throttled);
-                            let pause = rounds.wait(k, Duration::ZERO, Draw::unit(rng.u32(..)));
-                            dev.round_step += 1;
-                            (dev.in_round, dev.kept, dev.landed) = (0, 0, false);
-                            queue.push(Reverse((t + u64::from(pause.as_millis()), d, Event::Ready)));
-                        }
+                        sim.end_call(dev, d, t, verdict);
                     }
                 }
             }
         }
     }
-    if s.delivered < world.readings() {
-        s.drain_ms = world.horizon_ms.saturating_sub(recovery_start);
+    if sim.s.delivered < world.readings() {
+        sim.s.drain_ms = world.horizon_ms.saturating_sub(recovery_start);
     }
-    s.peak_per_s =
-        s.per_second.iter().skip((recovery_start / 1000) as usize).copied().max().unwrap_or(0).into();
-    delays.sort_unstable();
-    let idx = (delays.len() * 99).div_ceil(100).saturating_sub(1);
-    s.p99_delay_ms = delays.get(idx).copied().unwrap_or(0);
-    s
+    sim.s.peak_per_s =
+        sim.s.per_second.iter().skip((recovery_start / 1000) as usize).copied().max().unwrap_or(0).into();
+    sim.delays.sort_unstable();
+    let idx = (sim.delays.len() * 99).div_ceil(100).saturating_sub(1);
+    sim.s.p99_delay_ms = sim.delays.get(idx).copied().unwrap_or(0);
+    sim.s
 }
 
 /// The section's heading in results.md.
@@ -589,7 +672,8 @@ pub fn section(cells: &[Cell], seed: u64, secs: f64) -> String {
          requests in one second of the recovery ÷ capacity. Drain: the last landing after the outage ÷ \
          the ideal {} s. Requests per landed reading count the outage's requests too. p99: the \
          readings' delay from time 0. Every decision is the core's (`Policy::decide_with_fleet`, \
-         `Pace`, `Breaker`); smithy's limiter is written in the bench from its published constants.\n",
+         `Pace`, `Breaker`, asked and told through `Attempts` as the uplink does); smithy's \
+         limiter is written in the bench from its published constants.\n",
         w.devices,
         w.backlog,
         w.capacity,
@@ -608,10 +692,10 @@ pub fn section(cells: &[Cell], seed: u64, secs: f64) -> String {
                 let (peak, drain, per, p99) = figures(c);
                 let left = c.world.readings() - c.stats.delivered;
                 let drain =
-                    if left > 0 { format!("> {drain:.2} ({left} left)") } else { format!("{drain:.2}") };
+                    if left > 0 { format!("> {drain:.3} ({left} left)") } else { format!("{drain:.3}") };
                 let _ = writeln!(
                     md,
-                    "| {} | {peak:.2} | {drain} | {per:.2} | {p99:.0} | {} | {} |",
+                    "| {} | {peak:.3} | {drain} | {per:.3} | {p99:.0} | {} | {} |",
                     c.row.label(),
                     c.stats.outage_requests,
                     c.stats.breaker_refusals
@@ -619,7 +703,82 @@ pub fn section(cells: &[Cell], seed: u64, secs: f64) -> String {
             }
         }
     }
+    md.push_str("\n### Against the targets (wary + pace + breaker)\n\n");
+    for t in targets(cells) {
+        let _ = writeln!(
+            md,
+            "- {} outage, {}: {} {:.3}, at most {:.3} ({}): {}",
+            t.outage.label(),
+            if t.spread { "spread Retry-After" } else { "no Retry-After" },
+            t.figure,
+            t.value,
+            t.limit,
+            t.against,
+            if t.met() { "met" } else { "**not met**" }
+        );
+    }
     md
+}
+
+/// One target of the row with the pace and the breaker, in one world.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// The world's outage.
+    pub outage: OutageMode,
+    /// Whether the world's cloud spreads its asks.
+    pub spread: bool,
+    /// `peak × capacity`, `drain × ideal` or `requests / reading`.
+    pub figure: &'static str,
+    /// The row's figure.
+    pub value: f64,
+    /// The most it may be.
+    pub limit: f64,
+    /// Where the limit comes from.
+    pub against: &'static str,
+}
+
+impl Target {
+    /// True if the figure is within its limit.
+    pub fn met(&self) -> bool {
+        self.value <= self.limit
+    }
+}
+
+/// The targets the row with the pace and the breaker must meet in each world of `cells`. Without
+/// Retry-After the devices learn only from their own answers and cannot know the fleet's size, so
+/// the peak is held against the baselines (half the uplink's today, and smithy's limiter's),
+/// the drain within 1.5× the ideal and 1.5 requests a reading; where the cloud spreads its asks,
+/// the peak within 1.3× its capacity, the drain within 1.3× the ideal and 1.2 requests a reading.
+pub fn targets(cells: &[Cell]) -> Vec<Target> {
+    let mut out = Vec::new();
+    for spread in [false, true] {
+        for outage in [OutageMode::Unavailable, OutageMode::Refused] {
+            let world = |row: Row| {
+                cells
+                    .iter()
+                    .find(|c| c.world.spread == spread && c.world.outage == outage && c.row == row)
+                    .map(figures)
+            };
+            let Some((peak, drain, per, _)) = world(Row::WaryPaceBreaker) else { continue };
+            let target =
+                |figure, value, limit, against| Target { outage, spread, figure, value, limit, against };
+            if spread {
+                out.push(target("peak × capacity", peak, 1.3, "1.3× capacity"));
+                out.push(target("drain × ideal", drain, 1.3, "1.3× the ideal"));
+                out.push(target("requests / reading", per, 1.2, "1.2"));
+            } else {
+                if let Some((today, ..)) = world(Row::WaryToday) {
+                    out.push(target("peak × capacity", peak, today / 2.0, "half of wary today's"));
+                }
+                if let Some((smithy, ..)) = world(Row::Smithy) {
+                    out.push(target("peak × capacity", peak, smithy, "smithy's limiter's"));
+                }
+                out.push(target("drain × ideal", drain, 1.5, "1.5× the ideal"));
+                out.push(target("requests / reading", per, 1.5, "1.5"));
+            }
+        }
+    }
+    out
 }
 
 /// The `fleet_recovery` value in results.json.
@@ -637,7 +796,16 @@ pub fn json(cells: &[Cell], seed: u64) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "seed": seed, "rows": rows })
+    let targets: Vec<serde_json::Value> = targets(cells)
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "outage": t.outage.label(), "spread_retry_after": t.spread, "figure": t.figure,
+                "value": t.value, "limit": t.limit, "against": t.against, "met": t.met(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "seed": seed, "rows": rows, "targets": targets })
 }
 
 /// `old` with this section (from its heading to the next `## ` heading) replaced by `section`,
@@ -667,6 +835,46 @@ mod tests {
             horizon_ms: 2_000_000,
             ..World::standard(outage, spread, seed)
         }
+    }
+
+    /// A cell of the standard world whose row measured `peak` requests in its busiest second,
+    /// drained in `drain_s` and sent `requests` for every reading.
+    fn cell(outage: OutageMode, spread: bool, row: Row, peak: u64, drain_s: u64, requests: u64) -> Cell {
+        let world = World::standard(outage, spread, 1);
+        let delivered = world.readings();
+        let stats =
+            Stats { requests, delivered, peak_per_s: peak, drain_ms: drain_s * 1000, ..Stats::default() };
+        Cell { world, row, stats }
+    }
+
+    #[test]
+    fn the_targets_hold_each_world_to_its_own_limits() {
+        use OutageMode::{Refused, Unavailable};
+        let readings = World::standard(Refused, true, 1).readings();
+        let cells = [
+            // Without Retry-After: the peak against the baselines.
+            cell(Unavailable, false, Row::WaryToday, 10_000, 400, readings * 30),
+            cell(Unavailable, false, Row::Smithy, 4_000, 400, readings * 8),
+            cell(Unavailable, false, Row::WaryPaceBreaker, 4_001, 600, readings * 3 / 2),
+            // With spread asks: against the capacity (500/s) and the ideal (400 s).
+            cell(Refused, true, Row::WaryPaceBreaker, 650, 521, readings * 6 / 5 + 1),
+        ];
+        let seen: Vec<(&str, f64, bool)> =
+            targets(&cells).iter().map(|t| (t.figure, t.limit, t.met())).collect();
+        assert_eq!(
+            seen,
+            [
+                ("peak × capacity", 10.0, true), // 8.002× within half of wary today's 20×
+                ("peak × capacity", 8.0, false), // but over smithy's 8×
+                ("drain × ideal", 1.5, true),    // 1.5× exactly
+                ("requests / reading", 1.5, true),
+                ("peak × capacity", 1.3, true),     // 1.3× exactly
+                ("drain × ideal", 1.3, false),      // 521 s of 400
+                ("requests / reading", 1.2, false), // one request over 1.2 a reading
+            ]
+        );
+        // A world without the row has no targets.
+        assert!(targets(&cells[..2]).is_empty());
     }
 
     #[test]
