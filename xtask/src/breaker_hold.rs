@@ -5,8 +5,10 @@
 //!
 //! Checked from the device's own log: exactly one call met the open breaker (the round ended
 //! there instead of offering each of its other readings to it), the outbox was held once, and
-//! nothing landed before the instant the hold named (the breaker's open time, 15–30 s); every
-//! accepted reading is applied exactly once (the device scenario's own check).
+//! nothing landed before the instant the hold named (the breaker's open time, 15–30 s), and a
+//! reading landed after it (the probe, which goes with the pace's next request: the pace reads
+//! the breaker's opening as an outage, about a minute); every accepted reading is applied
+//! exactly once (the device scenario's own check).
 
 use std::path::Path;
 

@@ -8,7 +8,8 @@
 //!
 //! Checked from the device's own log as in `breaker-hold` (exactly one call met the open
 //! breaker, the outbox was held once for the breaker's open time, nothing landed before the
-//! instant the hold named, the probe landed after it), and from the server's side: the resources
+//! instant the hold named, the probe landed after it: with the pace's next request, since the
+//! pace reads the breaker's opening as an outage), and from the server's side: the resources
 //! libcoap holds are every accepted reading's key, once each, with a JSON body, and no other.
 
 use std::path::Path;

@@ -6,7 +6,8 @@
 //!
 //! Checked from the device's own log as in `breaker-hold` (exactly one call met the open
 //! breaker, the outbox was held once for the breaker's open time, nothing landed before the
-//! instant the hold named, the probe landed after it), and from the broker's side: a checker
+//! instant the hold named, the probe landed after it: with the pace's next request, since the
+//! pace reads the breaker's opening as an outage), and from the broker's side: a checker
 //! subscribed as the gateway login from the moment the broker is back received every accepted
 //! reading's key with one payload, and no other.
 
@@ -22,7 +23,7 @@ use crate::harness::uplink_exited;
 use crate::mqtt::{Checker, GATEWAY_PASSWORD, Tally, accepted_keys};
 use crate::util::step;
 
-/// Readings the sensor makes: the probe's, and one more sent at the slow start's pace.
+/// Readings the sensor makes: the probe's, and one more sent at the pace's rate after it.
 const READINGS: u32 = 2;
 /// How long after QEMU starts the broker comes back: past the device's boot and its two refused
 /// connections (under a second), well within the breaker's first open time.

@@ -128,6 +128,14 @@ pub struct PaceExplained {
     /// See `first_wait_min`.
     #[serde(rename = "first_wait_max_ms")]
     pub first_wait_max: Duration,
+    /// The shortest and longest wait before the first request after the endpoint's breaker
+    /// opened (an outage for the pace: two cuts), asked as an outbox asks between calls until a
+    /// request may go.
+    #[serde(rename = "down_wait_min_ms")]
+    pub down_wait_min: Duration,
+    /// See `down_wait_min`.
+    #[serde(rename = "down_wait_max_ms")]
+    pub down_wait_max: Duration,
 }
 
 /// The send rate's consequences; `None` if the settings are refused.
@@ -146,6 +154,20 @@ pub fn pace(settings: wary::PaceSettings) -> Option<PaceExplained> {
     let first_wait = |draw| {
         let (mut p, _) = cut(draw);
         p.acquire(at).err().unwrap_or(Duration::ZERO)
+    };
+    // After `on_down`, asked again each time the wait it gave is over: the wait shown early is a
+    // lower bound while the rate climbs (the burst's allowance is counted in shorter intervals).
+    let down_wait = |draw| {
+        let mut p = fresh;
+        p.on_down(at, draw);
+        let mut t = 0u64;
+        for _ in 0..64 {
+            match { p }.acquire(wary::Instant::from_millis(t)) {
+                Ok(()) => break,
+                Err(w) => t = t.saturating_add(u64::from(w.as_millis()).max(1)),
+            }
+        }
+        Duration::from_millis(t)
     };
     let (mut p, to_first_cut) = cut(wary::Draw::ZERO);
     let after = p.rate_milli(at).unwrap_or(settings.floor_milli);
@@ -167,6 +189,8 @@ pub fn pace(settings: wary::PaceSettings) -> Option<PaceExplained> {
         throttles_to_floor: throttles,
         first_wait_min: first_wait(wary::Draw::ZERO),
         first_wait_max: first_wait(wary::Draw::TOP),
+        down_wait_min: down_wait(wary::Draw::ZERO),
+        down_wait_max: down_wait(wary::Draw::TOP),
     })
 }
 
@@ -492,6 +516,15 @@ pub fn render(e: &Explanation, policy: &Policy) -> String {
             b.longest_open_min,
             b.longest_open_max
         );
+        if let Some(p) = &e.pace {
+            let _ = writeln!(
+                s,
+                "  its opening is an outage for the pace (two cuts, as two throttles in a row): the probe waits for the \
+                 pace's next request as well, {} to {} after the opening, and when it closes the pace starts again \
+                 over the fleet's window",
+                p.down_wait_min, p.down_wait_max
+            );
+        }
     }
     for w in &e.warnings {
         let _ = writeln!(s, "\nwarning: {w}");
@@ -575,6 +608,11 @@ mod tests {
         assert_eq!((p.after_first_throttle_milli, p.throttles_to_floor), (50, 3));
         // A 20 s interval with a burst of 2: the first request waits 10 s to 30 s.
         assert_eq!((p.first_wait_min, p.first_wait_max), (Duration::from_secs(10), Duration::from_secs(30)));
+        // Down: cut twice (0.018/s), the first request 56 to 112 s away once asked until it may go.
+        assert_eq!(
+            (p.down_wait_min, p.down_wait_max),
+            (Duration::from_millis(55_556), Duration::from_millis(111_862))
+        );
         let b = breaker(wary::BreakerSettings::DEVICE).unwrap();
         assert_eq!(
             (b.first_open_min, b.first_open_max),

@@ -217,7 +217,8 @@ impl Breaker {
 
     /// A success at `now`: the endpoint is up, the breaker closes. True if it was not closed
     /// (a probe answered): the endpoint has just come back, a moment to start sending slowly
-    /// ([`crate::Pace::slow_start`]).
+    /// (the pace's outage rule, or [`crate::Pace::slow_start_drawn`]; see
+    /// [`crate::Attempts::report`]).
     pub fn on_success(&mut self, _now: Instant) -> bool {
         let reopened = !matches!(self.state, BreakerState::Closed { .. });
         self.state = BreakerState::Closed { failures: 0 };

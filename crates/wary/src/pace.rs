@@ -18,6 +18,9 @@
 //! reaches the `ceiling`. Rates never go below the `floor`; a served answer after a cut made
 //! at the floor starts again from `start`, as when a breaker closes. A `tolerate_percent` lets
 //! a share of throttles pass without a cut, for an endpoint that hears many answers (a gateway).
+//! Two throttles in a row with nothing answered between them are an outage, and so is the
+//! endpoint's circuit breaker opening ([`Pace::on_down`]): the first served answer after it
+//! starts the pace again over the fleet's window.
 //!
 //! ```
 //! use wary::{Draw, Duration, Instant, Pace, PaceSettings};
@@ -183,8 +186,9 @@ pub struct Pace {
     /// The last cut was made from an open pace, and nothing has been served or asked since.
     fresh: bool,
     /// A cut came while `fresh`: two throttles, the first from an open pace, with no answer
-    /// between them. The endpoint refuses everything (an outage answered 503); the first answer
-    /// that is not a throttle means it is back.
+    /// between them, or the endpoint's breaker opened ([`Pace::on_down`]). The endpoint refuses
+    /// everything (an outage answered 503, or down); the first answer that is not a throttle
+    /// means it is back.
     outage: bool,
 }
 
@@ -320,6 +324,49 @@ impl Pace {
         if s.tolerate_percent > 0 && throttles <= tolerated {
             return;
         }
+        self.cut(now, draw);
+    }
+
+    /// The endpoint is down at `now`: its circuit breaker has just opened (on refused
+    /// connections, timeouts, resets or 5xx in a row). The pace reads it as it reads two
+    /// throttles in a row with nothing answered between them, an outage: the rate is cut twice
+    /// (whatever the tolerance), the next request is placed as after a cut, and the first
+    /// served answer starts the pace again over the fleet's window ([`Pace::on_success`]). A
+    /// fleet whose breakers opened together would otherwise probe on each breaker's open time
+    /// and come back on each probe's slow start, all of them within the same minute. Nothing
+    /// changes if the pace already reads an outage.
+    ///
+    /// ```
+    /// use wary::{Draw, Instant, Pace, PaceSettings};
+    /// let at = Instant::from_millis;
+    /// let mut down = Pace::new(PaceSettings::DEVICE).unwrap();
+    /// let mut throttled = down;
+    /// down.on_down(at(100), Draw::ZERO);
+    /// throttled.on_throttled(at(100), Draw::ZERO);
+    /// throttled.on_throttled(at(100), Draw::ZERO);
+    /// assert_eq!(down, throttled);
+    /// // 0.1/s assumed, cut to 0.05/s, then aimed lower (fast convergence): 0.018/s.
+    /// assert_eq!(down.rate_milli(at(100)), Some(18));
+    /// ```
+    pub fn on_down(&mut self, now: Instant, draw: Draw) {
+        if self.outage {
+            return;
+        }
+        self.cut(now, draw);
+        self.fresh = true;
+        self.cut(now, draw);
+    }
+
+    /// True while the pace reads an outage: two throttles in a row with nothing answered between
+    /// them ([`Pace::on_throttled`]), or an endpoint down ([`Pace::on_down`]), until the first
+    /// answer that is not a throttle.
+    pub const fn in_outage(&self) -> bool {
+        self.outage
+    }
+
+    /// A cut at `now` past the tolerance: see [`Pace::on_throttled`].
+    fn cut(&mut self, now: Instant, draw: Draw) {
+        let s = self.settings;
         (self.heard, self.throttles) = (0, 0);
         // A first throttle on an open pace, then another with nothing answered between them:
         // the endpoint refuses everything, an outage (see `on_served`).
@@ -568,6 +615,46 @@ mod tests {
         let edge = PaceSettings { burst: 100, keep_percent: 99, floor_milli: 100, start_milli: 100, ..d };
         assert!(Pace::new(edge).is_ok());
         assert_eq!(Pace::new(d).unwrap().settings(), &d);
+    }
+
+    #[test]
+    fn an_endpoint_down_is_an_outage_whatever_the_pace_was_doing() {
+        // Open: two throttles in a row, and the outage begins now.
+        let open = Pace::new(settings()).unwrap();
+        let mut down = open;
+        down.on_down(at(1_000), MID);
+        let mut twice = open;
+        twice.on_throttled(at(1_000), MID);
+        twice.on_throttled(at(1_000), MID);
+        assert_eq!(down, twice);
+        assert!(down.in_outage() && !open.in_outage());
+        // Paced and served since its last cut: two throttles would be a load, not an outage;
+        // a breaker that opened says the endpoint is down, and the pace reads an outage.
+        let mut paced = open;
+        paced.on_throttled(at(0), MID);
+        paced.on_success(at(500));
+        let mut two = paced;
+        two.on_throttled(at(1_000), MID);
+        two.on_throttled(at(1_000), MID);
+        assert!(!two.in_outage());
+        let mut down = paced;
+        down.on_down(at(1_000), MID);
+        assert!(down.in_outage());
+        assert_eq!(down.rate_milli(at(1_000)), two.rate_milli(at(1_000)));
+        // Whatever the tolerance: a single throttle within it cuts nothing, the endpoint down does.
+        let tolerant = Pace::new(PaceSettings { tolerate_percent: 50, ..settings() }).unwrap();
+        let mut t = tolerant;
+        t.on_throttled(at(0), MID);
+        assert!(t.is_open());
+        t.on_down(at(0), MID);
+        assert!(t.in_outage() && t.rate_milli(at(0)).is_some());
+        // Read once: the same outage again changes nothing.
+        let mut again = down;
+        again.on_down(at(5_000), Draw::ZERO);
+        assert_eq!(again, down);
+        // Its first served answer ends it and starts the pace again over the fleet's window.
+        down.on_success(at(90_000));
+        assert!(!down.in_outage() && !down.is_open());
     }
 
     #[test]

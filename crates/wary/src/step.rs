@@ -22,7 +22,7 @@
 //! ```
 
 use crate::backoff::Draw;
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, Phase};
 use crate::classify::{Failure, Operation, Outcome};
 use crate::decide::{CallState, Decision, GiveUp, Verdict};
 use crate::key::Key;
@@ -245,8 +245,14 @@ impl Attempts {
     /// 4xx included, as up. A throttle (429, 503) says the endpoint is there, only loaded (the
     /// pace's business): it closes a half-open breaker without a slow start, ends a run of
     /// failures, and never opens one ([`Breaker::on_throttled`]); a cancel and a broken body
-    /// change nothing. When a success closes a breaker that was not closed, the pace starts
-    /// slowly ([`Pace::slow_start_drawn`]) rather than let the whole backlog go at once.
+    /// change nothing.
+    ///
+    /// When the breaker opens from closed, the pace hears that the endpoint is down
+    /// ([`Pace::on_down`]): it reads an outage, as after two throttles in a row, and its next
+    /// request (the breaker's probe, when the breaker lets one through) waits for its rate too.
+    /// When a success then closes the breaker, the pace starts again by its own outage rule,
+    /// over the fleet's window; a pace that did not read the outage starts slowly
+    /// ([`Pace::slow_start_drawn`]). Either way the whole backlog does not go at once.
     pub fn report(
         pace: Option<&mut Pace>,
         breaker: Option<&mut Breaker>,
@@ -256,7 +262,9 @@ impl Attempts {
     ) {
         let signal = Signal::of(outcome);
         let mut came_back = false;
+        let mut went_down = false;
         if let Some(b) = breaker {
+            let was_closed = b.state().phase() == Phase::Closed;
             match (signal, outcome) {
                 (Signal::Served, _) => came_back = b.on_success(now),
                 (Signal::Throttled | Signal::Asked { .. }, _) => b.on_throttled(now),
@@ -273,10 +281,16 @@ impl Attempts {
                 ) => b.on_failure(now, draw),
                 _ => {}
             }
+            went_down = was_closed && b.state().phase() == Phase::Open;
         }
         if let Some(p) = pace {
+            if went_down {
+                p.on_down(now, draw);
+            }
+            // A pace that read the outage starts again by its own rule when the endpoint is back.
+            let knew = p.in_outage();
             p.report(now, signal, draw);
-            if came_back {
+            if came_back && !knew {
                 p.slow_start_drawn(now, draw);
             }
         }
@@ -516,6 +530,60 @@ mod tests {
             Attempts::report(None, Some(&mut b), &answer, Draw::ZERO, at(100_010));
             assert_eq!(b.state().phase(), then, "{answer:?}");
         }
+    }
+
+    #[test]
+    fn a_breaker_that_opens_tells_the_pace_an_outage_began_and_its_return_starts_the_pace_once() {
+        use crate::{BreakerSettings, Pace, PaceSettings, Phase};
+        let (pace, breaker) =
+            (Pace::new(PaceSettings::DEVICE).unwrap(), Breaker::new(BreakerSettings::DEVICE).unwrap());
+        let d = Draw::Unit(0x9000_1234);
+        for down in [Outcome::Failure(Failure::Refused), Outcome::Failure(Failure::ResponseTimeout)] {
+            let (mut p, mut b) = (pace, breaker);
+            // The first failure counts toward the threshold and leaves the pace alone.
+            Attempts::report(Some(&mut p), Some(&mut b), &down, d, at(0));
+            assert_eq!((p, b.state().phase()), (pace, Phase::Closed), "{down:?}");
+            // The second opens the breaker: the pace reads it as an outage, as `on_down` says.
+            Attempts::report(Some(&mut p), Some(&mut b), &down, d, at(100));
+            assert_eq!(b.state().phase(), Phase::Open);
+            let mut expected = pace;
+            expected.on_down(at(100), d);
+            assert_eq!(p, expected, "{down:?}");
+            assert!(p.in_outage());
+            // A failed probe opens the breaker again and cuts nothing more: the same outage.
+            let probe_at = 200_000;
+            assert_eq!(b.admit(at(probe_at)), Ok(crate::Permit::Probe));
+            Attempts::report(Some(&mut p), Some(&mut b), &down, d, at(probe_at));
+            assert_eq!((p, b.state().phase()), (expected, Phase::Open));
+            // A served probe closes it, and the pace starts again once, by its own outage rule
+            // (the fleet's window), not by a second slow start on top of it.
+            let back = probe_at + 400_000;
+            assert_eq!(b.admit(at(back)), Ok(crate::Permit::Probe));
+            Attempts::report(Some(&mut p), Some(&mut b), &Outcome::Ok, d, at(back));
+            expected.report(at(back), Signal::Served, d);
+            assert_eq!((p, b.state().phase()), (expected, Phase::Closed));
+            assert!(!p.in_outage() && !p.is_open());
+        }
+        // A pace that did not read the outage (it joined an open breaker) starts slowly when
+        // the breaker closes, with the drawn slow start.
+        let mut b = breaker;
+        Attempts::report(None, Some(&mut b), &Outcome::Failure(Failure::Reset), d, at(0));
+        Attempts::report(None, Some(&mut b), &Outcome::Failure(Failure::Reset), d, at(10));
+        let mut p = pace;
+        assert_eq!(b.admit(at(100_000)), Ok(crate::Permit::Probe));
+        Attempts::report(Some(&mut p), Some(&mut b), &Outcome::Ok, d, at(100_000));
+        let mut expected = pace;
+        expected.slow_start_drawn(at(100_000), d);
+        assert_eq!(p, expected);
+        // Throttles never open the breaker, so they never reach the pace as an outage twice.
+        let (mut p, mut b) = (pace, breaker);
+        for t in [0, 10] {
+            Attempts::report(Some(&mut p), Some(&mut b), &Outcome::status(503), d, at(t));
+        }
+        let mut expected = pace;
+        expected.on_throttled(at(0), d);
+        expected.on_throttled(at(10), d);
+        assert_eq!((p, b.state().phase()), (expected, Phase::Closed));
     }
 
     #[test]

@@ -875,13 +875,22 @@ fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
     else {
         panic!("{:?}", runner.endpoint_ref())
     };
+    // The pace, open until now, reads the breaker's opening as an outage: paced from here.
+    let pace = *runner.endpoint_ref().pace.as_deref().unwrap();
+    assert!(pace.in_outage() && !pace.is_open());
     // The next call ends at once: no attempt, no sleep.
     let before = h.sleeps().len();
     let r = h.call(&mut runner, &[Outcome::Ok]).unwrap_err();
     assert_eq!((r.verdict, r.attempts, r.last), (Verdict::GaveUp(GiveUp::CircuitOpen), 0, None));
     assert_eq!((h.sent_at.borrow().len(), h.sleeps().len()), (2, before));
-    // Its open time over, one probe goes; it fails, and the breaker opens for longer.
-    h.clock.0.set(until.as_millis());
+    // When the open time and the pace's wait are over (an outbox waits for the pace between
+    // calls), one probe goes; it fails, and the breaker opens for longer. The pace is not cut
+    // again: it reads the same outage.
+    let ready = |until: Instant, pace: &Pace| {
+        let now = Instant::from_millis(h.clock.0.get());
+        until.as_millis().max(now.as_millis() + u64::from(pace.view(now).wait().as_millis()))
+    };
+    h.clock.0.set(ready(until, &pace));
     let r = h.call(&mut runner, &[refused, Outcome::Ok]).unwrap_err();
     assert_eq!((r.verdict, r.attempts), (Verdict::GaveUp(GiveUp::CircuitOpen), 1));
     let Some(BreakerState::Open { until, trips: 2 }) =
@@ -889,15 +898,19 @@ fn a_breaker_opens_ends_calls_at_once_lets_one_probe_through_and_closes() {
     else {
         panic!("{:?}", runner.endpoint_ref())
     };
-    // The next probe succeeds: closed, and the pace starts slowly instead of staying open.
-    assert!(runner.endpoint_ref().pace.as_deref().unwrap().is_open());
-    h.clock.0.set(until.as_millis());
+    let after_probe = *runner.endpoint_ref().pace.as_deref().unwrap();
+    assert!(after_probe.in_outage());
+    let now = Instant::from_millis(h.clock.0.get());
+    assert_eq!(after_probe.rate_milli(now), pace.rate_milli(now));
+    // The next probe succeeds: closed, and the pace starts again from its outage, paced.
+    h.clock.0.set(ready(until, &after_probe));
     assert_eq!(h.call(&mut runner, &[Outcome::Ok]), Ok(1));
     assert_eq!(
         runner.endpoint_ref().breaker.as_deref().unwrap().state(),
         BreakerState::Closed { failures: 0 }
     );
-    assert!(!runner.endpoint_ref().pace.as_deref().unwrap().is_open());
+    let pace = runner.endpoint_ref().pace.as_deref().unwrap();
+    assert!(!pace.is_open() && !pace.in_outage());
     assert_eq!(h.sent_at.borrow().len(), 4);
 }
 
