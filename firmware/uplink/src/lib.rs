@@ -487,7 +487,9 @@ where
                 let record_id = *id;
                 // The drain honours the pace: the wait for the next token is spent here, between
                 // calls, not out of the call's wait budget (asked on a copy: the call takes the token).
-                if let Some(pace) = runner.endpoint_mut().pace.as_deref_mut()
+                // Asked again after each wait: a wait given early is a lower bound while the rate
+                // climbs (the burst's allowance counts intervals of the rate in force, which shorten).
+                while let Some(pace) = runner.endpoint_ref().pace.as_deref()
                     && let Err(wait) = { *pace }.acquire(Instant::now().into())
                 {
                     Timer::after(wait.into()).await;
