@@ -69,6 +69,9 @@ pub fn run_all(root: &Path) -> Result<()> {
     package_lists(root)?;
 
     crate::bench::no_panic(root)?;
+    // The fleet simulation's targets (docs/pacing.md): a change to the pace or the breaker that
+    // misses one fails here, not only in a results file.
+    crate::bench::fleet(root, true)?;
 
     // A short pass over every fuzz target where a nightly toolchain exists; skipped, with a
     // notice, where it does not. A fixed seed, so a pass repeats its inputs rather than

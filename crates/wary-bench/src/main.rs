@@ -52,6 +52,10 @@ struct Args {
     /// Run one part only, merging it into results.md and results.json.
     #[arg(long)]
     only: Option<Only>,
+    /// With `--only fleet`: fail if the row with the pace and the breaker misses one of its
+    /// targets (after writing the results), as `cargo xtask ci` runs it.
+    #[arg(long)]
+    require_targets: bool,
 }
 
 /// A part that runs on its own.
@@ -98,19 +102,20 @@ fn study_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The fleet recovery's section and its results.json value.
-fn fleet_part(args: &Args) -> (String, serde_json::Value) {
+/// The fleet recovery's section, its results.json value and the targets it missed.
+fn fleet_part(args: &Args) -> (String, serde_json::Value, Vec<recovery::Target>) {
     let started = Instant::now();
     let cells = recovery::sweep(args.seed);
     let secs = started.elapsed().as_secs_f64();
-    (recovery::section(&cells, args.seed, secs), recovery::json(&cells, args.seed))
+    let missed = recovery::targets(&cells).into_iter().filter(|t| !t.met()).collect();
+    (recovery::section(&cells, args.seed, secs), recovery::json(&cells, args.seed), missed)
 }
 
 /// Runs the fleet recovery alone: replaces its section in results.md (or adds it) and sets
 /// `fleet_recovery` in results.json, keeping every other section and key.
 fn fleet_only(args: &Args) -> Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let (section, value) = fleet_part(args);
+    let (section, value, missed) = fleet_part(args);
     print!("{section}");
     let md_path = args.out.join("results.md");
     let md = match std::fs::read_to_string(&md_path) {
@@ -128,6 +133,17 @@ fn fleet_only(args: &Args) -> Result<()> {
     std::fs::write(&js_path, serde_json::to_string_pretty(&all)?)
         .with_context(|| format!("writing {}", js_path.display()))?;
     println!("\nwritten: {}, {}", md_path.display(), js_path.display());
+    if args.require_targets && !missed.is_empty() {
+        let list: Vec<String> = missed
+            .iter()
+            .map(|t| {
+                let asks = if t.spread { "spread Retry-After" } else { "no Retry-After" };
+                let (outage, figure, value, limit) = (t.outage.label(), t.figure, t.value, t.limit);
+                format!("{outage} outage, {asks}: {figure} {value:.3}, above {limit:.3} ({})", t.against)
+            })
+            .collect();
+        anyhow::bail!("the fleet recovery misses {} target(s):\n  {}", missed.len(), list.join("\n  "));
+    }
     Ok(())
 }
 
@@ -440,7 +456,7 @@ fn main() -> Result<()> {
     let (section, value) = study_part(&args);
     md.push_str(&section);
     js.insert("study_model".into(), value);
-    let (section, value) = fleet_part(&args);
+    let (section, value, _) = fleet_part(&args);
     md.push_str(&section);
     js.insert("fleet_recovery".into(), value);
     js.insert(
