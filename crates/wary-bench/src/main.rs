@@ -134,14 +134,7 @@ fn fleet_only(args: &Args) -> Result<()> {
         .with_context(|| format!("writing {}", js_path.display()))?;
     println!("\nwritten: {}, {}", md_path.display(), js_path.display());
     if args.require_targets && !missed.is_empty() {
-        let list: Vec<String> = missed
-            .iter()
-            .map(|t| {
-                let asks = if t.spread { "spread Retry-After" } else { "no Retry-After" };
-                let (outage, figure, value, limit) = (t.outage.label(), t.figure, t.value, t.limit);
-                format!("{outage} outage, {asks}: {figure} {value:.3}, above {limit:.3} ({})", t.against)
-            })
-            .collect();
+        let list: Vec<String> = missed.iter().map(ToString::to_string).collect();
         anyhow::bail!("the fleet recovery misses {} target(s):\n  {}", missed.len(), list.join("\n  "));
     }
     Ok(())

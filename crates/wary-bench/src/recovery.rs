@@ -705,17 +705,7 @@ pub fn section(cells: &[Cell], seed: u64, secs: f64) -> String {
     }
     md.push_str("\n### Against the targets (wary + pace + breaker)\n\n");
     for t in targets(cells) {
-        let _ = writeln!(
-            md,
-            "- {} outage, {}: {} {:.3}, at most {:.3} ({}): {}",
-            t.outage.label(),
-            if t.spread { "spread Retry-After" } else { "no Retry-After" },
-            t.figure,
-            t.value,
-            t.limit,
-            t.against,
-            if t.met() { "met" } else { "**not met**" }
-        );
+        let _ = writeln!(md, "- {t}: {}", if t.met() { "met" } else { "**not met**" });
     }
     md
 }
@@ -741,6 +731,23 @@ impl Target {
     /// True if the figure is within its limit.
     pub fn met(&self) -> bool {
         self.value <= self.limit
+    }
+}
+
+/// The world, the figure and its limit: `refused outage, spread Retry-After: requests / reading
+/// 1.146, at most 1.200 (1.2)`.
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let asks = if self.spread { "spread Retry-After" } else { "no Retry-After" };
+        write!(
+            f,
+            "{} outage, {asks}: {} {:.3}, at most {:.3} ({})",
+            self.outage.label(),
+            self.figure,
+            self.value,
+            self.limit,
+            self.against
+        )
     }
 }
 
