@@ -24,6 +24,7 @@ pub const FILES: &[&str] = &[
     "crates/wary/src/breaker.rs",
     "crates/wary/src/classify.rs",
     "crates/wary/src/decide.rs",
+    "crates/wary/src/drain.rs",
     "crates/wary/src/pace.rs",
     "crates/wary/src/plan.rs",
     "crates/wary/src/policy.rs",

@@ -217,6 +217,79 @@ impl Backoff {
     }
 }
 
+/// A backoff in sequence: a [`Backoff`], the waits drawn from it in a row and the last of
+/// them. For a loop that keeps its own pace between tries (an outbox's rounds, a reconnect, a
+/// redial): [`Sequence::next`] draws the wait of the next step, [`Sequence::reset`] starts
+/// again at the base once a try worked.
+///
+/// ```
+/// use wary::{Backoff, Draw, Duration, Jitter, Sequence};
+/// let ms = Duration::from_millis;
+/// let mut s = Sequence::new(Backoff::new(ms(500), ms(30_000), Jitter::Equal));
+/// assert_eq!(s.next(Draw::ZERO), ms(250));
+/// assert_eq!(s.next(Draw::ZERO), ms(500));
+/// // One doubling more, for a pause a throttled fleet must stretch.
+/// assert_eq!(s.next_raised(1, Draw::ZERO), ms(2000));
+/// assert_eq!(s.step(), 3);
+/// s.reset();
+/// assert_eq!(s.next(Draw::ZERO), ms(250));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Sequence {
+    backoff: Backoff,
+    step: u32,
+    previous: Duration,
+}
+
+impl Sequence {
+    /// A sequence at its start: the next wait is the first step's.
+    pub const fn new(backoff: Backoff) -> Self {
+        Sequence { backoff, step: 0, previous: Duration::ZERO }
+    }
+
+    /// The backoff it draws from.
+    pub const fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// Waits drawn in a row since the start (or the last [`Sequence::reset`]).
+    pub const fn step(&self) -> u32 {
+        self.step
+    }
+
+    /// The ceiling of the next wait, `extra` doublings higher.
+    pub const fn ceiling(&self, extra: u32) -> Duration {
+        self.backoff.ceiling(self.step.saturating_add(1).saturating_add(extra))
+    }
+
+    /// The next step's wait from `draw`.
+    pub fn next(&mut self, draw: Draw) -> Duration {
+        self.next_raised(0, draw)
+    }
+
+    /// The next step's wait, drawn `extra` doublings higher (still capped).
+    pub fn next_raised(&mut self, extra: u32, draw: Draw) -> Duration {
+        let k = self.step.saturating_add(1).saturating_add(extra);
+        let wait = self.backoff.wait(k, self.previous, draw);
+        self.step = self.step.saturating_add(1);
+        self.previous = wait;
+        wait
+    }
+
+    /// Back to the start: the try worked.
+    pub fn reset(&mut self) {
+        self.step = 0;
+        self.previous = Duration::ZERO;
+    }
+
+    /// Picks up after `step` waits in a row (from before a reset): the next wait is the one
+    /// after them.
+    pub fn resume(&mut self, step: u32) {
+        self.step = step;
+    }
+}
+
 /// [`Jitter::Coap`]'s wait under the ceiling `c`: drawn in `[c, c + c/2]` when there is no
 /// previous wait, else the previous one doubled (or, past the range, held and brought into it).
 #[inline]

@@ -372,6 +372,20 @@ named_enum! {
 }
 
 named_enum! {
+    /// Whose fault a failure is that ends a call `failed`: what an outbox does with the reading.
+    /// Either way the call fails at once; the blame decides only what happens next.
+    pub enum Blame {
+        /// This request can never succeed as it is (a 400, a 413, a 422): the reading goes to a
+        /// dead letter, counted and reported, and the others go on.
+        Reading => "reading",
+        /// Who is asking, where, or through what (a 401, a 404, a 424, a TLS refusal): nothing
+        /// about the reading. Every reading is kept and the outbox is held, probing slowly,
+        /// until the endpoint is fixed: a rotated credential must not delete a fleet's data.
+        Endpoint => "endpoint",
+    }
+}
+
+named_enum! {
     /// The failures other than a status that a table has a rule for.
     pub enum Transport {
         /// [`Failure::ConnectTimeout`].
@@ -416,10 +430,26 @@ pub struct Table {
     /// shift, whatever its kind.
     transport: u16,
     reads_only: bool,
+    /// One bit per status 400..=599: set where a failure is the endpoint's ([`Blame`]).
+    endpoint: [u8; (SPAN / 8) as usize],
+    /// One bit per slot of [`Table::transport`] (0..=7), then bit 8 for every status outside
+    /// 400..=599: set where a failure is the endpoint's.
+    endpoint_elsewhere: u16,
 }
 
 /// The slot in [`Table::transport`] of the failures no table retries.
 const NEVER: u32 = 7;
+/// The bit of [`Table::endpoint_elsewhere`] for statuses outside 400..=599.
+const OTHER_STATUS_BIT: u32 = 8;
+
+/// The 4xx statuses that say who is asking, where or through what, not what was sent: every
+/// table blames the endpoint for them (docs/semantics.md, *Whose fault*). Unauthorized,
+/// forbidden, not found, method not allowed, not acceptable, proxy authentication, gone,
+/// length required, URI too long, misdirected, failed dependency (a gateway whose own upstream
+/// refused it), upgrade required, precondition required, header fields too large.
+// 424 is not among them: a wary gateway answers it when the upstream refused the reading as
+// it is (a 400 or 422 there), and holds the device (503) when the upstream refused the gateway.
+const ENDPOINT_4XX: [u16; 13] = [401, 403, 404, 405, 406, 407, 410, 411, 414, 421, 426, 428, 431];
 
 impl core::fmt::Debug for Table {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -475,6 +505,10 @@ impl Table {
             other_status,
             transport: 0,
             reads_only,
+            endpoint: [0; (SPAN / 8) as usize],
+            // Every failure that is not a status (TLS, a reply that cannot be read, a broken
+            // stream) and every status outside 4xx and 5xx (a redirect) is about the endpoint.
+            endpoint_elsewhere: 0x1FF,
         };
         t = t
             .with_transport(Transport::ConnectTimeout, Rule::RetryAny)
@@ -488,9 +522,25 @@ impl Table {
         let mut i = 0;
         while i < SPAN {
             t.put(i, if i < 100 { client_error } else { server_error });
+            // A 5xx is the server's side, never the reading's.
+            t.set_blame(i, if i < 100 { Blame::Reading } else { Blame::Endpoint });
             i += 1;
         }
+        let mut e = 0;
+        while e < ENDPOINT_4XX.len() {
+            t.set_blame(ENDPOINT_4XX[e] - FIRST, Blame::Endpoint);
+            e += 1;
+        }
         t
+    }
+
+    /// Stores `blame` for status `FIRST + i`, `i < SPAN`.
+    const fn set_blame(&mut self, i: u16, blame: Blame) {
+        let (byte, bit) = ((i / 8) as usize, i % 8);
+        self.endpoint[byte] = match blame {
+            Blame::Endpoint => self.endpoint[byte] | (1 << bit),
+            Blame::Reading => self.endpoint[byte] & !(1 << bit),
+        };
     }
 
     /// Stores `rule` for status `FIRST + i`, `i < SPAN`.
@@ -598,6 +648,53 @@ impl Table {
     pub const fn reads_only(mut self, yes: bool) -> Table {
         self.reads_only = yes;
         self
+    }
+
+    /// This table with `blame` for status `code` (4xx and 5xx only; every other status follows
+    /// [`Table::with_other_blame`]). The blame never changes a call's decision, only what an
+    /// outbox does with a reading whose call failed.
+    pub const fn with_blame(mut self, code: u16, blame: Blame) -> Result<Table, TableError> {
+        if code < FIRST || code >= FIRST + SPAN {
+            return Err(TableError::BadStatus);
+        }
+        // In range: the index is below SPAN.
+        self.set_blame(code.wrapping_sub(FIRST), blame);
+        Ok(self)
+    }
+
+    /// This table with `blame` for a failure other than a status.
+    pub const fn with_transport_blame(self, kind: Transport, blame: Blame) -> Table {
+        self.with_elsewhere_bit(kind as u32, blame)
+    }
+
+    /// This table with `blame` for every status outside 4xx and 5xx.
+    pub const fn with_other_blame(self, blame: Blame) -> Table {
+        self.with_elsewhere_bit(OTHER_STATUS_BIT, blame)
+    }
+
+    const fn with_elsewhere_bit(mut self, bit: u32, blame: Blame) -> Table {
+        // Bits 0..=8 of a u16.
+        let mask = 1u16.wrapping_shl(bit);
+        self.endpoint_elsewhere = match blame {
+            Blame::Endpoint => self.endpoint_elsewhere | mask,
+            Blame::Reading => self.endpoint_elsewhere & !mask,
+        };
+        self
+    }
+
+    /// Whose fault `failure` is, should it end a call `failed` ([`Blame`]).
+    pub fn blame(&self, failure: &Failure) -> Blame {
+        let endpoint = match failure {
+            Failure::Status { code, .. } => {
+                let i = u32::from(*code).wrapping_sub(u32::from(FIRST));
+                match self.endpoint.get((i / 8) as usize) {
+                    Some(byte) => u32::from(*byte).wrapping_shr(i & 7) & 1 != 0,
+                    None => u32::from(self.endpoint_elsewhere).wrapping_shr(OTHER_STATUS_BIT) & 1 != 0,
+                }
+            }
+            f => u32::from(self.endpoint_elsewhere).wrapping_shr(f.slot()) & 1 != 0,
+        };
+        if endpoint { Blame::Endpoint } else { Blame::Reading }
     }
 
     /// The rule for 4xx statuses with no exact rule.
@@ -814,6 +911,29 @@ mod tests {
     }
 
     use Class::{Failed as F, Retry as R, Unknown as U};
+
+    #[test]
+    fn the_default_blame_tells_the_readings_fault_from_the_endpoints() {
+        let t = Table::DEFAULT;
+        for code in [400, 402, 409, 413, 415, 422, 424, 429, 451, 499] {
+            assert_eq!(t.blame(&Failure::status(code)), Blame::Reading, "{code}");
+        }
+        for code in [401, 403, 404, 405, 407, 410, 421, 431, 500, 501, 503, 505, 511, 599, 600, 399] {
+            assert_eq!(t.blame(&Failure::status(code)), Blame::Endpoint, "{code}");
+        }
+        assert_eq!(t.blame(&Failure::Tls), Blame::Endpoint);
+        // A row can be overridden, and only that row moves.
+        let t = t.with_blame(404, Blame::Reading).unwrap().with_blame(422, Blame::Endpoint).unwrap();
+        assert_eq!(t.blame(&Failure::status(404)), Blame::Reading);
+        assert_eq!(t.blame(&Failure::status(422)), Blame::Endpoint);
+        assert_eq!(t.blame(&Failure::status(403)), Blame::Endpoint);
+        assert_eq!(t.blame(&Failure::status(400)), Blame::Reading);
+        // The blame does not change what the call decides.
+        let (mut a, mut b) = (Fnv::new(), Fnv::new());
+        t.fingerprint_into(&mut a);
+        Table::DEFAULT.fingerprint_into(&mut b);
+        assert_eq!(a.finish(), b.finish());
+    }
 
     #[test]
     fn the_default_table_retries_what_may_succeed_and_fails_what_will_not() {

@@ -191,3 +191,19 @@ pub enum BreakerError {
     )]
     OpenTime,
 }
+
+/// Why [`crate::Drain::new`] refused its settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum DrainError {
+    /// A base is 0: rounds or probes would follow one another with no pause, and spin.
+    #[error("the round pause and the hold's probe wait must each start at 1 ms or more")]
+    ZeroBase,
+    /// A cap is below its base.
+    #[error("a cap must not be below its base")]
+    CapBelowBase,
+    /// The longest hold is 0 or shorter than the hold's first wait: no hold could last.
+    #[error("the longest hold must be at least the hold's base")]
+    LimitBelowBase,
+}

@@ -24,6 +24,7 @@ mod classify;
 pub mod coap;
 mod decide;
 mod deprecated;
+pub mod drain;
 mod error;
 mod fingerprint;
 mod forms;
@@ -42,15 +43,16 @@ mod throttle;
 mod time;
 mod version;
 
-pub use backoff::{Backoff, Draw, Jitter};
+pub use backoff::{Backoff, Draw, Jitter, Sequence};
 pub use breaker::{Breaker, BreakerSettings, BreakerState, Permit, Phase};
-pub use classify::{Class, Failure, Operation, Outcome, Rule, Table, Transport};
+pub use classify::{Blame, Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
 // The old root names, for one release; out of the docs, where the new paths are.
 #[allow(deprecated)]
 #[doc(hidden)]
 pub use deprecated::*;
-pub use error::{BreakerError, DrawError, FleetBudgetError, PaceError, PolicyError, TableError};
+pub use drain::{Drain, DrainSettings, Fate};
+pub use error::{BreakerError, DrainError, DrawError, FleetBudgetError, PaceError, PolicyError, TableError};
 pub use key::Key;
 /// Where the runner writes its records ([`ledger::Sink`]).
 pub use ledger::Sink;

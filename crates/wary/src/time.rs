@@ -182,6 +182,11 @@ impl Instant {
     pub const fn duration_since(self, earlier: Instant) -> Duration {
         Duration::from_millis(self.millis.saturating_sub(earlier.millis))
     }
+
+    /// `d` later, saturating at the clock's end.
+    pub const fn saturating_add(self, d: Duration) -> Instant {
+        Instant { millis: self.millis.saturating_add(d.millis as u64) }
+    }
 }
 
 impl Sub for Instant {
@@ -196,7 +201,7 @@ impl Add<Duration> for Instant {
     type Output = Instant;
     /// Saturating.
     fn add(self, rhs: Duration) -> Instant {
-        Instant { millis: self.millis.saturating_add(u64::from(rhs.millis)) }
+        self.saturating_add(rhs)
     }
 }
 

@@ -46,7 +46,7 @@
 //! | `PUBACK` 0x10 no matching subscribers | `Ok(503)` | the broker dropped it: not landed, resent with backoff |
 //! | `PUBACK` 0x97 quota exceeded | `Ok(429)`, no Retry-After | throttled: backoff |
 //! | `PUBACK` 0x87 not authorized | `Ok(403)` | fails |
-//! | `PUBACK` 0x90 topic name invalid | `Ok(400)` | fails |
+//! | `PUBACK` 0x90 topic name invalid | `Ok(404)` (where: the endpoint's fault) | fails |
 //! | `PUBACK` 0x99 payload format invalid | `Ok(422)` | fails |
 //! | `PUBACK` any other error (0x80, 0x83, 0x91) | `Ok(500)` | resent with its key (a keyed write) |
 //! | `DISCONNECT` 0x89 server busy, 0x9C use another server, after the `PUBLISH` | `Ok(503)` | resent with backoff, on a new connection |
@@ -272,7 +272,7 @@ pub const fn puback_status(code: u8) -> u16 {
         0x10 => 503,
         0x97 => 429,
         0x87 => 403,
-        0x90 => 400,
+        0x90 => 404,
         0x99 => 422,
         _ => 500,
     }

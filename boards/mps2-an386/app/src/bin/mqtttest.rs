@@ -138,7 +138,7 @@ async fn main(spawner: Spawner) {
     );
     for (n, want, name) in [
         (3, 403, "mqtt_puback_errors_fail: 0x87 403"),
-        (4, 400, "mqtt_puback_errors_fail: 0x90 400"),
+        (4, 404, "mqtt_puback_errors_fail: 0x90 404"),
         (5, 422, "mqtt_puback_errors_fail: 0x99 422"),
     ] {
         let a = publish(&mut t, device, n).await;
