@@ -14,6 +14,7 @@
 //! | `503` | none | 503, optionally with Retry-After (`ra=`) |
 //! | `429` | none | 429, optionally with Retry-After (`ra=`) |
 //! | `400` | none | 400 |
+//! | `status` | none | the status `code` (4xx or 5xx, 422 by default), before any effect |
 //! | `500` | applied | 500 |
 //! | `drop_before_effect` | none | the connection closed (FIN), no reply byte |
 //! | `drop_after_effect` (`drop`) | applied | the connection closed (FIN), no reply byte |
@@ -49,9 +50,18 @@
 //! delay drawn uniformly from 1 s up to the seconds the window's excess needs at `N` per second,
 //! so the refused come back spread out rather than together). `outage=A:ms=M` answers every
 //! request 503 (no Retry-After) from `A` ms to `A + M` ms after the script was put in force
-//! (counted as `outage`); a script may hold several. With either, the cloud counts each 1 s
-//! window's arrivals and accepted requests ([`crate::Stats::load`]). Requests on endpoints out of
-//! scope pass untouched and uncounted; each item of a batch counts as one request.
+//! (counted as `outage`); `outage=A:ms=M:status=S` answers `S` instead (a 4xx or 5xx: an upstream
+//! whose credential expired answers 401 for a while, say), never applied, counted as `outage`
+//! too; a script may hold several. With either, the cloud counts each 1 s window's arrivals and
+//! accepted requests ([`crate::Stats::load`]). Requests on endpoints out of scope pass untouched
+//! and uncounted; each item of a batch counts as one request.
+//!
+//! A poisoned reading is not drawn either: `poison=N:status=S` (`S` 422 by default) answers `S`,
+//! never applied, to every request on `POST /readings` (a batch's items included) whose
+//! idempotency key is the `N`-th distinct key seen there since the script was put in force
+//! (from 1; every arrival numbers its key, outages included), a reading that can never succeed,
+//! however often it is sent (counted as the fault `poison`). An outage or a capacity's 503 comes
+//! first; the drawn rules apply to the keys no poison names. A script may hold several.
 
 use std::fmt;
 use std::str::FromStr;
@@ -84,9 +94,12 @@ pub struct Faults {
     /// At most this many requests accepted a second, 503 above (none by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Capacity>,
-    /// Scheduled total outages: every request answered 503.
+    /// Scheduled total outages: every request answered 503 (or the outage's own status).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outages: Vec<Outage>,
+    /// Poisoned readings: keys, by the order they were first seen, that are never applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub poisons: Vec<Poison>,
 }
 
 /// A capacity: at most `per_second` requests accepted in each 1 s window, the rest answered 503
@@ -158,9 +171,11 @@ impl Capacity {
 }
 
 /// A scheduled total outage: from `at_ms` to `at_ms + ms` after the script was put in force,
-/// every request in scope is answered 503 without Retry-After.
+/// every request in scope is answered 503 without Retry-After, or `status` when it is given
+/// (never applied either way).
 ///
-/// JSON: `{"at_ms": 0, "ms": 5000}`; compact: `outage=0:ms=5000`.
+/// JSON: `{"at_ms": 0, "ms": 5000}` or `{"at_ms": 0, "ms": 20000, "status": 401}`; compact:
+/// `outage=0:ms=5000`, `outage=0:ms=20000:status=401`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Outage {
@@ -168,6 +183,24 @@ pub struct Outage {
     pub at_ms: u64,
     /// Length in milliseconds.
     pub ms: u64,
+    /// The status answered instead of 503 (a 4xx or 5xx), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+}
+
+/// A poisoned reading: every request whose idempotency key is the `nth` distinct key seen on
+/// `POST /readings` since the script was put in force (from 1) is answered `status`, never
+/// applied.
+///
+/// JSON: `{"nth": 3}` or `{"nth": 3, "status": 400}`; compact: `poison=3`, `poison=3:status=400`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Poison {
+    /// Which key, by the order keys were first seen, from 1.
+    pub nth: u64,
+    /// The status its requests get (a 4xx or 5xx; 422 by default).
+    #[serde(default = "unprocessable")]
+    pub status: u16,
 }
 
 impl Outage {
@@ -286,6 +319,14 @@ pub enum Fault {
     /// 400 before any effect.
     #[serde(rename = "400")]
     BadRequest,
+    /// This status (a 4xx or 5xx) before any effect: what an outage with a `status` and a
+    /// poison answer, and a rule of its own.
+    #[serde(rename = "status")]
+    Status {
+        /// The status code (default 422).
+        #[serde(default = "unprocessable")]
+        code: u16,
+    },
     /// The effect is applied (and, on the keyed endpoint, the genuine result stored), then 500.
     #[serde(rename = "500")]
     ErrorAfterEffect,
@@ -387,6 +428,16 @@ fn eight_kib() -> usize {
     8 * 1024
 }
 
+fn unprocessable() -> u16 {
+    422
+}
+
+/// Whether `code` may be scripted as an answer: a client or server error. A scripted 2xx would
+/// tell the client the reading landed when nothing was applied.
+fn scriptable(code: u16) -> bool {
+    (400..=599).contains(&code)
+}
+
 /// Longest delay a script may ask for.
 const MAX_DELAY_MS: u64 = 3_600_000;
 /// Largest padding header [`Fault::HugeHeader`] may send.
@@ -399,6 +450,7 @@ impl Fault {
             Fault::Unavailable { .. } => "503",
             Fault::TooManyRequests { .. } => "429",
             Fault::BadRequest => "400",
+            Fault::Status { .. } => "status",
             Fault::ErrorAfterEffect => "500",
             Fault::DropBeforeEffect => "drop_before_effect",
             Fault::DropAfterEffect => "drop_after_effect",
@@ -595,6 +647,9 @@ impl Faults {
                 Fault::HugeHeader { bytes } if bytes == 0 || bytes > MAX_PADDING => {
                     return Err(format!("huge_header bytes {bytes} is outside 1..={MAX_PADDING}"));
                 }
+                Fault::Status { code } if !scriptable(code) => {
+                    return Err(format!("status {code} is not a 4xx or 5xx"));
+                }
                 _ => {}
             }
         }
@@ -617,6 +672,17 @@ impl Faults {
                     "outage at {} ms for {} ms is outside 1..={MAX_DELAY_MS} ms within an hour",
                     outage.at_ms, outage.ms
                 ));
+            }
+            if let Some(code) = outage.status.filter(|c| !scriptable(*c)) {
+                return Err(format!("outage status {code} is not a 4xx or 5xx"));
+            }
+        }
+        for poison in &self.poisons {
+            if poison.nth == 0 {
+                return Err("poison counts keys from 1".into());
+            }
+            if !scriptable(poison.status) {
+                return Err(format!("poison status {} is not a 4xx or 5xx", poison.status));
             }
         }
         if let Some(idle) = &self.idle_close {
@@ -699,17 +765,21 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 ///   default)
 /// - `capacity=N[:ra=S]`: a [`Capacity`] of `N` requests a second, its 503s with Retry-After `S`
 ///   (a [`RetryAfter`] spec or `spread`)
-/// - `outage=A[:ms=M]`: an [`Outage`] from `A` ms for `M` ms (default 1000)
-/// - `NAME=SHARE[:OPT=VAL]...` with NAME one of `503`, `429`, `400`, `500`,
+/// - `outage=A[:ms=M][:status=S]`: an [`Outage`] from `A` ms for `M` ms (default 1000),
+///   answered `S` (a 4xx or 5xx) instead of 503 when given: `outage=0:ms=20000:status=401`
+/// - `poison=N[:status=S]`: a [`Poison`]: the `N`-th distinct key (from 1) on `POST /readings`
+///   is answered `S` (a 4xx or 5xx, default 422) on every request, never applied
+/// - `NAME=SHARE[:OPT=VAL]...` with NAME one of `503`, `429`, `400`, `status`, `500`,
 ///   `drop_before_effect`, `drop_after_effect` (alias `drop`), `reset_after_effect` (alias
 ///   `reset`), `slow`, `stall`, `truncated_reply` (alias `truncated`), `garbage_status`,
 ///   `huge_header`, `bad_body`, `endless_body`; options: `ra=` ([`RetryAfter`] spec, for 503
-///   and 429), `ms=` (slow, stall, endless_body), `before=true|false` (slow),
+///   and 429), `code=` (status: a 4xx or 5xx, default 422), `ms=` (slow, stall, endless_body), `before=true|false` (slow),
 ///   `then=reply|close` (stall), `form=not_json|wrong_type` (bad_body),
 ///   `form=bad_code|binary` (garbage_status), `bytes=` (huge_header), `effect=true|false`
 ///   (stall, garbage_status, bad_body, endless_body).
 ///
-/// Example: `503=0.2,429=0.1:ra=2,drop_after_effect=0.05,seed=7`.
+/// Example: `503=0.2,429=0.1:ra=2,drop_after_effect=0.05,seed=7`; an upstream whose credential
+/// is refused for 20 s, with its third reading poisoned: `outage=0:ms=20000:status=401,poison=3`.
 impl FromStr for Faults {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -766,14 +836,28 @@ impl FromStr for Faults {
                 }
                 "outage" => {
                     let at_ms = value.parse().map_err(|_| format!("bad start `{value}` for `outage`"))?;
-                    let mut outage = Outage { at_ms, ms: one_second() };
+                    let mut outage = Outage { at_ms, ms: one_second(), status: None };
                     for &(k, v) in &opts {
                         match k {
                             "ms" => outage.ms = v.parse().map_err(|_| format!("bad ms `{v}`"))?,
+                            "status" => {
+                                outage.status = Some(v.parse().map_err(|_| format!("bad status `{v}`"))?);
+                            }
                             _ => return Err(format!("`outage` takes no option `{k}`")),
                         }
                     }
                     faults.outages.push(outage);
+                }
+                "poison" => {
+                    let nth = value.parse().map_err(|_| format!("bad key number `{value}` for `poison`"))?;
+                    let mut poison = Poison { nth, status: unprocessable() };
+                    for &(k, v) in &opts {
+                        match k {
+                            "status" => poison.status = v.parse().map_err(|_| format!("bad status `{v}`"))?,
+                            _ => return Err(format!("`poison` takes no option `{k}`")),
+                        }
+                    }
+                    faults.poisons.push(poison);
                 }
                 "scope" => {
                     let mut scope = Scope { keyed: false, legacy: false, read: false };
@@ -820,6 +904,7 @@ fn fault_from_compact(name: &str, opts: &[(&str, &str)]) -> Result<Fault, String
         "503" => Fault::Unavailable { retry_after: None },
         "429" => Fault::TooManyRequests { retry_after: None },
         "400" => Fault::BadRequest,
+        "status" => Fault::Status { code: unprocessable() },
         "500" => Fault::ErrorAfterEffect,
         "drop_before_effect" => Fault::DropBeforeEffect,
         "drop_after_effect" | "drop" => Fault::DropAfterEffect,
@@ -839,6 +924,7 @@ fn fault_from_compact(name: &str, opts: &[(&str, &str)]) -> Result<Fault, String
             (Fault::Unavailable { retry_after } | Fault::TooManyRequests { retry_after }, "ra") => {
                 *retry_after = Some(v.parse()?)
             }
+            (Fault::Status { code }, "code") => *code = v.parse().map_err(|_| format!("bad status `{v}`"))?,
             (Fault::Slow { ms, .. } | Fault::EndlessBody { ms, .. } | Fault::Stall { ms, .. }, "ms") => {
                 *ms = v.parse().map_err(|_| format!("bad ms `{v}`"))?;
             }
@@ -916,6 +1002,7 @@ impl fmt::Display for Faults {
                     write!(f, ":form={}:effect={effect}", form.as_str())?;
                 }
                 Fault::HugeHeader { bytes } => write!(f, ":bytes={bytes}")?,
+                Fault::Status { code } => write!(f, ":code={code}")?,
                 _ => {}
             }
         }
@@ -930,6 +1017,12 @@ impl fmt::Display for Faults {
         }
         for outage in &self.outages {
             write!(f, ",outage={}:ms={}", outage.at_ms, outage.ms)?;
+            if let Some(status) = outage.status {
+                write!(f, ":status={status}")?;
+            }
+        }
+        for poison in &self.poisons {
+            write!(f, ",poison={}:status={}", poison.nth, poison.status)?;
         }
         if let Some(idle) = &self.idle_close {
             write!(f, ",idle_close={}:min={}:max={}:race={}", idle.p, idle.min_ms, idle.max_ms, idle.race)?;
@@ -976,7 +1069,9 @@ mod tests {
                     429=0.01:ra=garbage,429=0.01:ra=garbage_date,429=0.01:ra=dup,503=0.01:ra=date-30,\
                     reset=0.05,stall=0.05:ms=20:effect=false:then=close,truncated=0.05,\
                     garbage_status=0.05:form=binary:effect=false,huge_header=0.05:bytes=100,\
-                    refuse_at=3:ms=50,refuse_at=9,idle_close=0.5:min=20:max=80:race=0.25";
+                    refuse_at=3:ms=50,refuse_at=9,idle_close=0.5:min=20:max=80:race=0.25,\
+                    status=0.01:code=401,status=0.01,outage=0:ms=20000:status=401,outage=30000:ms=5,\
+                    poison=3,poison=5:status=400";
         let f: Faults = text.parse().unwrap();
         let again: Faults = f.to_string().parse().unwrap();
         assert_eq!(f, again);
@@ -987,9 +1082,60 @@ mod tests {
         assert!(!f.scope.legacy);
         assert_eq!(f.refusals, vec![Refusal { at: 3, ms: 50 }, Refusal { at: 9, ms: 1000 }]);
         let names: Vec<&str> = f.rules.iter().map(|r| r.fault.name()).collect();
-        for name in ["reset_after_effect", "stall", "truncated_reply", "garbage_status", "huge_header"] {
+        for name in
+            ["reset_after_effect", "stall", "truncated_reply", "garbage_status", "huge_header", "status"]
+        {
             assert!(names.contains(&name), "{name} missing from {names:?}");
         }
+        assert_eq!(f.outages.len(), 2);
+        assert_eq!(f.poisons, vec![Poison { nth: 3, status: 422 }, Poison { nth: 5, status: 400 }]);
+    }
+
+    #[test]
+    fn an_outage_may_answer_its_own_status_and_a_poison_names_a_key_by_its_order() {
+        let f: Faults =
+            "outage=0:ms=20000:status=401,outage=25000:ms=10,poison=2,poison=4:status=413".parse().unwrap();
+        assert_eq!(
+            f.outages,
+            vec![
+                Outage { at_ms: 0, ms: 20_000, status: Some(401) },
+                Outage { at_ms: 25_000, ms: 10, status: None }
+            ]
+        );
+        assert_eq!(f.poisons, vec![Poison { nth: 2, status: 422 }, Poison { nth: 4, status: 413 }]);
+        // A poison alone is no load to count; an outage is.
+        assert!(!"poison=1".parse::<Faults>().unwrap().counts_load());
+        assert!(f.counts_load());
+        // Both forms round-trip, and the JSON of an outage without a status is as before.
+        assert_eq!(f, f.to_string().parse::<Faults>().unwrap());
+        assert_eq!(f, Faults::parse_any(&serde_json::to_string(&f).unwrap()).unwrap());
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(json["outages"][0], serde_json::json!({"at_ms": 0, "ms": 20000, "status": 401}));
+        assert_eq!(json["outages"][1], serde_json::json!({"at_ms": 25000, "ms": 10}));
+        assert_eq!(json["poisons"][0], serde_json::json!({"nth": 2, "status": 422}));
+        let from_json =
+            Faults::parse_any(r#"{"poisons":[{"nth":7}],"rules":[{"kind":"status","p":0.5}]}"#).unwrap();
+        assert_eq!(from_json.poisons, vec![Poison { nth: 7, status: 422 }]);
+        assert_eq!(from_json.rules[0].fault, Fault::Status { code: 422 });
+        let plain = serde_json::to_value("503=1".parse::<Faults>().unwrap()).unwrap();
+        assert!(plain.get("poisons").is_none(), "{plain}");
+        // A scripted answer is a client or a server error: a 2xx would say "landed" for nothing.
+        for bad in [
+            "outage=0:ms=10:status=200",
+            "outage=0:ms=10:status=x",
+            "outage=0:ms=10:status=600",
+            "poison=0",
+            "poison=x",
+            "poison=1:status=201",
+            "poison=1:status=99",
+            "poison=1:ms=3",
+            "status=0.1:code=302",
+            "status=0.1:ra=3",
+        ] {
+            assert!(Faults::parse_any(bad).is_err(), "{bad} should be rejected");
+        }
+        assert!(Faults::parse_any(r#"{"poisons":[{"nth":1,"status":204}]}"#).is_err());
+        assert!(Faults::parse_any(r#"{"outages":[{"at_ms":0,"ms":5,"status":100}]}"#).is_err());
     }
 
     #[test]
@@ -1019,7 +1165,10 @@ mod tests {
             f.capacity,
             Some(Capacity { per_second: 200, retry_after: Some(CapacityRetryAfter::Spread) })
         );
-        assert_eq!(f.outages, vec![Outage { at_ms: 0, ms: 5000 }, Outage { at_ms: 9000, ms: 1000 }]);
+        assert_eq!(
+            f.outages,
+            vec![Outage { at_ms: 0, ms: 5000, status: None }, Outage { at_ms: 9000, ms: 1000, status: None }]
+        );
         assert!(f.counts_load());
         assert_eq!(f, f.to_string().parse::<Faults>().unwrap());
         assert_eq!(f, Faults::parse_any(&serde_json::to_string(&f).unwrap()).unwrap());

@@ -20,7 +20,9 @@
 //!
 //! A script's capacity (`capacity=N`: at most `N` requests a second, 503 at once above it) and
 //! scheduled outages (`outage=A:ms=M`: 503 to everything) model a cloud under load; with either,
-//! `GET /stats` carries each 1 s window's arrivals and accepted requests as `load`.
+//! `GET /stats` carries each 1 s window's arrivals and accepted requests as `load`. An outage
+//! with a status (`outage=A:ms=M:status=401`) models a client that the cloud refuses for a while
+//! (an expired credential), a poison (`poison=N:status=422`) a reading it can never take.
 //!
 //! hyper writes every well-formed reply. Faults that break the connection instead (drops, resets,
 //! truncated and garbage replies) work on the raw socket, which each connection shares between
@@ -56,7 +58,7 @@ use wary_host::batch::ItemAnswer;
 
 pub use faults::{
     BadBodyForm, Capacity, CapacityRetryAfter, Fault, Faults, GarbageForm, IdleClose, MAX_PADDING, Outage,
-    Refusal, RetryAfter, Rule, Scope, StallEnd,
+    Poison, Refusal, RetryAfter, Rule, Scope, StallEnd,
 };
 use state::{Claim, Gate, State, Stored};
 pub use state::{Duplicates, KeyStats, LoadBin, Report, Stats};
@@ -131,11 +133,27 @@ impl Shared {
         }
         let number = state.next_scoped();
         let refusal = faults.refusals.iter().filter(|r| r.at == number).map(|r| r.ms).max();
+        // Every arrival numbers its key, whatever the gate says about it.
+        let poison = match (endpoint, stream.strip_prefix("k:")) {
+            (Endpoint::Keyed, Some(key)) if !faults.poisons.is_empty() => {
+                let nth = state.key_number(key);
+                faults.poisons.iter().find(|p| p.nth == nth).map(|p| p.status)
+            }
+            _ => None,
+        };
         let fault = match state.gate(&faults) {
+            Gate::Pass if poison.is_some() => {
+                state.count_fault("poison");
+                return (poison.map(|code| Fault::Status { code }), refusal);
+            }
             Gate::Pass => faults.pick(stream, ordinal).cloned(),
-            Gate::Outage => {
+            Gate::Outage(status) => {
                 state.count_fault("outage");
-                return (Some(Fault::Unavailable { retry_after: None }), refusal);
+                let fault = match status {
+                    Some(code) => Fault::Status { code },
+                    None => Fault::Unavailable { retry_after: None },
+                };
+                return (Some(fault), refusal);
             }
             Gate::OverCapacity { window, refused } => {
                 state.count_fault("capacity");
@@ -516,6 +534,7 @@ async fn batch_item(shared: &Arc<Shared>, key: &str, len: usize) -> Result<ItemA
         Some(Fault::Unavailable { retry_after }) => return Ok(item_status(503, *retry_after)),
         Some(Fault::TooManyRequests { retry_after }) => return Ok(item_status(429, *retry_after)),
         Some(Fault::BadRequest) => return Ok(ItemAnswer::status(400)),
+        Some(Fault::Status { code }) => return Ok(ItemAnswer::status(*code)),
         Some(Fault::DropBeforeEffect) => return Err(Broken::Close),
         _ => {}
     }
@@ -720,6 +739,10 @@ fn before_effect(fault: Option<&Fault>) -> Option<Reply> {
             Some(Ok(with_retry_after(error(StatusCode::TOO_MANY_REQUESTS, "slow down"), *retry_after)))
         }
         Fault::BadRequest => Some(Ok(error(StatusCode::BAD_REQUEST, "rejected"))),
+        Fault::Status { code } => {
+            let status = StatusCode::from_u16(*code).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+            Some(Ok(error(status, "scripted status; nothing applied")))
+        }
         Fault::DropBeforeEffect => Some(Err(Broken::Close)),
         _ => None,
     }

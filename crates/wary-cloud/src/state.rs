@@ -27,8 +27,8 @@ pub struct LoadBin {
 pub(crate) enum Gate {
     /// Neither applies: the request goes on to the drawn faults.
     Pass,
-    /// Inside a scheduled outage.
-    Outage,
+    /// Inside a scheduled outage, answered its status (503 when `None`).
+    Outage(Option<u16>),
     /// Over the capacity: the `refused`-th refused (from 1) in window number `window`.
     OverCapacity { window: u64, refused: u64 },
 }
@@ -172,6 +172,9 @@ pub(crate) struct State {
     /// The capacity's window: its number, requests accepted and refused in it.
     window: (u64, u64, u64),
     load: Vec<LoadBin>,
+    /// Under a script with poisons: each key seen on `POST /readings` since it was put in force,
+    /// numbered from 1 in the order first seen.
+    key_numbers: HashMap<String, u64>,
 }
 
 impl State {
@@ -190,6 +193,14 @@ impl State {
         self.epoch = Some(Instant::now());
         self.window = (0, 0, 0);
         self.load.clear();
+        self.key_numbers.clear();
+    }
+
+    /// The number of `key` among the distinct keys seen on `POST /readings` since the script was
+    /// put in force, from 1: a new key takes the next number, a key seen before keeps its own.
+    pub fn key_number(&mut self, key: &str) -> u64 {
+        let next = u64::try_from(self.key_numbers.len()).unwrap_or(u64::MAX).saturating_add(1);
+        *self.key_numbers.entry(key.to_owned()).or_insert(next)
     }
 
     /// Applies `faults`' outages and capacity to a request in scope arriving now, and counts it
@@ -202,8 +213,8 @@ impl State {
         let elapsed = Instant::now().saturating_duration_since(epoch);
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         let second = elapsed.as_secs();
-        let gate = if faults.outages.iter().any(|o| o.covers(elapsed_ms)) {
-            Gate::Outage
+        let gate = if let Some(outage) = faults.outages.iter().find(|o| o.covers(elapsed_ms)) {
+            Gate::Outage(outage.status)
         } else if let Some(capacity) = &faults.capacity {
             if self.window.0 != second {
                 self.window = (second, 0, 0);
@@ -407,7 +418,7 @@ mod tests {
         );
         // Inside the outage everything is refused, capacity or not.
         tokio::time::advance(Duration::from_millis(1500)).await;
-        assert_eq!(gates(&mut state, &faults, 2), [Gate::Outage, Gate::Outage]);
+        assert_eq!(gates(&mut state, &faults, 2), [Gate::Outage(None), Gate::Outage(None)]);
         // It ends after its `ms`.
         tokio::time::advance(Duration::from_millis(500)).await;
         assert_eq!(gates(&mut state, &faults, 1), [pass]);

@@ -619,6 +619,53 @@ async fn an_outage_answers_503_to_everything_and_applies_nothing() {
 }
 
 #[tokio::test]
+async fn an_outage_with_a_status_answers_it_to_everything_and_applies_nothing() {
+    // An upstream refusing its client's credential for a while, then well again.
+    let cloud = start("outage=0:ms=3600000:status=401").await;
+    for n in 0..3 {
+        let resp = post_keyed(cloud.addr(), &format!("cred-{n}"), b"{}").await.expect("a reply");
+        assert_eq!(resp.status, 401);
+        assert!(resp.header("retry-after").is_none(), "{resp:?}");
+    }
+    let r = post_batch(cloud.addr(), &batch_of(&["cred-0", "cred-9"])).await.unwrap();
+    assert_eq!(r.body, b"[401,401]");
+    let stats = cloud.stats();
+    assert_eq!(stats.effects_total, 0);
+    assert_eq!(stats.faults_injected.get("outage"), Some(&5));
+    assert_eq!(stats.requests_by_status.get("401"), Some(&3));
+    cloud.set_faults(Faults::none()).unwrap();
+    assert_eq!(post_keyed(cloud.addr(), "cred-0", b"{}").await.unwrap().status, 201);
+    assert_eq!(cloud.key_stats("cred-0").unwrap().effects, 1);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_poison_refuses_the_nth_distinct_key_on_every_request_and_nothing_else() {
+    let cloud = start("poison=2,poison=3:status=400").await;
+    let addr = cloud.addr();
+    assert_eq!(post_keyed(addr, "first", b"{}").await.unwrap().status, 201);
+    // The second distinct key, however often it is sent, never lands.
+    for _ in 0..3 {
+        assert_eq!(post_keyed(addr, "second", b"{}").await.unwrap().status, 422);
+    }
+    // A key seen before keeps its number: the first is a replay, not the third key.
+    assert_eq!(post_keyed(addr, "first", b"{}").await.unwrap().status, 201);
+    // A batch's items number their keys as they come: "third" is the third, "fourth" lands.
+    let r = post_batch(addr, &batch_of(&["third", "second", "fourth"])).await.unwrap();
+    assert_eq!(r.body, b"[400,422,201]");
+    assert!(cloud.key_stats("second").is_none_or(|k| k.effects == 0));
+    assert!(cloud.key_stats("third").is_none_or(|k| k.effects == 0));
+    let stats = cloud.stats();
+    assert_eq!(stats.effects_total, 2);
+    assert_eq!(stats.faults_injected.get("poison"), Some(&5));
+    // A new script numbers keys from 1 again: "second" is now the first key seen, and lands.
+    cloud.set_faults("poison=2".parse().unwrap()).unwrap();
+    assert_eq!(post_keyed(addr, "second", b"{}").await.unwrap().status, 201);
+    assert_eq!(post_keyed(addr, "fifth", b"{}").await.unwrap().status, 422);
+    cloud.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_capacity_accepts_at_most_its_rate_in_each_second_and_refuses_the_rest_at_once() {
     let cloud = start("capacity=2:ra=9").await;
     let mut refused = 0;

@@ -14,6 +14,7 @@
 //! | landed, upstream 201 | 2.01 Created (the upstream's JSON body as payload, if it fits) |
 //! | landed, other 2xx | 2.04 Changed |
 //! | gave up | 5.03 Service Unavailable, Max-Age = the give-up's Retry-After |
+//! | held (the upstream refused the gateway itself: [`crate::hold`]) | 5.03, Max-Age = the hold's Retry-After (the upstream breaker's remaining open time) |
 //! | cancelled, queue full, no room for the exchange | 5.03, Max-Age 1 |
 //! | failed (upstream 4xx) | the same 4.xx where CoAP has it (4.00, 4.03, 4.04, 4.05, 4.06, 4.09, 4.12, 4.13, 4.15, 4.22), else 4.00 |
 //! | failed (no status, or a 5xx the policy does not retry) | 4.00: a resend cannot help, and every 4.xx but 4.29 is "do not resend" to a device |
@@ -364,6 +365,13 @@ pub fn reply(answer: &Answer) -> Reply {
             max_age: Some(u32::try_from(*retry_after_secs).unwrap_or(u32::MAX).max(1)),
             ..Reply::refusal(ResponseType::ServiceUnavailable, "gave up for now; same key later")
         },
+        Answer::Held { retry_after_secs, .. } => Reply {
+            max_age: Some(u32::try_from(*retry_after_secs).unwrap_or(u32::MAX).max(1)),
+            ..Reply::refusal(
+                ResponseType::ServiceUnavailable,
+                "the upstream refused the gateway; same key later",
+            )
+        },
         Answer::Failed { upstream_status } => {
             let code = match upstream_status {
                 Some(403) => ResponseType::Forbidden,
@@ -628,6 +636,10 @@ mod tests {
         assert_eq!(landed(200).code, ResponseType::Changed);
         let gave_up = reply(&Answer::GaveUp { reason: GiveUp::Budget, retry_after_secs: 7 });
         assert_eq!((gave_up.code, gave_up.max_age), (ResponseType::ServiceUnavailable, Some(7)));
+        // A hold is a 5.03 too, never the 4.xx of a failure: the device keeps the reading.
+        let fault = crate::hold::EndpointFault::Status(401);
+        let held = reply(&Answer::Held { fault, retry_after_secs: 3 });
+        assert_eq!((held.code, held.max_age), (ResponseType::ServiceUnavailable, Some(3)));
         let failed = |s| reply(&Answer::Failed { upstream_status: s }).code;
         assert_eq!(failed(Some(404)), ResponseType::NotFound);
         assert_eq!(failed(Some(422)), ResponseType::UnprocessableEntity);

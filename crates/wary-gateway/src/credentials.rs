@@ -12,6 +12,16 @@
 //! `#` starts a comment; blank lines are ignored. A file that cannot be read whole is refused
 //! whole: the error names the line, never its content.
 //!
+//! **Rotation.** A device may have two lines, two tokens valid at once: the one it holds and
+//! the one being rolled out to it. Either admits it until the old line is deleted and the file
+//! reloaded (`docs/security.md`, "Making and rotating credentials"). A third line for one device,
+//! or one digest on two lines, is refused.
+//!
+//! ```text
+//! 0123456789abcdef 5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8  # old
+//! 0123456789abcdef 1b4f0e9851971998e732078544c96b36c3d01cedf7caa332359d6f1d83567014  # new
+//! ```
+//!
 //! Checking a request: the key names the device it claims (its first 16 hex digits); the
 //! digest of the presented token is compared with that device's digest in constant time
 //! ([`subtle`]), so the time taken tells nothing about how much of a guess was right. A token
@@ -41,6 +51,8 @@ use subtle::ConstantTimeEq;
 pub const DEVICE_HEX: usize = 16;
 /// Hex digits of a token (256 bits).
 pub const TOKEN_HEX: usize = 64;
+/// Tokens one device may hold at once: its own and, while a new one is rolled out, that one.
+pub const TOKENS_PER_DEVICE: usize = 2;
 
 /// A SHA-256 digest.
 type Sha = [u8; 32];
@@ -64,18 +76,22 @@ pub enum CredentialsError {
     /// A line is not `<16 hex device id> <64 hex SHA-256>`.
     #[error("line {0}: expected `<16 hex digits of device id> <64 hex digits of SHA-256>`")]
     Malformed(usize),
-    /// A device appears twice.
-    #[error("line {0}: this device already has a credential")]
+    /// A device appears more than [`TOKENS_PER_DEVICE`] times.
+    #[error("line {0}: this device already has two credentials (the old and the new); delete one")]
     DuplicateDevice(usize),
-    /// Two devices have the same token digest (one token must name one device).
-    #[error("line {0}: this digest already names another device")]
+    /// A token digest appears twice (one token must name one device, once).
+    #[error("line {0}: this digest is already in the file")]
     DuplicateDigest(usize),
 }
 
 /// The set of device credentials, by device and by digest.
 #[derive(Default, Clone)]
 pub struct Credentials {
+    /// Each device's first token.
     by_device: HashMap<u64, Sha>,
+    /// The second token of a device that has two (while a new one is rolled out): empty but
+    /// for those, so a fleet that is not rotating pays nothing for it.
+    second: HashMap<u64, Sha>,
     by_digest: HashMap<Sha, u64>,
 }
 
@@ -143,12 +159,36 @@ impl Credentials {
         (token, line)
     }
 
-    /// Admits `device` with the token whose digest is `sha` (replacing its old one).
+    /// Admits `device` with the token whose digest is `sha` alone (replacing its old ones).
     pub fn insert(&mut self, device: u64, sha: Sha) {
-        if let Some(old) = self.by_device.insert(device, sha) {
+        for old in [self.by_device.insert(device, sha), self.second.remove(&device)].into_iter().flatten() {
             self.by_digest.remove(&old);
         }
         self.by_digest.insert(sha, device);
+    }
+
+    /// Admits `device` with the token whose digest is `sha` as well as the one it has (a
+    /// rotation: both valid until one is removed). False, and nothing changed, if the device
+    /// already has [`TOKENS_PER_DEVICE`] tokens or the digest is already someone's.
+    pub fn add(&mut self, device: u64, sha: Sha) -> bool {
+        if self.by_digest.contains_key(&sha) || self.second.contains_key(&device) {
+            return false;
+        }
+        match self.by_device.entry(device) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.second.insert(device, sha);
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(sha);
+            }
+        }
+        self.by_digest.insert(sha, device);
+        true
+    }
+
+    /// Tokens `device` holds: 0, 1 or, during a rotation, 2.
+    pub fn tokens(&self, device: u64) -> usize {
+        usize::from(self.by_device.contains_key(&device)) + usize::from(self.second.contains_key(&device))
     }
 
     /// True if `device` has a credential.
@@ -173,9 +213,15 @@ impl Credentials {
         let sha = digest(token);
         if let Some(device) = claimed
             && let Some(expected) = self.by_device.get(&device)
-            && bool::from(expected.ct_eq(&sha))
         {
-            return Identity::Device(device);
+            // Both of a rotating device's digests are compared, whichever matches.
+            let mut matched = expected.ct_eq(&sha);
+            if let Some(second) = self.second.get(&device) {
+                matched |= second.ct_eq(&sha);
+            }
+            if bool::from(matched) {
+                return Identity::Device(device);
+            }
         }
         match self.by_digest.get(&sha) {
             Some(device) => Identity::Device(*device),
@@ -215,13 +261,12 @@ impl FromStr for Credentials {
                 return Err(CredentialsError::Malformed(n));
             };
             let dev = u64::from_be_bytes(dev);
-            if c.by_device.contains_key(&dev) {
-                return Err(CredentialsError::DuplicateDevice(n));
-            }
             if c.by_digest.contains_key(&sha) {
                 return Err(CredentialsError::DuplicateDigest(n));
             }
-            c.insert(dev, sha);
+            if !c.add(dev, sha) {
+                return Err(CredentialsError::DuplicateDevice(n));
+            }
         }
         Ok(c)
     }
@@ -265,13 +310,51 @@ mod tests {
             (format!("000000000000000G {sha}\n"), "line 1:"),
             (format!("000000000000000A {sha}\n"), "line 1:"),
             (format!("{la} extra\n"), "line 1:"),
-            (format!("{la}\n{la}\n"), "already has"),
-            (format!("{la}\n0000000000000002 {sha}\n"), "another device"),
+            (format!("{la}\n{la}\n"), "line 2: this digest is already"),
+            (format!("{la}\n0000000000000002 {sha}\n"), "already in the file"),
+            (
+                format!("{la}\n{}\n{}\n", Credentials::issue(1).1, Credentials::issue(1).1),
+                "line 3: this device already has two",
+            ),
         ] {
             let e = text.parse::<Credentials>().unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
             assert!(!e.contains(sha), "{e}");
         }
+    }
+
+    #[test]
+    fn a_device_may_hold_two_tokens_while_a_new_one_is_rolled_out() {
+        let (old, lo) = Credentials::issue(0xa);
+        let (new, ln) = Credentials::issue(0xa);
+        let (tb, lb) = Credentials::issue(0xb);
+        let h = |t: &str| format!("Bearer {t}");
+        // Both lines in force: either token admits the device, with its key or without one.
+        let both: Credentials = format!("{lo}  # old\n{lb}\n{ln}  # new\n").parse().unwrap();
+        assert_eq!((both.len(), both.tokens(0xa), both.tokens(0xb)), (2, 2, 1));
+        for t in [&old, &new] {
+            assert_eq!(both.identify(Some(h(t).as_bytes()), Some(0xa)), Identity::Device(0xa));
+            assert_eq!(both.identify(Some(h(t).as_bytes()), None), Identity::Device(0xa));
+            // Neither names another device, whatever the key claims.
+            assert_eq!(both.identify(Some(h(t).as_bytes()), Some(0xb)), Identity::Device(0xa));
+        }
+        assert_eq!(both.identify(Some(h(&tb).as_bytes()), Some(0xa)), Identity::Device(0xb));
+        // The old line deleted: the old token is nobody's, the new one still the device's.
+        let after: Credentials = format!("{lb}\n{ln}\n").parse().unwrap();
+        assert_eq!(after.tokens(0xa), 1);
+        assert_eq!(after.identify(Some(h(&old).as_bytes()), Some(0xa)), Identity::Nobody);
+        assert_eq!(after.identify(Some(h(&new).as_bytes()), Some(0xa)), Identity::Device(0xa));
+        // `insert` puts one token in force alone; `add` refuses a third and a digest in use.
+        let mut c = both.clone();
+        let sha = |line: &str| unhex::<32>(line.split(' ').nth(1).unwrap()).unwrap();
+        let (third, l3) = Credentials::issue(0xa);
+        assert!(!c.add(0xa, sha(&l3)));
+        assert!(!c.add(0xc, sha(&lb)));
+        c.insert(0xa, sha(&l3));
+        assert_eq!(c.tokens(0xa), 1);
+        assert_eq!(c.identify(Some(h(&old).as_bytes()), Some(0xa)), Identity::Nobody);
+        assert_eq!(c.identify(Some(h(&new).as_bytes()), None), Identity::Nobody);
+        assert_eq!(c.identify(Some(h(&third).as_bytes()), Some(0xa)), Identity::Device(0xa));
     }
 
     #[test]

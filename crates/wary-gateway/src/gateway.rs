@@ -20,6 +20,7 @@ use wary_host::time::{MonotonicClock, TokioDelay};
 
 use crate::admission::{Admission, Limits, Refused};
 use crate::credentials::{Credentials, Identity};
+use crate::hold::{EndpointFault, HoldingEndpoint, Holds};
 use crate::metrics::Metrics;
 use crate::upstream::{Delivered, Forward, HttpClient, LegacyProbe, Upstream, client};
 
@@ -97,6 +98,18 @@ pub const UPSTREAM_BREAKER: wary::BreakerSettings = wary::BreakerSettings {
     max_open: wary::Duration::from_millis(30_000),
     refused_opens: false,
 };
+
+/// The longest `Retry-After` the gateway passes on to a device, seconds (one hour), whatever
+/// the upstream asked for or the breaker's open time says: a give-up's and a hold's alike. An
+/// upstream that asks for days does not park a fleet for days; the device comes back within the
+/// hour and asks again.
+pub const MAX_RETRY_AFTER_SECS: u64 = 3_600;
+
+/// Whole seconds for a wait of `ms` milliseconds as a device hears it: rounded up, at least 1,
+/// at most [`MAX_RETRY_AFTER_SECS`].
+fn retry_after_secs(ms: u64) -> u64 {
+    ms.div_ceil(1000).clamp(1, MAX_RETRY_AFTER_SECS)
+}
 
 /// Who may post readings.
 #[derive(Debug, Clone)]
@@ -177,6 +190,16 @@ pub enum Answer {
         /// When to come back, whole seconds (at least 1).
         retry_after_secs: u64,
     },
+    /// The upstream refused the gateway itself, not the reading (an endpoint fault: its
+    /// credential, its path, its proxy, TLS; [`crate::hold`]): the device keeps the reading and
+    /// sends it again, with the same key, no sooner than `retry_after_secs` (the upstream's
+    /// breaker's remaining open time).
+    Held {
+        /// What the upstream answered.
+        fault: EndpointFault,
+        /// When to come back, whole seconds (1..=[`MAX_RETRY_AFTER_SECS`]).
+        retry_after_secs: u64,
+    },
     /// The upstream refused it in a way a resend cannot fix.
     Failed {
         /// The upstream's status, if it answered with one.
@@ -190,11 +213,12 @@ pub enum Answer {
 }
 
 impl Answer {
-    /// The verdict's name (`ok`, `gave_up`, `failed`, `unknown`, `cancelled`).
+    /// The verdict's name (`ok`, `gave_up`, `held`, `failed`, `unknown`, `cancelled`).
     pub fn name(&self) -> &'static str {
         match self {
             Answer::Landed(_) => "ok",
             Answer::GaveUp { .. } => "gave_up",
+            Answer::Held { .. } => "held",
             Answer::Failed { .. } => "failed",
             Answer::Unknown => "unknown",
             Answer::Cancelled => "cancelled",
@@ -202,13 +226,16 @@ impl Answer {
     }
 
     /// The status the device gets. See `docs/deployment.md` for the choice of each:
-    /// the upstream's 2xx; 503 for a give-up (the device's resend is paced by Retry-After);
+    /// the upstream's 2xx; 503 for a give-up and a hold (the device's resend is paced by
+    /// Retry-After);
     /// 424 Failed Dependency for `failed` and 409 Conflict for `unknown`, both in every
     /// device table's "do not resend" class.
     pub fn status(&self) -> StatusCode {
         match self {
             Answer::Landed(d) => d.status,
-            Answer::GaveUp { .. } | Answer::Cancelled => StatusCode::SERVICE_UNAVAILABLE,
+            Answer::GaveUp { .. } | Answer::Held { .. } | Answer::Cancelled => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Answer::Failed { .. } => StatusCode::FAILED_DEPENDENCY,
             Answer::Unknown => StatusCode::CONFLICT,
         }
@@ -239,6 +266,8 @@ struct Shared {
     mqtt: Mutex<Option<Arc<crate::mqtt::MqttCounts>>>,
     /// The CoAP ingress's counters, once it runs (shown on `/metrics`).
     coap: Mutex<Option<Arc<crate::coap::CoapCounts>>>,
+    /// The upstream's endpoint faults: what holds its breaker open, their counts and log times.
+    holds: Arc<Holds>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -307,6 +336,7 @@ impl Gateway {
             endpoint,
             mqtt: Mutex::new(None),
             coap: Mutex::new(None),
+            holds: Arc::new(Holds::default()),
             config,
         });
         let workers = (0..shared.config.workers.max(1))
@@ -427,7 +457,13 @@ impl Gateway {
         if let Some(c) = lock(&self.shared.coap).as_ref() {
             text.push_str(&c.prometheus());
         }
+        text.push_str(&self.shared.holds.prometheus());
         text
+    }
+
+    /// The upstream's endpoint faults: what holds its breaker open, and their counts.
+    pub fn holds(&self) -> &Holds {
+        &self.shared.holds
     }
 
     /// Shows an MQTT ingress's counters on `/metrics` ([`crate::mqtt::Ingress::start`] does it).
@@ -558,9 +594,52 @@ fn answer(policy: &Policy, result: Result<Delivered, Stopped>) -> Answer {
                 _ => s.last.and_then(|f| f.retry_after()),
             };
             let ms = asked.unwrap_or(policy.backoff().cap).as_millis();
-            Answer::GaveUp { reason, retry_after_secs: u64::from(ms.div_ceil(1000).max(1)) }
+            Answer::GaveUp { reason, retry_after_secs: retry_after_secs(u64::from(ms)) }
         }
     }
+}
+
+/// The endpoint fault a stopped call is held by, if any: its last attempt met one (a 401, say,
+/// whatever verdict the policy gave it), or the breaker was open when it asked and an endpoint
+/// fault is what holds it open (`cause`). Only a `failed` or a `gave_up` is held: an `unknown`
+/// may have landed and must never be resent, a cancel is no verdict on the upstream.
+fn held_by(s: &Stopped, cause: Option<EndpointFault>) -> Option<EndpointFault> {
+    if !matches!(s.verdict, Verdict::Failed | Verdict::GaveUp(_)) {
+        return None;
+    }
+    match (s.last.as_ref().and_then(EndpointFault::of_failure), s.verdict) {
+        (Some(fault), _) => Some(fault),
+        (None, Verdict::GaveUp(GiveUp::CircuitOpen)) => cause,
+        (None, _) => None,
+    }
+}
+
+/// The hold for `fault`: the Retry-After is the upstream breaker's remaining open time `open`
+/// (`None` without a breaker: the policy's largest backoff ceiling, as for a give-up), whole
+/// seconds, 1..=[`MAX_RETRY_AFTER_SECS`].
+fn hold(policy: &Policy, fault: EndpointFault, open: Option<Duration>) -> Answer {
+    let wait = open.unwrap_or(policy.backoff().cap);
+    Answer::Held { fault, retry_after_secs: retry_after_secs(u64::from(wait.as_millis())) }
+}
+
+/// Logs an endpoint fault a call met, at most once every [`crate::hold::LOG_EVERY`] for each
+/// fault: what the upstream said and what the gateway does about it, never a header's value
+/// (the upstream's credential is one).
+fn log_fault(holds: &Holds, fault: EndpointFault, answer: &Answer) {
+    let Some(calls) = holds.met(fault, std::time::Instant::now()) else { return };
+    let what = match fault.status() {
+        Some(code) => format!("answered {code} to the gateway's own request (its credential, path or proxy)"),
+        None => "failed the TLS handshake".to_owned(),
+    };
+    let secs = match answer {
+        Answer::Held { retry_after_secs, .. } => *retry_after_secs,
+        _ => 0,
+    };
+    eprintln!(
+        "wary-gateway: the upstream {what}: the gateway's configuration, not the readings; its breaker \
+         is open and devices are held (503, Retry-After {secs} s); {calls} call(s) met it since the \
+         last such line"
+    );
 }
 
 async fn worker(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>, rng: StdRng) {
@@ -569,7 +648,7 @@ async fn worker(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<J
     let mut runner = Runner::new(&policy, TokioDelay, shared.clock, rng)
         .fleet(&shared.fleet)
         .ledger(GatewaySink(shared.clone()))
-        .endpoint(shared.endpoint.clone());
+        .endpoint(HoldingEndpoint::new(shared.endpoint.clone(), shared.holds.clone()));
     loop {
         let job = rx.lock().await.recv().await;
         let Some(job) = job else { break };
@@ -586,7 +665,21 @@ async fn worker(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<J
         } else {
             runner.call(Operation::KeyedWrite, r.wary_key, send).await
         };
-        let answer = answer(&policy, result);
+        let answer = match result {
+            Err(s) => match held_by(&s, shared.holds.cause()) {
+                Some(fault) => {
+                    let open = shared.endpoint.breaker().map(|b| b.wait(shared.clock.now()));
+                    let held = hold(&policy, fault, open);
+                    shared.holds.held(fault);
+                    if s.last.as_ref().and_then(EndpointFault::of_failure) == Some(fault) {
+                        log_fault(&shared.holds, fault, &held);
+                    }
+                    held
+                }
+                None => answer(&policy, Err(s)),
+            },
+            ok => answer(&policy, ok),
+        };
         {
             let mut m = lock(&shared.metrics);
             match &answer {
@@ -673,6 +766,51 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_fault_holds_the_call_and_a_readings_fault_does_not() {
+        let stopped = |verdict, last| Stopped { verdict, attempts: 1, last };
+        let f401 = EndpointFault::Status(401);
+        // The call's own last attempt met it, whatever verdict the policy gave.
+        assert_eq!(held_by(&stopped(Verdict::Failed, Some(wary::Failure::status(401))), None), Some(f401));
+        let s = stopped(Verdict::GaveUp(GiveUp::CircuitOpen), Some(wary::Failure::status(421)));
+        assert_eq!(held_by(&s, None), Some(EndpointFault::Status(421)));
+        assert_eq!(
+            held_by(&stopped(Verdict::GaveUp(GiveUp::Budget), Some(wary::Failure::Tls)), None),
+            Some(EndpointFault::Tls)
+        );
+        // Stopped by the open breaker before any attempt: held only if a fault holds it open.
+        let open = stopped(Verdict::GaveUp(GiveUp::CircuitOpen), None);
+        assert_eq!(held_by(&open, Some(f401)), Some(f401));
+        assert_eq!(held_by(&open, None), None);
+        // Another give-up is not held by a fault some other call met.
+        assert_eq!(
+            held_by(&stopped(Verdict::GaveUp(GiveUp::Budget), Some(wary::Failure::status(503))), Some(f401)),
+            None
+        );
+        // The reading's own faults, and an unknown (it may have landed), are never held.
+        for code in [400, 413, 415, 422, 424] {
+            assert_eq!(
+                held_by(&stopped(Verdict::Failed, Some(wary::Failure::status(code))), Some(f401)),
+                None,
+                "{code}"
+            );
+        }
+        assert_eq!(held_by(&stopped(Verdict::Unknown, Some(wary::Failure::Tls)), Some(f401)), None);
+        // The Retry-After: the breaker's remaining open time, rounded up, 1 s at least, an hour
+        // at most; without a breaker the policy's largest ceiling.
+        let p = Policy::builder(wary::Preset::Default).cap(Duration::from_millis(2_500)).build().unwrap();
+        let secs = |open| match hold(&p, f401, open) {
+            Answer::Held { retry_after_secs, fault } if fault == f401 => retry_after_secs,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(secs(Some(Duration::from_millis(1_200))), 2);
+        assert_eq!(secs(Some(Duration::ZERO)), 1);
+        assert_eq!(secs(Some(Duration::from_secs(86_400))), MAX_RETRY_AFTER_SECS);
+        assert_eq!(secs(None), 3);
+        let held = hold(&p, f401, None);
+        assert_eq!((held.name(), held.status()), ("held", StatusCode::SERVICE_UNAVAILABLE));
+    }
+
+    #[test]
     fn answers_map_verdicts_to_statuses_a_device_understands() {
         let ms = Duration::from_millis;
         let p = Policy::builder(wary::Preset::Default)
@@ -703,8 +841,15 @@ mod tests {
         let asked = ms(60_001);
         let a = answer(&p, stopped(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }), None));
         assert_eq!(a, Answer::GaveUp { reason: GiveUp::RetryAfterTooLong { asked }, retry_after_secs: 61 });
-        let a = answer(&p, stopped(Verdict::Failed, Some(wary::Failure::status(401))));
-        assert_eq!(a, Answer::Failed { upstream_status: Some(401) });
+        // However long the upstream asks for, a device is told at most an hour.
+        let asked = Duration::MAX;
+        let a = answer(&p, stopped(Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }), None));
+        assert_eq!(
+            a,
+            Answer::GaveUp { reason: GiveUp::RetryAfterTooLong { asked }, retry_after_secs: 3_600 }
+        );
+        let a = answer(&p, stopped(Verdict::Failed, Some(wary::Failure::status(422))));
+        assert_eq!(a, Answer::Failed { upstream_status: Some(422) });
         assert_eq!(a.status(), StatusCode::FAILED_DEPENDENCY);
         let a = answer(&p, stopped(Verdict::Unknown, Some(wary::Failure::Reset)));
         assert_eq!((a.name(), a.status()), ("unknown", StatusCode::CONFLICT));

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | landed | the upstream's 2xx, its body and `Content-Type` | `Wary-Verdict: ok`; `Wary-Body-Check: failed` if the 2xx failed the body check |
 //! | gave up (stop rules) | 503 | `Retry-After` (seconds), `Wary-Verdict: gave_up`, `Wary-Reason` |
+//! | held (the upstream refused the gateway itself: [`crate::hold`]) | 503 | `Retry-After` (the upstream breaker's remaining open time, seconds), `Wary-Verdict: held; upstream=<status or tls>`, `Wary-Upstream-Status` if there was one |
 //! | failed | 424 Failed Dependency | `Wary-Verdict: failed`, `Wary-Upstream-Status` if there was one |
 //! | unknown (legacy upstream) | 409 Conflict | `Wary-Verdict: unknown` |
 //! | queue full | 503 at once | `Retry-After: 1`, `Wary-Verdict: queue_full` |
@@ -187,6 +188,24 @@ pub fn respond(answer: Answer) -> Response<Bytes> {
             r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
             r.headers_mut().insert("wary-reason", HeaderValue::from_static(reason.name()));
             r
+        }
+        Answer::Held { fault, retry_after_secs } => {
+            let mut r = reply(
+                status,
+                None,
+                "the upstream refused the gateway, not this reading; send it again later, same key",
+            );
+            r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            if let Some(s) = fault.status() {
+                r.headers_mut().insert("wary-upstream-status", HeaderValue::from(s));
+            }
+            // `held; upstream=401`: the verdict's name first, as in every other answer.
+            let verdict = format!("{name}; upstream={fault}");
+            if let Ok(v) = HeaderValue::from_str(&verdict) {
+                r.headers_mut().insert(VERDICT, v);
+            }
+            *r.status_mut() = status;
+            return r;
         }
         Answer::Failed { upstream_status } => {
             let mut r = reply(status, None, "the upstream refused it; a resend cannot help");
@@ -413,7 +432,9 @@ async fn handle_batch(
 /// Retry-After in seconds where it has one.
 fn item_answer(answer: &Answer) -> ItemAnswer {
     let retry_after_secs = match answer {
-        Answer::GaveUp { retry_after_secs, .. } => Some(*retry_after_secs),
+        Answer::GaveUp { retry_after_secs, .. } | Answer::Held { retry_after_secs, .. } => {
+            Some(*retry_after_secs)
+        }
         Answer::Cancelled => Some(1),
         _ => None,
     };

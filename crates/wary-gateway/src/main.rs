@@ -92,7 +92,8 @@ struct Args {
     #[arg(long)]
     threads: Option<usize>,
     /// The device credentials file: `<device id, 16 hex> <SHA-256 of its token, 64 hex>` a
-    /// line; reloaded on SIGHUP. Make lines with `wary-gateway credential new <device>`.
+    /// line, at most two lines a device (its old and its new token, while a new one is rolled
+    /// out); reloaded on SIGHUP. Make lines with `wary-gateway credential new <device>`.
     #[arg(long, required_unless_present_any = ["insecure_no_auth", "mqtt"])]
     credentials: Option<PathBuf>,
     /// Accept readings from anyone who can reach the gateway, with any key (tests only).

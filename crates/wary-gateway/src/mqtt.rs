@@ -16,7 +16,10 @@
 //!   key, in the ledger). A call that gave up is not a verdict the broker should hear: the
 //!   gateway keeps the message and calls again (same key) after the give-up's `Retry-After`,
 //!   until it lands or fails. Its acknowledgement waits; if the gateway dies meanwhile the broker
-//!   redelivers it to the restarted replica.
+//!   redelivers it to the restarted replica. A call **held** because the upstream refused the
+//!   gateway itself ([`crate::hold`]: its credential, path, proxy or TLS) is treated the same
+//!   way: not acknowledged, called again after the hold's `Retry-After` (counted as `held` and
+//!   `called_again`), never failed or dropped for the gateway's own configuration.
 //! - **In order**: MQTT wants acknowledgements in the order the messages arrived, and the broker
 //!   sends at most Receive Maximum unacknowledged messages. Calls run concurrently; each
 //!   connection's acknowledgements are released in arrival order as soon as the oldest
@@ -238,8 +241,10 @@ pub struct MqttCounts {
     pub failed: AtomicU64,
     /// Messages answered `unknown` (legacy upstreams), surfaced and acknowledged.
     pub unknown: AtomicU64,
-    /// Calls that gave up (or were cancelled) and were made again later, same key.
+    /// Calls that gave up, were held or were cancelled, and were made again later, same key.
     pub called_again: AtomicU64,
+    /// Of them, calls held because the upstream refused the gateway itself ([`crate::hold`]).
+    pub held: AtomicU64,
     /// Acknowledgements sent.
     pub acked: AtomicU64,
     /// Acknowledgements dropped because their connection had broken (the broker redelivers).
@@ -284,6 +289,11 @@ impl MqttCounts {
         one("failed_total", "MQTT messages the upstream failed, reported and acknowledged.", &self.failed);
         one("unknown_total", "MQTT messages answered unknown, surfaced and acknowledged.", &self.unknown);
         one("called_again_total", "Calls that gave up and were made again, same key.", &self.called_again);
+        one(
+            "held_total",
+            "Calls held (the upstream refused the gateway itself), not acknowledged, made again.",
+            &self.held,
+        );
         one("acked_total", "PUBACKs sent.", &self.acked);
         one("acks_dropped_total", "PUBACKs dropped with their broken connection.", &self.acks_dropped);
         one("connects_total", "Connections to the broker.", &self.connects);
@@ -593,6 +603,14 @@ async fn forward(
                 tokio::time::sleep(StdDuration::from_secs(retry_after_secs.max(1))).await;
                 continue;
             }
+            Answer::Held { retry_after_secs, .. } => {
+                // The gateway's own configuration: the message is kept, never acknowledged as
+                // failed (the gateway logs the cause itself, once an interval).
+                bump(&counts.held);
+                bump(&counts.called_again);
+                tokio::time::sleep(StdDuration::from_secs(retry_after_secs.max(1))).await;
+                continue;
+            }
             _ => {
                 bump(&counts.called_again);
                 tokio::time::sleep(StdDuration::from_secs(1)).await;
@@ -614,6 +632,7 @@ pub fn snapshot(c: &MqttCounts) -> BTreeMap<&'static str, u64> {
         ("failed", l(&c.failed)),
         ("unknown", l(&c.unknown)),
         ("called_again", l(&c.called_again)),
+        ("held", l(&c.held)),
         ("acked", l(&c.acked)),
         ("acks_dropped", l(&c.acks_dropped)),
         ("connects", l(&c.connects)),

@@ -198,3 +198,41 @@ async fn a_partial_success_settles_exactly_the_items_that_landed() {
     .await
     .expect("test took too long");
 }
+
+/// An upstream refusing the gateway's credential (401): every item of a batch is held, 503 with
+/// its Retry-After as a give-up is, never 424; a poisoned item is still 424 beside items that
+/// land.
+#[tokio::test]
+async fn items_are_held_by_an_endpoint_fault_and_failed_by_their_own() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let a = device(0xa1);
+        let cloud = Cloud::start("127.0.0.1:0", "outage=0:ms=60000:status=401".parse::<Faults>().unwrap())
+            .await
+            .unwrap();
+        let (gw, addr) = gateway(config(&cloud.url(""), &[&a])).await;
+        let keys: Vec<String> = (0..4).map(|n| key(a.id, 1, n)).collect();
+        let (status, answers) = post_batch(addr, Some(&a.token), &keys).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(statuses(&answers), [503, 503, 503, 503]);
+        assert!(
+            answers.iter().all(|a| a.retry_after_secs.is_some_and(|s| (1..=2).contains(&s))),
+            "{answers:?}"
+        );
+        assert_eq!(cloud.stats().effects_total, 0);
+        assert!(gw.prometheus().contains("wary_gateway_held_total{status=\"401\"} 4\n"));
+        // The reading's own fault: the second distinct key the upstream sees is poisoned.
+        cloud.set_faults("poison=2".parse().unwrap()).unwrap();
+        // The breaker opened for 1-2 s at the 401s: wait it out, so the items go upstream.
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        let fresh: Vec<String> = (10..11).map(|n| key(a.id, 1, n)).collect();
+        let (_, answers) = post_batch(addr, Some(&a.token), &fresh).await;
+        assert_eq!(statuses(&answers), [201], "the probe lands and closes the breaker");
+        let fresh: Vec<String> = (11..13).map(|n| key(a.id, 1, n)).collect();
+        let (_, answers) = post_batch(addr, Some(&a.token), &fresh[..1]).await;
+        assert_eq!(statuses(&answers), [424]);
+        let (_, answers) = post_batch(addr, Some(&a.token), &fresh[1..]).await;
+        assert_eq!(statuses(&answers), [201]);
+    })
+    .await
+    .expect("test took too long");
+}

@@ -401,16 +401,51 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
 #[tokio::test]
 async fn an_upstream_refusal_is_its_own_4xx_and_never_resent() {
     within(async {
-        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
-        let mut c = config(&cloud.url(""));
-        // No such route upstream: 404, which CoAP has as 4.04.
-        c.upstream.path = "/nowhere".to_owned();
-        let (gw, ingress, _) = gateway(c, CoapConfig::default()).await;
+        // The first key is one the upstream can never take: 422, which CoAP has as 4.22.
+        let cloud = Cloud::start("127.0.0.1:0", "poison=1".parse::<Faults>().unwrap()).await.unwrap();
+        let (gw, ingress, _) = gateway(config(&cloud.url("")), CoapConfig::default()).await;
         let dev = device().await;
         let ack = verdict(&dev, ingress.local_addr(), &post(&key(9), 90, "{}")).await;
-        assert_eq!(code(&ack), MessageClass::Response(ResponseType::NotFound));
+        assert_eq!(code(&ack), MessageClass::Response(ResponseType::UnprocessableEntity));
+        assert_eq!(max_age(&ack), None);
         assert_eq!(cloud.stats().requests, 1, "a failed call is not retried");
         assert_eq!(gw.metrics().verdicts.get("failed"), Some(&1));
+        // The reading's fault holds nothing: the next one lands.
+        let ack = verdict(&dev, ingress.local_addr(), &post(&key(10), 91, "{}")).await;
+        assert_eq!(code(&ack), MessageClass::Response(ResponseType::Created));
+    })
+    .await;
+}
+
+/// The upstream refuses the gateway's credential (401) for 2.5 s: a CoAP device gets 5.03 with
+/// Max-Age (the breaker's open time left), never the 4.xx of a failure, and its reading lands
+/// once the credential is good again.
+#[tokio::test]
+async fn an_upstream_refusing_the_gateway_is_5_03_with_max_age() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", "outage=0:ms=2500:status=401".parse::<Faults>().unwrap())
+            .await
+            .unwrap();
+        let (gw, ingress, _) = gateway(config(&cloud.url("")), CoapConfig::default()).await;
+        let dev = device().await;
+        let mut mid = 700;
+        let mut held = 0;
+        loop {
+            mid += 1;
+            let ack = verdict(&dev, ingress.local_addr(), &post(&key(11), mid, "{}")).await;
+            if code(&ack) == MessageClass::Response(ResponseType::Created) {
+                break;
+            }
+            assert_eq!(code(&ack), MessageClass::Response(ResponseType::ServiceUnavailable));
+            let age = max_age(&ack).expect("a Max-Age");
+            assert!((1..=4).contains(&age), "Max-Age {age}");
+            held += 1;
+            assert!(held < 10, "never landed");
+            tokio::time::sleep(Duration::from_secs(u64::from(age))).await;
+        }
+        assert!(held >= 1);
+        assert_eq!(cloud.key_stats(&key(11)).unwrap().effects, 1);
+        assert!(gw.prometheus().contains(&format!("\nwary_gateway_held_total{{status=\"401\"}} {held}\n")));
     })
     .await;
 }

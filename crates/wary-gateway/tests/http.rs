@@ -192,6 +192,128 @@ async fn a_4xx_upstream_is_failed_424_never_resent() {
     .await;
 }
 
+fn retry_after(r: &Reply) -> u64 {
+    header(r, "retry-after").expect("a Retry-After").parse().expect("whole seconds")
+}
+
+/// The upstream refuses the gateway's own credential (401) for 3 s: every device is held (503,
+/// a Retry-After from the breaker, `held; upstream=401`), never failed (424); the breaker opens
+/// at the first 401, so the upstream sees its probes only, not the devices' requests; once the
+/// credential is good again the same keys land, once each.
+#[tokio::test]
+async fn an_upstream_refusing_the_gateways_credential_holds_devices_and_opens_the_breaker() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let cloud = Cloud::start("127.0.0.1:0", "outage=0:ms=3000:status=401".parse::<Faults>().unwrap())
+            .await
+            .unwrap();
+        let (gw, addr) = gateway(config(&cloud.url(""))).await;
+        let started = std::time::Instant::now();
+        let mut sent = 0u64;
+        let mut held = Vec::new();
+        // Devices that ignore Retry-After and keep sending, new keys and old: 2.5 s of them.
+        while started.elapsed() < Duration::from_millis(2_500) {
+            let k = key(100 + sent % 5);
+            let r = post(addr, &k, "{}").await;
+            sent += 1;
+            assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.body);
+            assert_eq!(header(&r, "wary-verdict"), Some("held; upstream=401"));
+            assert_eq!(header(&r, "wary-upstream-status"), Some("401"));
+            let ra = retry_after(&r);
+            // The breaker's open time left: 1-2 s at first, 2-4 s after a probe met the 401 again.
+            assert!((1..=4).contains(&ra), "Retry-After {ra}");
+            held.push(ra);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(sent >= 20, "only {sent} requests sent");
+        // The first 401, and at most one probe after each open time (1-2 s, then 2-4 s).
+        let upstream = cloud.stats().requests;
+        assert!((1..=3).contains(&upstream), "{upstream} requests reached the upstream for {sent} held");
+        assert_eq!(cloud.stats().requests_by_status.get("401").copied(), Some(upstream));
+        assert_eq!(cloud.stats().effects_total, 0);
+        let text = gw.prometheus();
+        assert!(
+            text.contains(&format!(
+                "\nwary_gateway_upstream_endpoint_faults_total{{status=\"401\"}} {upstream}\n"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("\nwary_gateway_held_total{{status=\"401\"}} {sent}\n")), "{text}");
+        // The credential is good again (the outage's end): devices that wait as told land.
+        let mut landed = 0;
+        for n in 0..5u64 {
+            let k = key(100 + n);
+            let mut tries = 0;
+            loop {
+                let r = post(addr, &k, "{}").await;
+                if r.status == StatusCode::CREATED {
+                    assert_eq!(header(&r, "wary-verdict"), Some("ok"));
+                    landed += 1;
+                    break;
+                }
+                assert_eq!(header(&r, "wary-verdict"), Some("held; upstream=401"), "{:?}", r.status);
+                tries += 1;
+                assert!(tries < 10, "{k} never landed");
+                tokio::time::sleep(Duration::from_secs(retry_after(&r))).await;
+            }
+        }
+        assert_eq!(landed, 5);
+        for n in 0..5u64 {
+            assert_eq!(cloud.key_stats(&key(100 + n)).unwrap().effects, 1);
+        }
+        assert!(started.elapsed() >= Duration::from_secs(3), "landed inside the outage");
+        assert_eq!(gw.holds().cause(), None, "a success clears the cause");
+    })
+    .await
+    .expect("test took too long");
+}
+
+/// A reading the upstream can never take (422: the reading's own fault) is still failed (424),
+/// with the upstream's status, and holds nothing: the breaker stays closed for the next one.
+#[tokio::test]
+async fn a_poisoned_reading_is_failed_424_and_holds_no_other() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", "poison=1".parse::<Faults>().unwrap()).await.unwrap();
+        let (gw, addr) = gateway(config(&cloud.url(""))).await;
+        for _ in 0..2 {
+            let r = post(addr, &key(200), "{}").await;
+            assert_eq!(r.status, StatusCode::FAILED_DEPENDENCY);
+            assert_eq!(header(&r, "wary-verdict"), Some("failed"));
+            assert_eq!(header(&r, "wary-upstream-status"), Some("422"));
+            assert!(header(&r, "retry-after").is_none());
+        }
+        for n in 201..206 {
+            let r = post(addr, &key(n), "{}").await;
+            assert_eq!(r.status, StatusCode::CREATED, "{n}");
+        }
+        assert_eq!(cloud.stats().requests, 7, "each poisoned call sent once, every other one landed");
+        assert_eq!(cloud.stats().faults_injected.get("poison"), Some(&2));
+        assert!(gw.holds().faults().is_empty());
+        assert!(!gw.prometheus().contains("wary_gateway_held_total{"));
+    })
+    .await;
+}
+
+/// A gateway pointed at a path the upstream does not have (404) holds the device rather than
+/// failing a reading that is fine, and the breaker keeps the next calls off the upstream.
+#[tokio::test]
+async fn a_wrong_upstream_path_holds_rather_than_fails() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let mut c = config(&cloud.url(""));
+        c.upstream.path = "/nowhere".to_owned();
+        let (gw, addr) = gateway(c).await;
+        for n in 0..4 {
+            let r = post(addr, &key(300 + n), "{}").await;
+            assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(header(&r, "wary-verdict"), Some("held; upstream=404"));
+            assert!((1..=2).contains(&retry_after(&r)));
+        }
+        assert_eq!(cloud.stats().requests, 1, "the breaker opened at the first 404");
+        assert_eq!(gw.holds().held_counts().get(&wary_gateway::EndpointFault::Status(404)), Some(&4));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_legacy_unknown_is_409_and_a_resend_of_it_is_never_forwarded() {
     within(async {

@@ -152,6 +152,45 @@ async fn a_call_that_gave_up_is_made_again_and_acknowledged_only_after_it_lands(
     .expect("test took too long");
 }
 
+/// A message held because the upstream refuses the gateway's credential (401) is never
+/// acknowledged while it is held, as a give-up is not: the broker keeps it. Once the credential
+/// is good again each reading lands once and is acknowledged.
+#[tokio::test]
+async fn a_message_held_by_an_upstream_refusing_the_gateway_is_not_acknowledged() {
+    if !mqtt::have_mosquitto() {
+        return;
+    }
+    tokio::time::timeout(LIMIT, async {
+        let cloud = Cloud::start("127.0.0.1:0", "outage=0:ms=3000:status=401".parse::<Faults>().unwrap())
+            .await
+            .unwrap();
+        let (broker, dir) = mqtt::broker("held", &[0xa1], &Settings::default());
+        let port = broker.port();
+        let gw = gateway(&cloud.url(""));
+        let ing = ingress(&gw, port, "gw-1");
+        let c = ing.counts().clone();
+        until("connected", || get(&c, |c| &c.connects) == 1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut dev = Device::connect(port, 0xa1).await;
+        for s in 0..3 {
+            assert_eq!(dev.publish(&key(0xa1, 1, s), b"{\"t\":1}").await, Some(PubAckReason::Success));
+        }
+        until("each call held", || get(&c, |c| &c.held) >= 3).await;
+        assert_eq!(get(&c, |c| &c.acked), 0, "acknowledged while held");
+        assert_eq!((get(&c, |c| &c.failed), get(&c, |c| &c.landed)), (0, 0));
+        assert!(gw.prometheus().contains("wary_gateway_held_total{status=\"401\"}"));
+        assert!(gw.prometheus().contains("\nwary_gateway_mqtt_held_total "));
+        until("all acknowledged", || get(&c, |c| &c.acked) == 3).await;
+        assert_eq!((get(&c, |c| &c.landed), get(&c, |c| &c.failed)), (3, 0));
+        let stats = cloud.stats();
+        assert_eq!((stats.keys, stats.effects_total), (3, 3));
+        drop(broker);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test took too long");
+}
+
 /// Acknowledgements go out in arrival order: a slow call holds back the acknowledgements of
 /// the messages behind it, whose calls already landed.
 #[tokio::test]

@@ -199,6 +199,42 @@ async fn no_or_a_wrong_credential_is_401_and_nothing_goes_upstream() {
     .await;
 }
 
+/// A token rotation: the device's new line is added beside its old one and the file reloaded;
+/// both tokens are good while the new one is rolled out; the old line deleted and the file
+/// reloaded, the old token is refused (401) and the new one lands.
+#[tokio::test]
+async fn a_rotation_admits_the_old_and_the_new_token_until_the_old_line_is_deleted() {
+    within(async {
+        let cloud = Cloud::start("127.0.0.1:0", Faults::none()).await.unwrap();
+        let old = device(0xa1);
+        let (new_token, new_line) = Credentials::issue(0xa1);
+        let other = device(0xb2);
+        let (gw, addr) = gateway(config(&cloud.url(""), &[&old, &other])).await;
+        assert_eq!(
+            post(addr, Some(&new_token), &key(0xa1, 1, 0), "{}").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        // Step 1: both lines in force.
+        let both = format!("{}\n{}\n{new_line}\n", old.line, other.line);
+        gw.set_credentials(both.parse().unwrap());
+        assert_eq!(gw.credential_count(), 2);
+        assert_eq!(post(addr, Some(&old.token), &key(0xa1, 1, 1), "{}").await.status, StatusCode::CREATED);
+        assert_eq!(post(addr, Some(&new_token), &key(0xa1, 1, 2), "{}").await.status, StatusCode::CREATED);
+        // The new token is the device's own, never a way into another device's keys.
+        assert_eq!(post(addr, Some(&new_token), &key(0xb2, 1, 0), "{}").await.status, StatusCode::FORBIDDEN);
+        // Step 2: the old line deleted.
+        gw.set_credentials(format!("{}\n{new_line}\n", other.line).parse().unwrap());
+        assert_eq!(
+            post(addr, Some(&old.token), &key(0xa1, 1, 3), "{}").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(post(addr, Some(&new_token), &key(0xa1, 1, 4), "{}").await.status, StatusCode::CREATED);
+        assert!(cloud.key_stats(&key(0xa1, 1, 3)).is_none());
+        assert!(cloud.key_stats(&key(0xb2, 1, 0)).is_none());
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn another_devices_credential_or_key_is_403_and_nothing_goes_upstream() {
     within(async {
