@@ -18,7 +18,7 @@ fn main() {
         flash_region(&memory).expect("memory.x: no `FLASH : ORIGIN = .., LENGTH = ..` line");
     assert!(
         origin.checked_add(length) == Some(layout::OUTBOX_START)
-            && layout::BOOT_RANGE.start == layout::OUTBOX_START
+            && layout::DEAD_RANGE.start == layout::OUTBOX_START
             && layout::QUEUE_RANGE.end == layout::FLASH_SIZE,
         "memory.x gives the program {origin:#x}..{:#x}, but src/layout.rs puts the outbox at {:#x}..{:#x}",
         origin.saturating_add(length),

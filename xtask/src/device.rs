@@ -117,12 +117,27 @@ pub const GATEWAY_TLS: Scenario = Scenario {
     route: Route::GatewayTls,
 };
 
+/// A cloud that refuses the device for its first 10 s as an upstream whose credential expired
+/// (401 to everything, never applied), and that refuses the third reading as it is (422,
+/// however often it comes): the device must hold its outbox through the refusals, probing one
+/// request at a time (2 s doubling to 4 s here), then land every reading once, and move the
+/// third to its dead letters on flash without deleting it or sending it again.
+pub const ENDPOINT_FAULT: Scenario = Scenario {
+    name: "endpoint-fault",
+    faults: "outage=0:ms=10000:status=401,poison=3,seed=5",
+    readings: 6,
+    plan: "hold_base=2000 hold_cap=4000",
+    resets: &[],
+    route: Route::Direct,
+};
+
 /// The name the gateway's certificate carries and the TLS firmware expects (SNI and `Host`).
 const SERVER_NAME: &str = wary_fixtures::tls::SERVER_NAME;
-/// A token of the right form that the gateway does not know: the second, short gateway run.
-const WRONG_TOKEN: &str = "0000000000000000000000000000000000000000000000000000000000000bad";
-/// Readings of the wrong-token run: each must be refused (401, never retried) and reach nobody.
-const WRONG_TOKEN_READINGS: u32 = 2;
+/// The device's new token in the second gateway run, which the gateway learns only once the
+/// device has been refused with it a few times (a rotation done in the wrong order).
+const ROTATED_TOKEN: &str = "5b0e3d9a7c1f42e68a9d0c3b7e5f1a24c6d8e0f2a4b6c8d0e2f4a6b8c0d2e4f6";
+/// Readings of the rotation run: kept through the refusals, each applied once after.
+const ROTATED_READINGS: u32 = 2;
 
 /// Runs the device scenario called `name` alone and prints its report (`cargo xtask device
 /// <name>`, `cargo xtask qemu --scenario <name>`).
@@ -139,9 +154,11 @@ pub fn run_named(root: &Path, name: &str) -> Result<()> {
         "mqtt-tls" => crate::mqtt_tls::run(root)?,
         "mqtt-gateway" => crate::mqtt_gateway::run(root)?,
         _ => {
-            let Some(scenario) = [&STORM, &RESETS, &GATEWAY_TLS].into_iter().find(|s| s.name == name) else {
+            let Some(scenario) =
+                [&STORM, &RESETS, &GATEWAY_TLS, &ENDPOINT_FAULT].into_iter().find(|s| s.name == name)
+            else {
                 bail!(
-                    "no device scenario `{name}` (storm, resets, gateway-tls, crash-loop, breaker-hold, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt, mqtt-tls, mqtt-gateway)"
+                    "no device scenario `{name}` (storm, resets, gateway-tls, endpoint-fault, crash-loop, breaker-hold, idle-close, idle-close-tls, drain, coap, coap-storm, mqtt, mqtt-tls, mqtt-gateway)"
                 );
             };
             run(root, scenario)?
@@ -179,7 +196,7 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
         out.push(tls_sessions(scenario, &lines, pcap)?);
     }
     if let Some(tls) = &tls {
-        out.push(wrong_token(&bins, tls)?);
+        out.push(rotation(&bins, tls)?);
         out.push(tls_batches(&bins, tls)?);
     }
     out.push(format!("wall time {elapsed:.1} s"));
@@ -705,64 +722,105 @@ fn tls_sessions(scenario: &Scenario, lines: &[String], pcap: &Path) -> Result<St
     Ok(text)
 }
 
-/// The same TLS uplink with a token the gateway does not know, against a calm cloud: every
-/// request must get 401 (a definitive failure on the device: no retry), the gateway must count
-/// the refusals, and the cloud must see no request at all.
-fn wrong_token(bins: &HostBins, tls: &TlsRun) -> Result<String> {
+/// The same TLS uplink with a token the gateway does not know yet, as when a credential was
+/// rotated on the device before the gateway's file: every probe gets 401, which is the
+/// endpoint's refusal, not the reading's. The device must keep every reading and hold its
+/// outbox, probing one request at a time on the hold's backoff (2 s doubling to 4 s here, about
+/// a minute to an hour on a fielded device), with the cloud seeing nothing. Once the gateway
+/// has the new token (its file rewritten with both tokens, then SIGHUP), the next probe lands
+/// and so does every reading, each applied once.
+fn rotation(bins: &HostBins, tls: &TlsRun) -> Result<String> {
+    use sha2::{Digest, Sha256};
     step(&format!(
-        "device scenario `gateway-tls`, second run: a wrong token, {WRONG_TOKEN_READINGS} readings"
+        "device scenario `gateway-tls`, second run: a rotated token the gateway learns late, {ROTATED_READINGS} readings"
     ));
     let mut cloud = Cloud::start(&bins.cloud, "seed=1")?;
     let gateway = GatewayProc::start(&bins.gateway, tls, cloud.port)?;
-    let (status, lines) = run_uplink(
-        &tls.elf,
-        gateway.port,
-        WRONG_TOKEN,
-        WRONG_TOKEN_READINGS,
-        "",
-        Duration::from_secs(120),
-        &Extra::default(),
+    let elf = tls.elf.clone();
+    let port = gateway.port;
+    let device = thread::spawn(move || {
+        run_uplink(
+            &elf,
+            port,
+            ROTATED_TOKEN,
+            ROTATED_READINGS,
+            "hold_base=2000 hold_cap=4000",
+            Duration::from_secs(180),
+            &Extra::default(),
+        )
+    });
+    // Two refused probes: the device is held and probing, not spending its readings.
+    let unauthenticated = "wary_gateway_refused_total{reason=\"unauthenticated\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let mut refused_before = 0;
+    while refused_before < 2 && std::time::Instant::now() < deadline && !device.is_finished() {
+        thread::sleep(Duration::from_millis(250));
+        let seen = GatewaySeen { port, stderr: vec![], metrics: scrape(gateway.metrics)? };
+        refused_before = seen.sum(unauthenticated);
+    }
+    let digest = |token: &str| -> String {
+        Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    std::fs::write(
+        &tls.credentials,
+        format!(
+            "# the QEMU device of `cargo xtask qemu`, its old token and its new one\n{DEVICE:016x} {}\n{DEVICE:016x} {}\n",
+            digest(TOKEN),
+            digest(ROTATED_TOKEN)
+        ),
     )?;
+    let hup = Command::new("kill").args(["-HUP", &gateway.child.id().to_string()]).status();
+    let (status, lines) = device.join().map_err(|_| anyhow::anyhow!("the device thread panicked"))??;
     let seen = gateway.stop()?;
     let report = cloud.stop()?;
-    let summary = Log::read(&lines).summary.unwrap_or_default();
-    let statuses: Vec<String> = lines
-        .iter()
-        .filter(|l| l.contains(wary::ledger::DEVICE_TAG))
-        .filter_map(|l| wary::ledger::parse_device_line(l).ok())
-        .map(|r| format!("{:?}", r.outcome))
-        .collect();
-    let requests = report["cloud"]["requests"].as_u64().unwrap_or(u64::MAX);
-    let unauthorized = seen.sum("wary_gateway_refused_total{reason=\"unauthenticated\"}");
+    let log = Log::read(&lines);
+    let summary = log.summary.clone().unwrap_or_default();
+    let held: Vec<&String> = lines.iter().filter(|l| l.contains("HELD reason=401")).collect();
+    let refused = seen.sum(unauthenticated);
+    let keys = report["keys"].as_object().cloned().unwrap_or_default();
+    let applied_once =
+        log.accepted.iter().all(|&(b, q)| keys.get(&key_hex(b, q)).is_some_and(|k| k["effects"] == 1));
     let mut errors = vec![];
-    if status.is_none_or(|s| s.success()) {
-        errors.push(format!("the uplink should stop with readings failed, it ended {status:?}"));
+    if !hup.is_ok_and(|s| s.success()) {
+        errors.push("could not send SIGHUP to the gateway".to_owned());
     }
-    if !summary.contains(&format!("landed=0 failed={WRONG_TOKEN_READINGS} ")) {
-        errors.push(format!("expected landed=0 failed={WRONG_TOKEN_READINGS}: {summary}"));
-    }
-    if statuses.len() != WRONG_TOKEN_READINGS as usize || statuses.iter().any(|o| !o.contains("401")) {
-        errors.push(format!("expected one attempt per reading, each answered 401: {statuses:?}"));
-    }
-    if requests != 0 {
-        errors.push(format!("the cloud saw {requests} requests, expected none"));
-    }
-    if unauthorized != u64::from(WRONG_TOKEN_READINGS) {
+    if refused_before < 2 {
         errors.push(format!(
-            "the gateway counted {unauthorized} unauthorized requests: {}",
-            seen.metrics_line()
+            "the gateway refused {refused_before} probes before the rotation, expected 2 or more"
         ));
     }
-    if let Some(line) = seen.stderr.iter().chain(&lines).find(|l| l.contains(&WRONG_TOKEN[48..])) {
-        errors.push(format!("a log line shows the token: {line:?}"));
+    if !status.is_some_and(|s| s.success()) {
+        errors.push(format!(
+            "the uplink should land every reading once the gateway knows its token, it ended {status:?}"
+        ));
+    }
+    if !summary.contains(&format!("landed={ROTATED_READINGS} dead_lettered=0 "))
+        || !summary.contains(" left=0 ")
+    {
+        errors.push(format!("expected landed={ROTATED_READINGS} dead_lettered=0 left=0: {summary}"));
+    }
+    if log.accepted.len() != ROTATED_READINGS as usize || !applied_once || keys.len() != log.accepted.len() {
+        errors.push(format!(
+            "expected each of {ROTATED_READINGS} readings applied once: {} keys at the cloud",
+            keys.len()
+        ));
+    }
+    if held.len() as u64 != refused || refused < 2 {
+        errors.push(format!(
+            "expected one HELD line per refused probe: {} lines, the gateway refused {refused}",
+            held.len()
+        ));
+    }
+    if let Some(line) =
+        seen.stderr.iter().chain(&lines).find(|l| l.contains(&ROTATED_TOKEN[48..]) || shows_token(l))
+    {
+        errors.push(format!("a log line shows a token: {line:?}"));
     }
     if !errors.is_empty() {
-        bail!("device scenario `gateway-tls` (wrong token) failed:\n  {}", errors.join("\n  "));
+        bail!("device scenario `gateway-tls` (rotation) failed:\n  {}", errors.join("\n  "));
     }
     Ok(format!(
-        "wrong token: {WRONG_TOKEN_READINGS} readings, each refused once ({}), failed on the device, none retried; gateway: {}; cloud requests 0",
-        statuses.join(", "),
-        seen.metrics_line()
+        "rotation: {refused} probes refused 401 while the gateway had only the old token (one request each, the outbox held and every reading kept), then all {ROTATED_READINGS} landed once: {summary}"
     ))
 }
 
@@ -920,6 +978,10 @@ pub(crate) struct Log {
     pub(crate) resets: Vec<(String, u32, String)>,
     /// The last boot's `SUMMARY` fields.
     pub(crate) summary: Option<String>,
+    /// Readings moved to the dead letters (`DEAD_LETTER` lines), as (boot, seq).
+    pub(crate) dead: BTreeSet<(u32, u32)>,
+    /// `HELD` lines: probes the endpoint refused, each holding the outbox.
+    pub(crate) held: u32,
     /// Attempts of each call that reached a verdict, and calls cut off by a reset.
     calls: Vec<u32>,
     interrupted: u32,
@@ -943,6 +1005,15 @@ impl Log {
                 if let (Some(b), Some(s)) = (boot, seq) {
                     log.accepted.insert((b, s));
                 }
+            } else if let Some(rest) = after(line, "DEAD_LETTER ") {
+                let field = |name: &str| rest.split_whitespace().find_map(|kv| kv.strip_prefix(name));
+                let boot = field("boot=").and_then(|b| u32::from_str_radix(b, 16).ok());
+                let seq = field("seq=").and_then(|s| s.trim_end_matches(':').parse().ok());
+                if let (Some(b), Some(s)) = (boot, seq) {
+                    log.dead.insert((b, s));
+                }
+            } else if line.contains("HELD reason=") {
+                log.held += 1;
             } else if let Some(rest) = after(line, "RESET ") {
                 let kind = rest.split(':').next().unwrap_or_default().to_owned();
                 log.resets.push((kind, log.boots.last().copied().unwrap_or(0), rest.to_owned()));
@@ -1001,7 +1072,21 @@ pub(crate) fn check(scenario: &Scenario, log: &Log, report: &serde_json::Value) 
         errors.push(format!("the boot counter did not go up at every boot: {:?}", log.boots));
     }
 
-    // Every accepted reading applied exactly once; nothing else applied.
+    // Every accepted reading applied exactly once, or (one for each key the cloud's script
+    // poisons) in the dead letters and never applied; nothing else applied.
+    let poisoned = scenario.faults.matches("poison=").count();
+    if log.dead.len() != poisoned {
+        errors.push(format!(
+            "{} readings dead-lettered {:?}, the cloud poisons {poisoned}",
+            log.dead.len(),
+            log.dead
+        ));
+    }
+    // An outage answering an endpoint's refusal (401, 403, 404…) must hold the outbox, not
+    // spend the readings.
+    if scenario.faults.contains(":status=4") && scenario.faults.contains("outage=") && log.held == 0 {
+        errors.push("the cloud refused the device for a while, but the outbox was never held".to_owned());
+    }
     let mut lost = vec![];
     let mut twice = vec![];
     let mut table = vec![];
@@ -1009,7 +1094,10 @@ pub(crate) fn check(scenario: &Scenario, log: &Log, report: &serde_json::Value) 
         let key = key_hex(boot, seq);
         let effects = keys.get(&key).and_then(|k| k["effects"].as_u64()).unwrap_or(0);
         let replays = keys.get(&key).and_then(|k| k["replays"].as_u64()).unwrap_or(0);
+        let dead = log.dead.contains(&(boot, seq));
         match effects {
+            0 if dead => {}
+            _ if dead => twice.push(format!("({boot},{seq}) dead-lettered yet applied ×{effects}")),
             0 => lost.push(format!("({boot},{seq})")),
             1 => {}
             _ => twice.push(format!("({boot},{seq}) ×{effects}")),
@@ -1092,8 +1180,11 @@ pub(crate) fn check(scenario: &Scenario, log: &Log, report: &serde_json::Value) 
     ));
     out.push(format!("per-key effects/replays (boot,seq): {}", table.join("  ")));
     out.push(format!(
-        "{} keys of device {DEVICE:016x}, each applied exactly once: duplicates 0, lost 0",
-        log.accepted.len()
+        "{} keys of device {DEVICE:016x}: {} applied exactly once, {} in the dead letters (never applied); duplicates 0, lost 0; the outbox held {} times",
+        log.accepted.len(),
+        log.accepted.len() - log.dead.len(),
+        log.dead.len(),
+        log.held
     ));
     Ok(out.join("\n"))
 }

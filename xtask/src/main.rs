@@ -91,8 +91,8 @@ enum Verb {
     Net,
     /// TLS 1.3 from the device under QEMU against a pinned CA: checks, timings, flash and RAM.
     Tls,
-    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `gateway-tls`,
-    /// `crash-loop`, `breaker-hold`, `idle-close`, `idle-close-tls`, `drain`, `coap`, `coap-storm`,
+    /// One device scenario of `cargo xtask qemu` by name (`storm`, `resets`, `endpoint-fault`,
+    /// `gateway-tls`, `crash-loop`, `breaker-hold`, `idle-close`, `idle-close-tls`, `drain`, `coap`, `coap-storm`,
     /// `mqtt`, `mqtt-tls`, `mqtt-gateway`).
     Device {
         /// The scenario's name.

@@ -485,7 +485,7 @@ fn figures(root: &Path, dir: &Path, mqtt_elf: &Path) -> Result<String> {
     drop(broker);
     let (status, lines) = run?;
     if !status.is_some_and(|s| s.success())
-        || !lines.iter().any(|l| l.contains(&format!("landed={READINGS} failed=0")))
+        || !lines.iter().any(|l| l.contains(&format!("landed={READINGS} dead_lettered=0 ")))
     {
         bail!("figures: the clean MQTT run did not land all {READINGS} readings");
     }

@@ -249,7 +249,9 @@ fn wrong_ca(dir: &Path, elf: &Path, rogue: (std::path::PathBuf, std::path::PathB
     let broker = Broker::start(&dir.join("broker-rogue"), &logins(), &settings)?;
     let tls_port = broker.tls_port().context("the broker has no TLS listener")?;
     let checker = Checker::start(broker.port(), "wary-mqtt-tls-rogue-checker")?;
-    let run = run_uplink(elf, tls_port, TOKEN, 1, "", Duration::from_secs(120), &Extra::default());
+    // Three rounds on a short hold: each is one refused handshake, and the reading stays.
+    let plan = "rounds=3 hold_base=1000 hold_cap=2000";
+    let run = run_uplink(elf, tls_port, TOKEN, 1, plan, Duration::from_secs(120), &Extra::default());
     thread::sleep(Duration::from_secs(1));
     let seen = checker.stop()?;
     let log = std::fs::read_to_string(broker.dir().join("mosquitto.log")).unwrap_or_default();
@@ -259,10 +261,16 @@ fn wrong_ca(dir: &Path, elf: &Path, rogue: (std::path::PathBuf, std::path::PathB
     let summary = summary.unwrap_or_default();
     let mut errors = vec![];
     if status.is_none_or(|s| s.success()) {
-        errors.push(format!("the uplink should stop with its reading failed, it ended {status:?}"));
+        errors.push(format!(
+            "the uplink should stop after its rounds with its reading kept, it ended {status:?}"
+        ));
     }
-    if !summary.contains("landed=0 failed=1 ") {
-        errors.push(format!("expected landed=0 failed=1: {summary}"));
+    if !summary.contains("landed=0 dead_lettered=0 ") || !summary.contains(" left=1 ") {
+        errors.push(format!("expected landed=0 dead_lettered=0 left=1: {summary}"));
+    }
+    let held = lines.iter().filter(|l| l.contains("HELD reason=")).count();
+    if held != 3 {
+        errors.push(format!("expected the outbox held after each of 3 refused probes, {held} HELD lines"));
     }
     if !lines.iter().any(|l| l.contains("the TLS handshake failed")) {
         errors.push("the device never logged a refused handshake".to_owned());
@@ -277,7 +285,7 @@ fn wrong_ca(dir: &Path, elf: &Path, rogue: (std::path::PathBuf, std::path::PathB
     if !errors.is_empty() {
         bail!("device scenario `mqtt-tls` (wrong CA) failed:\n  {}", errors.join("\n  "));
     }
-    Ok("wrong CA: the handshake refused on the device, its one reading failed with no resend, the broker logged no client and delivered nothing".to_owned())
+    Ok("wrong CA: the handshake refused on the device in each of 3 rounds, the outbox held between them and its one reading kept (not deleted, not dead-lettered), the broker logged no client and delivered nothing".to_owned())
 }
 
 /// Flash and RAM of the MQTT-over-TLS uplink.

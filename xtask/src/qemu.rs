@@ -86,8 +86,12 @@ fn keep_alive_scenarios(root: &Path) -> Result<()> {
 
 /// The device scenarios with a [`crate::device::Scenario`] of their own, in the order `qemu`
 /// runs them.
-const SCENARIOS: [&crate::device::Scenario; 3] =
-    [&crate::device::STORM, &crate::device::RESETS, &crate::device::GATEWAY_TLS];
+const SCENARIOS: [&crate::device::Scenario; 4] = [
+    &crate::device::STORM,
+    &crate::device::RESETS,
+    &crate::device::ENDPOINT_FAULT,
+    &crate::device::GATEWAY_TLS,
+];
 
 /// `cargo xtask qemu --scenario <name>`: one device scenario alone.
 pub fn scenario(root: &Path, name: &str) -> Result<()> {

@@ -207,8 +207,11 @@ async fn main(spawner: Spawner) {
     };
 
     // The outbox first: its boot counter goes up before anything is sent.
-    let outbox_config =
-        wary_outbox::Config { boot_range: layout::BOOT_RANGE, queue_range: layout::QUEUE_RANGE };
+    let outbox_config = wary_outbox::Config {
+        boot_range: layout::BOOT_RANGE,
+        queue_range: layout::QUEUE_RANGE,
+        dead_range: layout::DEAD_RANGE,
+    };
     let mut flash: Flash = BlockingAsync::new(Nvmc::new(p.NVMC));
     let (outbox, report) = loop {
         match Outbox::open(flash, outbox_config.clone()).await {

@@ -74,8 +74,8 @@ pub trait Entry: Sized {
 ///     fn decode(_: &[u8]) -> Option<Self> { Some(Big) }
 /// }
 ///
-/// let mut memory = [0xFFu8; 1536];
-/// let config = Config { boot_range: 0..512, queue_range: 512..1536 };
+/// let mut memory = [0xFFu8; 2048];
+/// let config = Config { boot_range: 0..512, queue_range: 512..1536, dead_range: 1536..2048 };
 /// let _ = Outbox::<_, Big>::open(SimFlash::<4, 256>::new(&mut memory), config);
 /// ```
 pub const MAX_ENTRY_SIZE: usize = 64;
@@ -158,7 +158,7 @@ pub(crate) fn peek_id<E: Entry>(bytes: &[u8]) -> Option<RecordId> {
 }
 
 /// The id and the entry's bytes of a stored item framed as one of ours for entry type `E`.
-fn framed<E: Entry>(bytes: &[u8]) -> Option<(RecordId, &[u8])> {
+pub(crate) fn framed<E: Entry>(bytes: &[u8]) -> Option<(RecordId, &[u8])> {
     let header: &[u8; HEADER_SIZE] = bytes.get(..HEADER_SIZE)?.try_into().ok()?;
     let [m0, m1, version, tag, n, b0, b1, b2, b3, s0, s1, s2, s3] = *header;
     let (&commit, before_commit) = bytes.split_last()?;

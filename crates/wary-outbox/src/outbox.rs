@@ -20,10 +20,10 @@
 //!     }
 //! }
 //!
-//! // Two 256-byte pages for the boot counter, four for the queue.
-//! let mut memory = [0xFFu8; 6 * 256];
+//! // Two 256-byte pages for the boot counter, four for the queue, two for dead letters.
+//! let mut memory = [0xFFu8; 8 * 256];
 //! let mut flash = SimFlash::<4, 256>::new(&mut memory);
-//! let config = Config { boot_range: 0..512, queue_range: 512..1536 };
+//! let config = Config { boot_range: 0..512, queue_range: 512..1536, dead_range: 1536..2048 };
 //! block_on(async {
 //!     let (mut outbox, report) = Outbox::<_, Reading>::open(&mut flash, config.clone()).await.unwrap();
 //!     assert_eq!(report.boot, 1);
@@ -36,6 +36,14 @@
 //!     assert_eq!((oldest.id, oldest.entry), (id, Reading(21)));
 //!     assert!(outbox.settle(id, Settlement::Landed).await.unwrap());
 //!     assert_eq!(outbox.oldest().await.unwrap(), None);
+//!
+//!     // The server refuses the next one as it is (a 422): it moves to the dead letters.
+//!     let id = outbox.push(Reading(0xFFFF)).await.unwrap();
+//!     assert!(outbox.dead_letter(id, 422).await.unwrap());
+//!     assert_eq!(outbox.oldest().await.unwrap(), None);
+//!     let letter = outbox.next_dead_after(None).await.unwrap().unwrap();
+//!     assert_eq!((letter.id, letter.reason, letter.entry), (id, 422, Reading(0xFFFF)));
+//!     assert_eq!(outbox.dead_count(), 1);
 //! });
 //! ```
 
@@ -48,9 +56,12 @@ use sequential_storage::map::{MapConfig, MapStorage};
 use sequential_storage::queue::{QueueConfig, QueueIterator, QueueStorage};
 
 use crate::boot::{BOOT_KEY, BOOT_RECORD_SIZE, BootRecord};
+use crate::dead_letter::MAX_DEAD_SIZE;
 use crate::entry::{self, Decoded, Entry, FRAME_SIZE, MAX_ENTRY_SIZE, MAX_RECORD_SIZE, Record, RecordId};
 use crate::error::{Error, FlashFault, PushError};
-use crate::health::{BackoffMark, DialWindow, Health};
+use crate::health::{BackoffMark, DialWindow, Health, HoldMark};
+
+mod dead_region;
 
 /// No cache: every operation reads what it needs from flash, so nothing in RAM can disagree
 /// with the flash after a cut, and the only RAM the queue needs is one record buffer.
@@ -59,8 +70,10 @@ type NoCache<K> = Cache<Uncached, Uncached, Uncached, K>;
 /// The largest flash word the buffer allows for: the flash library reads a record with its
 /// padding to a whole word (32 bytes covers every part it supports).
 const MAX_WORD: usize = 32;
-/// The outbox's one buffer: the longest record rounded up to a whole largest word.
-const BUF_SIZE: usize = MAX_RECORD_SIZE.div_ceil(MAX_WORD).saturating_mul(MAX_WORD);
+/// The longest item either queue holds: a queued record or a dead letter.
+const MAX_ITEM_SIZE: usize = if MAX_DEAD_SIZE > MAX_RECORD_SIZE { MAX_DEAD_SIZE } else { MAX_RECORD_SIZE };
+/// The outbox's one buffer: the longest item rounded up to a whole largest word.
+const BUF_SIZE: usize = MAX_ITEM_SIZE.div_ceil(MAX_WORD).saturating_mul(MAX_WORD);
 /// A page whose first and last read words have fewer zero bits than this is an erased page to
 /// `sequential-storage` 8.0.2, which will write into it without erasing it first.
 const PAGE_MARKER_BITS: u32 = 4;
@@ -69,7 +82,7 @@ const PAGE_MARKER_BITS: u32 = 4;
 #[repr(align(4))]
 struct Buf([u8; BUF_SIZE]);
 
-/// Where the outbox lives on the flash: two ranges of whole pages that do not overlap.
+/// Where the outbox lives on the flash: three ranges of whole pages that do not overlap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Config {
@@ -78,6 +91,10 @@ pub struct Config {
     /// The queue's range: at least one page. A record that stays pending keeps its page in use,
     /// so give it a few more pages than the backlog it must hold.
     pub queue_range: Range<u32>,
+    /// The dead-letter region's range: at least two pages. Room on NOR comes back a page at a
+    /// time, so when the region is full the dead letters of its oldest page are dropped (oldest
+    /// first, each counted); with two pages or more, the other pages' letters stay.
+    pub dead_range: Range<u32>,
 }
 
 /// Why a [`Config`] does not fit the flash.
@@ -94,18 +111,24 @@ pub enum ConfigError {
     /// The queue's range is empty.
     #[error("the queue needs at least one page")]
     QueueRangeTooSmall,
-    /// The two ranges overlap.
-    #[error("the boot counter's and the queue's ranges overlap")]
+    /// The dead-letter region's range has fewer than two pages.
+    #[error("the dead-letter region needs at least two pages")]
+    DeadRangeTooSmall,
+    /// Two of the ranges overlap.
+    #[error("two of the outbox's ranges overlap")]
     Overlap,
     /// A range reaches past the end of the flash.
     #[error("a range reaches past the end of the flash")]
     OutsideFlash,
-    /// The flash's pages are too small for the largest record, or its words too large.
+    /// The flash's pages are too small for the largest record (a page must hold a queued
+    /// record or a dead letter of the largest entry, and two boot records), or its words are
+    /// too large.
     #[error("the largest record does not fit in a flash page")]
     EntryTooBig,
 }
 
-/// What a caller's verdict on a record was; either one removes it from the queue.
+/// What a caller's verdict on a record was; either one removes it from the queue. A record the
+/// server refused as it is goes to the dead letters instead ([`Outbox::dead_letter`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Settlement {
@@ -127,6 +150,8 @@ pub struct Counters {
     pub landed: u32,
     /// Records settled as failed.
     pub failed: u32,
+    /// Records moved to the dead-letter region ([`Outbox::dead_letter`]).
+    pub dead_lettered: u32,
     /// Flash operations that returned an error.
     pub flash_errors: u32,
     /// Ranges found damaged or foreign and erased at open.
@@ -180,6 +205,20 @@ pub struct OpenReport {
     /// How far the backoff of the oldest kept reading had gone, if that reading is still
     /// pending (see [`Outbox::set_backoff`]).
     pub backoff: Option<BackoffMark>,
+    /// The hold the endpoint's refusals put on the outbox, if the last boot left one (see
+    /// [`Outbox::set_hold`]).
+    pub hold: Option<HoldMark>,
+    /// Dead letters held in the dead-letter region.
+    pub dead_letters: u32,
+    /// Dead letters dropped to make room, over the device's life (see
+    /// [`Outbox::dead_dropped`]).
+    pub dead_dropped: u32,
+    /// Pending records that were dead-lettered already (a cut came between the two steps of
+    /// [`Outbox::dead_letter`]), settled by this open: none is left in both places.
+    pub dead_settled: u32,
+    /// Set when the dead-letter region's range was erased. A [`Damage::Foreign`] range held no
+    /// dead letter of this outbox; a [`Damage::Corrupted`] one may have held some.
+    pub dead_range_reset: Option<Damage>,
 }
 
 impl OpenReport {
@@ -187,6 +226,7 @@ impl OpenReport {
     pub fn is_clean(&self) -> bool {
         self.boot_range_reset.is_none()
             && self.queue_range_reset.is_none()
+            && self.dead_range_reset.is_none()
             && self.foreign_discarded == 0
             && self.pages_scrubbed == 0
     }
@@ -203,7 +243,8 @@ pub struct OpenError<F> {
     pub flash: F,
 }
 
-/// A power-cut-safe queue of [`Entry`] records on a NOR flash, with a boot counter.
+/// A power-cut-safe queue of [`Entry`] records on a NOR flash, with a boot counter and a
+/// bounded region of dead letters.
 ///
 /// RAM: one record buffer ([`Outbox::BUFFER_SIZE`] bytes), the tallies and a few words; no
 /// cache (see the crate docs for what that costs in reads).
@@ -212,6 +253,10 @@ pub struct Outbox<F: NorFlash, E: Entry> {
     boot_range: Range<u32>,
     /// The queue's range, named by every boot record written.
     queue_range: Range<u32>,
+    /// The dead-letter region's range: a second queue, opened on the flash for each operation.
+    dead_range: Range<u32>,
+    /// Dead letters held, counted at open and kept up to date.
+    dead: u32,
     boot: u32,
     /// `None` once this boot has used every sequence number: the next push starts a new boot.
     next_seq: Option<u32>,
@@ -231,6 +276,8 @@ struct Scan {
     newest_boot: u32,
     /// The id looked for (a backoff mark's reading) is among ours.
     found: bool,
+    /// The smallest and the largest id among ours.
+    ids: Option<(RecordId, RecordId)>,
 }
 
 /// A queue operation's failure, told apart where open needs to.
@@ -255,8 +302,12 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
     ///    record vouches for this queue range) content that holds no record of ours, is erased
     ///    and reported; foreign records among ours are removed one by one; pages that read as
     ///    erased but are not are erased again.
-    /// 3. Counts a new boot, above the last one and above every record in the queue, and
-    ///    writes it before returning: nothing can be sent under this boot's ids before it is
+    /// 3. Checks the dead-letter region the same way (content with no dead letter of ours is
+    ///    erased as foreign), finishes a drop a cut interrupted, and settles every pending
+    ///    record that is dead-lettered already (a cut between the two steps of
+    ///    [`Outbox::dead_letter`]): after open a record is pending or a dead letter, never both.
+    /// 4. Counts a new boot, above the last one and above every record in the queue and in the
+    ///    dead-letter region, and writes it before returning: nothing can be sent under this boot's ids before it is
     ///    on flash, and a cut during the write leaves the old count, which the next open
     ///    steps over.
     ///
@@ -275,6 +326,8 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
             queue: QueueStorage::new(flash, queue_config, Cache::new_uncached()),
             boot_range: config.boot_range,
             queue_range: config.queue_range.clone(),
+            dead_range: config.dead_range,
+            dead: 0,
             boot: 0,
             next_seq: Some(0),
             pending: 0,
@@ -299,6 +352,11 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
             pages_scrubbed: 0,
             unhealthy_boots: 0,
             backoff: None,
+            hold: None,
+            dead_letters: 0,
+            dead_dropped: 0,
+            dead_settled: 0,
+            dead_range_reset: None,
         };
 
         let last = match self.read_boot_record().await? {
@@ -340,30 +398,56 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
             }
         };
 
-        let before = last.map_or(0, |record| record.boot).max(scan.newest_boot);
+        let mut dead = self.open_dead_region(&mut report).await?;
+        let (dead_settled, mark_settled) = match scan.ids {
+            Some(ids) if dead.held > 0 => self.settle_dead_lettered(ids, mark.map(|mark| mark.id)).await?,
+            _ => (0, false),
+        };
+        // A drop a cut interrupted is finished after the settling: a letter dropped while its
+        // record was still pending must not leave that record behind.
+        if let Some(id) = before_health.dropping
+            && dead.held > 0
+            && self.finish_drop(id).await?
+        {
+            dead.held = dead.held.saturating_sub(1);
+        }
+
+        // Dead letters carry ids too: a count restarted after a damaged counter range steps
+        // over them as well, or a new reading could take a dead letter's key.
+        let before = last.map_or(0, |record| record.boot).max(scan.newest_boot).max(dead.newest_boot);
         let boot = before.checked_add(1).ok_or(Error::BootsExhausted)?;
         // This boot counts as unhealthy until it is marked healthy: a reset before then leaves
-        // the count one higher. A mark whose reading is gone is forgotten.
+        // the count one higher. A mark whose reading is gone is forgotten. A hold stays: the
+        // endpoint refused, and a reset changes nothing there.
         let health = Health {
             unhealthy: before_health.unhealthy.saturating_add(1),
-            backoff: mark.filter(|_| scan.found),
+            backoff: mark.filter(|_| scan.found && !mark_settled),
             dial: before_health.dial,
+            hold: before_health.hold,
+            dead_dropped: before_health.dead_dropped,
+            dropping: None,
         };
         self.write_boot_record(&BootRecord { boot, queue: queue_range, health }).await?;
         self.health = health;
 
         self.boot = boot;
         self.next_seq = Some(0);
-        self.pending = scan.ours;
+        self.pending = scan.ours.saturating_sub(dead_settled);
+        self.dead = dead.held;
         let resets = u32::from(report.boot_range_reset.is_some())
-            .saturating_add(u32::from(report.queue_range_reset.is_some()));
+            .saturating_add(u32::from(report.queue_range_reset.is_some()))
+            .saturating_add(u32::from(report.dead_range_reset.is_some()));
         self.counters.regions_reset = self.counters.regions_reset.saturating_add(resets);
         self.counters.foreign_discarded =
             self.counters.foreign_discarded.saturating_add(report.foreign_discarded);
         report.boot = boot;
-        report.pending = scan.ours;
+        report.pending = self.pending;
         report.unhealthy_boots = before_health.unhealthy;
         report.backoff = health.backoff;
+        report.hold = health.hold;
+        report.dead_letters = dead.held;
+        report.dead_dropped = health.dead_dropped;
+        report.dead_settled = dead_settled;
         Ok(report)
     }
 
@@ -486,6 +570,19 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
     ///
     /// [`Error::Flash`] or [`Error::Corrupted`].
     pub async fn settle(&mut self, id: RecordId, how: Settlement) -> Result<bool, Error> {
+        let removed = self.remove(id).await?;
+        if removed {
+            let counters = &mut self.counters;
+            match how {
+                Settlement::Landed => counters.landed = counters.landed.saturating_add(1),
+                Settlement::Failed => counters.failed = counters.failed.saturating_add(1),
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes the record `id` from the queue; true if it was pending.
+    async fn remove(&mut self, id: RecordId) -> Result<bool, Error> {
         let counters = &mut self.counters;
         let mut iter = self.queue.iter().await.map_err(|error| runtime_error(counters, error))?;
         loop {
@@ -494,10 +591,6 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
             match entry::peek_id::<E>(&item) {
                 Some(found) if found == id => {
                     item.pop().await.map_err(|error| runtime_error(counters, error))?;
-                    match how {
-                        Settlement::Landed => counters.landed = counters.landed.saturating_add(1),
-                        Settlement::Failed => counters.failed = counters.failed.saturating_add(1),
-                    }
                     self.pending = self.pending.saturating_sub(1);
                     return Ok(true);
                 }
@@ -554,6 +647,27 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
     /// The backoff mark as flash holds it now.
     pub fn backoff(&self) -> Option<BackoffMark> {
         self.health.backoff
+    }
+
+    /// Remembers on flash that the endpoint holds the outbox (`None`: a probe got through, the
+    /// hold is over; a mark with step 0 is `None` too). Nothing is written when it is what
+    /// flash already holds. [`OpenReport::hold`] hands it back after a reset, whatever the
+    /// queue holds then: the refusal was the endpoint's, not a reading's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Flash`] or [`Error::Corrupted`]; flash keeps the old hold.
+    pub async fn set_hold(&mut self, hold: Option<HoldMark>) -> Result<(), Error> {
+        let hold = hold.filter(|hold| hold.step > 0);
+        if self.health.hold == hold {
+            return Ok(());
+        }
+        self.write_health(Health { hold, ..self.health }).await
+    }
+
+    /// The hold as flash holds it now (at open: what the last boot left).
+    pub fn hold(&self) -> Option<HoldMark> {
+        self.health.hold
     }
 
     /// Remembers the modem's dial window on flash (nothing written if unchanged).
@@ -696,6 +810,8 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
                     scan.ours = scan.ours.saturating_add(1);
                     scan.newest_boot = scan.newest_boot.max(record.id.boot);
                     scan.found |= look_for == Some(record.id);
+                    let (low, high) = scan.ids.unwrap_or((record.id, record.id));
+                    scan.ids = Some((low.min(record.id), high.max(record.id)));
                 }
                 Decoded::Foreign => scan.foreign = scan.foreign.saturating_add(1),
             }
@@ -796,7 +912,7 @@ impl<F: NorFlash, E: Entry> Pending<'_, F, E> {
         loop {
             let next = self
                 .iter
-                .next(self.buf.as_mut_slice())
+                .next(&mut self.buf[..])
                 .await
                 .map_err(|error| runtime_error(self.counters, error))?;
             let Some(item) = next else { return Ok(None) };
@@ -823,8 +939,8 @@ fn check<F: NorFlash>(
 ) -> Result<QueueConfig<F>, crate::ConfigError> {
     use crate::ConfigError as C;
     let page = page_size::<F>();
-    let (boot, queue) = (&config.boot_range, &config.queue_range);
-    for range in [boot, queue] {
+    let (boot, queue, dead) = (&config.boot_range, &config.queue_range, &config.dead_range);
+    for range in [boot, queue, dead] {
         if range.start.checked_rem(page) != Some(0) || range.end.checked_rem(page) != Some(0) {
             return Err(C::NotPageAligned);
         }
@@ -838,18 +954,28 @@ fn check<F: NorFlash>(
     if queue.end.saturating_sub(queue.start) < page {
         return Err(C::QueueRangeTooSmall);
     }
-    if boot.start < queue.end && queue.start < boot.end {
+    if dead.end.saturating_sub(dead.start) < page.saturating_mul(2) {
+        return Err(C::DeadRangeTooSmall);
+    }
+    let overlap = |a: &Range<u32>, b: &Range<u32>| a.start < b.end && b.start < a.end;
+    if overlap(boot, queue) || overlap(boot, dead) || overlap(queue, dead) {
         return Err(C::Overlap);
     }
     // The library's frame: two page markers of a word each, an 8-byte item header padded to a
-    // word, the record padded to a word.
+    // word, the item padded to a word. A dead letter is a record with its reason.
     let word = F::WRITE_SIZE.max(F::READ_SIZE);
     let padded = |len: usize| len.div_ceil(word.max(1)).saturating_mul(word);
-    let record = padded(FRAME_SIZE.saturating_add(entry_size));
+    let item = |len: usize| padded(8).saturating_add(padded(len));
+    let record = padded(FRAME_SIZE.saturating_add(entry_size).saturating_add(2));
     let needed = word.saturating_mul(2).saturating_add(padded(8)).saturating_add(record);
-    if word > MAX_WORD || record > BUF_SIZE || needed > F::ERASE_SIZE {
+    // The map moves the boot record to the next page before it writes the new one there: a
+    // page must hold two (its key byte and the record each).
+    let boot_records =
+        word.saturating_mul(2).saturating_add(item(BOOT_RECORD_SIZE.saturating_add(1)).saturating_mul(2));
+    if word > MAX_WORD || record > BUF_SIZE || needed > F::ERASE_SIZE || boot_records > F::ERASE_SIZE {
         return Err(C::EntryTooBig);
     }
+    QueueConfig::<F>::try_new(dead.clone()).map_err(|_| C::DeadRangeTooSmall)?;
     QueueConfig::try_new(queue.clone()).map_err(|_| C::QueueRangeTooSmall)
 }
 
@@ -904,11 +1030,11 @@ mod tests {
         }
     }
 
-    const CONFIG: Config = Config { boot_range: 0..512, queue_range: 512..1536 };
+    const CONFIG: Config = Config { boot_range: 0..512, queue_range: 512..1536, dead_range: 1536..2048 };
 
     #[test]
     fn a_boot_count_that_would_wrap_refuses_the_push_and_makes_no_record() {
-        let mut memory = [0xFFu8; 1536];
+        let mut memory = [0xFFu8; 2048];
         let mut flash = SimFlash::<4, 256>::new(&mut memory);
         block_on(async {
             let (mut outbox, _) = Outbox::<_, Tiny>::open(&mut flash, CONFIG).await.unwrap();
@@ -945,7 +1071,7 @@ mod tests {
 
     #[test]
     fn skipping_the_sequence_only_moves_forward() {
-        let mut memory = [0xFFu8; 1536];
+        let mut memory = [0xFFu8; 2048];
         let mut flash = SimFlash::<4, 256>::new(&mut memory);
         block_on(async {
             let (mut outbox, report) = Outbox::<_, Tiny>::open(&mut flash, CONFIG).await.unwrap();

@@ -8,17 +8,22 @@
 //!   pushed, and sent on every attempt, in every round and after every reset. The boot counter
 //!   is on flash and goes up before the first send of a boot, and a boot whose sequence numbers
 //!   run out starts a new one, so no two readings ever share a key.
-//! - **Settling**: a reading leaves the outbox only when it landed (`ok`) or definitively
-//!   `failed` (counted and logged). `gave_up`, `cancelled` (a cancel settles nothing) and
-//!   `unknown` (which a keyed write should never produce) keep it for a later round, and a reset
-//!   keeps it too.
-//! - **Pacing**: rounds that kept readings are spaced by a jittered, doubling [`RoundBackoff`]
-//!   (500 ms to 30 s, reset when a round lands something, one doubling longer while the fleet
-//!   budget refuses retries); a server's Retry-After that a call could not wait out
-//!   (`GiveUp::RetryAfterTooLong { asked }`) holds the whole outbox for `asked`.
+//! - **Settling** (the core's [`wary::drain`], whose rules are in docs/semantics.md, *Whose
+//!   fault*): a reading leaves the queue when it landed (`ok`), or goes to the outbox's dead
+//!   letters on flash when the server refused it as it is (`failed`, the reading's fault: a
+//!   400, a 422), counted and logged, never deleted. A refusal that is the endpoint's fault (a
+//!   401, a 403, a 404, a TLS refusal) keeps the reading and holds the whole outbox, one probe
+//!   at a time on a slow backoff of its own (about a minute doubling to an hour). `gave_up`,
+//!   `cancelled` and `unknown` keep it for a later round, and a reset keeps it too.
+//! - **Pacing**: rounds that kept readings are spaced by a jittered, doubling pause (500 ms to
+//!   30 s, reset when a round lands something, one doubling longer while the fleet budget
+//!   refuses retries); a server's asked wait (Retry-After, Max-Age) that a call did not wait
+//!   out holds the whole outbox until then, as an open breaker does for its open time; no hold
+//!   lasts more than an hour.
 //! - **Across resets** ([`health`]): a kept round remembers on flash how far its pause had
-//!   gone, and the first round after a reset waits the next step's pause, never zero; boots
-//!   that end unhealthy in a row make the next boot wait before its first network attempt
+//!   gone, and an endpoint hold how many probes were refused, so the first round after a reset
+//!   waits the next step's pause (never zero) and a hold goes on where it was; boots that end
+//!   unhealthy in a row make the next boot wait before its first network attempt
 //!   ([`health::BootWait`]).
 //! - **Deadline**: [`POLICY`] bounds each call to 20 s; each attempt's exchange is limited to
 //!   the time left before it, and to [`Config::attempt_limit`].
@@ -32,7 +37,7 @@
 //! - **CoAP** (feature `coap`): [`coap::CoapTransport`] sends each reading as a confirmable
 //!   `POST` over UDP, one transmission per attempt under [`coap::POLICY`] (RFC 7252's timing).
 //! - Every attempt is logged with defmt by the core's ledger, as a device line tagged
-//!   [`wary::ledger::DEVICE_TAG`] (`wary-ledger v3`) that `wary ledger from-defmt` turns into the
+//!   [`wary::ledger::DEVICE_TAG`] (`wary-ledger v4`) that `wary ledger from-defmt` turns into the
 //!   host's replayable JSON lines.
 
 #![no_std]
@@ -58,11 +63,12 @@ use embassy_time::{Instant, Timer};
 use embedded_hal_async::delay::DelayNs;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use rand_core::RngCore;
+use wary::drain::{Hold, pace_wait};
 use wary::{
-    Backoff, Breaker, BreakerSettings, Draw, Duration, EmbassyClock, Failure, FleetBudget, GiveUp, Guards,
-    Jitter, Key, Operation, Pace, PaceSettings, Policy, Preset, Runner, Verdict, ledger::Ledger,
+    Breaker, BreakerSettings, Drain, DrainSettings, Draw, Duration, EmbassyClock, Failure, Fate, FleetBudget,
+    GiveUp, Guards, Key, Operation, Pace, PaceSettings, Policy, Preset, Runner, Verdict, ledger::Ledger,
 };
-use wary_outbox::{BackoffMark, RecordId, Settlement};
+use wary_outbox::{BackoffMark, HoldMark, RecordId, Settlement};
 
 pub use identity::{Credential, parse_device_id};
 
@@ -122,10 +128,10 @@ pub struct Config {
     /// The longest one attempt's exchange may take (connect, send, reply); the time left
     /// before the call's deadline shortens it further.
     pub attempt_limit: Duration,
-    /// The pause after the first round in a row that kept a reading ([`RoundBackoff`]).
-    pub round_base: Duration,
-    /// The longest pause between rounds.
-    pub round_cap: Duration,
+    /// The drain's rules between calls: the pause between rounds that kept a reading, the
+    /// endpoint hold's probe backoff, the cap on every hold ([`DrainSettings`]). Settings
+    /// [`Drain::new`] refuses are replaced by [`DrainSettings::DEVICE`], with an error logged.
+    pub drain: DrainSettings,
     /// Rounds after which the uplink stops even if readings remain (a safety stop for tests;
     /// `u32::MAX` on a device that runs for ever).
     pub max_rounds: u32,
@@ -148,101 +154,21 @@ pub struct Config {
 
 impl Config {
     /// Readings from `device`: 5 s per exchange at most; between rounds that kept a reading a
-    /// jittered pause doubling from 500 ms up to 30 s; a stop after 60 rounds; after unhealthy
+    /// jittered pause doubling from 500 ms up to 30 s, and after an endpoint's refusal a probe
+    /// from about a minute doubling to an hour ([`DrainSettings::DEVICE`]); a stop after 60
+    /// rounds; after unhealthy
     /// boots a first wait from 10 s doubling up to 15 minutes; healthy after 60 s up and a
     /// landed reading; paced, with a circuit breaker.
     pub const fn new(device: u64) -> Self {
         Config {
             device,
             attempt_limit: Duration::from_secs(5),
-            round_base: Duration::from_millis(500),
-            round_cap: Duration::from_secs(30),
+            drain: DrainSettings::DEVICE,
             max_rounds: 60,
             boot_base: Duration::from_secs(10),
             boot_cap: Duration::from_secs(15 * 60),
             healthy_after: Duration::from_secs(60),
             pacing: true,
-        }
-    }
-}
-
-/// The pause between outbox rounds that kept readings: the core's equal-jitter backoff (half
-/// the ceiling plus a uniform draw up to the other half) under a ceiling that doubles from
-/// `base` up to `cap` with each such round in a row, and starts again at `base` once a round
-/// lands something. While the fleet budget refuses retries the ceiling is one doubling higher
-/// (still capped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, defmt::Format)]
-pub struct RoundBackoff {
-    backoff: Backoff,
-    step: u32,
-}
-
-impl RoundBackoff {
-    /// A backoff doubling from `base` up to `cap`.
-    pub const fn new(base: Duration, cap: Duration) -> Self {
-        RoundBackoff { backoff: Backoff::new(base, cap, Jitter::Equal), step: 0 }
-    }
-
-    /// The ceiling of the next pause.
-    pub const fn ceiling(&self, throttled: bool) -> Duration {
-        self.backoff.ceiling(self.retry(throttled))
-    }
-
-    const fn retry(&self, throttled: bool) -> u32 {
-        self.step.saturating_add(1).saturating_add(throttled as u32)
-    }
-
-    /// The next pause from `draw`, and one doubling more for the pause after it.
-    pub fn next(&mut self, draw: Draw, throttled: bool) -> Duration {
-        let wait = self.backoff.wait(self.retry(throttled), Duration::ZERO, draw);
-        self.step = self.step.saturating_add(1);
-        wait
-    }
-
-    /// Back to `base`: a round landed something.
-    pub fn reset(&mut self) {
-        self.step = 0;
-    }
-
-    /// Pauses taken in a row so far (what [`RoundBackoff::resume`] takes back).
-    pub const fn step(&self) -> u32 {
-        self.step
-    }
-
-    /// Picks up after `step` pauses in a row (from before a reset): the next pause is the one
-    /// after them.
-    pub fn resume(&mut self, step: u32) {
-        self.step = step;
-    }
-}
-
-/// What a call's verdict does to its reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, defmt::Format)]
-pub enum Settle {
-    /// Landed: removed from the outbox.
-    Landed,
-    /// Definitively failed: removed, counted and logged.
-    Failed,
-    /// Not settled (gave up, unknown, cancelled): kept for a later round.
-    Keep,
-}
-
-impl Settle {
-    /// How `verdict` settles a reading. A cancelled call settled nothing: the reading stays.
-    pub const fn of(verdict: &Verdict) -> Self {
-        match verdict {
-            Verdict::Ok => Settle::Landed,
-            Verdict::Failed => Settle::Failed,
-            Verdict::GaveUp(_) | Verdict::Unknown | Verdict::Cancelled => Settle::Keep,
-        }
-    }
-
-    /// The outbox's settlement, for a reading that leaves it.
-    pub const fn settlement(self) -> Option<Settlement> {
-        match self {
-            Settle::Landed => Some(Settlement::Landed),
-            Settle::Failed => Some(Settlement::Failed),
-            Settle::Keep => None,
         }
     }
 }
@@ -279,16 +205,23 @@ pub struct Summary {
     pub boot: u32,
     /// Readings that landed (in this boot; some may have been made in an earlier one).
     pub landed: u32,
-    /// Readings that definitively failed (removed, counted, logged).
-    pub failed: u32,
+    /// Readings the server refused as they are, moved to the dead letters on flash (counted,
+    /// logged, never sent again, never deleted).
+    pub dead_lettered: u32,
     /// Calls that gave up; each kept its reading for a later round.
     pub gave_up: u32,
     /// Calls that ended unknown (kept too; never expected for keyed writes).
     pub unknown: u32,
     /// Calls that were cancelled (kept: a cancel settles nothing).
     pub cancelled: u32,
-    /// Times the outbox was held back for a server's Retry-After longer than a call could wait.
+    /// Holds of the whole outbox started or continued: an endpoint's refusal (each refused
+    /// probe counts), a server's asked wait, an open breaker.
     pub held: u32,
+    /// Dead letters on flash at the end (this boot's and earlier ones'), and dropped over the
+    /// device's life to make room.
+    pub dead_letters: u32,
+    /// Dead letters dropped to make room, over the device's life.
+    pub dead_dropped: u32,
     /// Rounds over the outbox.
     pub rounds: u32,
     /// Readings still in the outbox at the end.
@@ -311,24 +244,31 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// True if nothing is left and nothing failed.
+    /// True if nothing is left and nothing went to the dead letters.
     pub const fn all_landed(&self) -> bool {
-        self.failed == 0 && self.left == 0
+        self.dead_lettered == 0 && self.left == 0
+    }
+
+    /// True if nothing is left in the queue: every reading landed or is a dead letter.
+    pub const fn all_settled(&self) -> bool {
+        self.left == 0
     }
 
     /// Logs the `SUMMARY` line the host-side scenario checks, with the outbox's counters.
     pub fn log(&self, outbox: &wary_outbox::Counters, net: &transport::Counts) {
         defmt::info!(
-            "SUMMARY device={=u64:016x} boot={=u32} landed={=u32} failed={=u32} gave_up={=u32} unknown={=u32} cancelled={=u32} held={=u32} left={=u32} rounds={=u32} accepted={=u32} refused={=u32} flash_errors={=u32} regions_reset={=u32} exchanges={=u32} maybe_landed={=u32} never_sent={=u32} calls={=u32} attempts={=u64} mean={=u64}.{=u64:03} p95={=u32} max={=u32}",
+            "SUMMARY device={=u64:016x} boot={=u32} landed={=u32} dead_lettered={=u32} gave_up={=u32} unknown={=u32} cancelled={=u32} held={=u32} left={=u32} dead_letters={=u32} dead_dropped={=u32} rounds={=u32} accepted={=u32} refused={=u32} flash_errors={=u32} regions_reset={=u32} exchanges={=u32} maybe_landed={=u32} never_sent={=u32} calls={=u32} attempts={=u64} mean={=u64}.{=u64:03} p95={=u32} max={=u32}",
             self.device,
             self.boot,
             self.landed,
-            self.failed,
+            self.dead_lettered,
             self.gave_up,
             self.unknown,
             self.cancelled,
             self.held,
             self.left,
+            self.dead_letters,
+            self.dead_dropped,
             self.rounds,
             outbox.accepted,
             outbox.refused,
@@ -358,10 +298,13 @@ impl Summary {
 /// otherwise keeps its connection for the next reading. Replies are classified here, under the
 /// policy's Retry-After rules: the one place a device reads them.
 ///
-/// Between rounds that kept a reading the uplink pauses with [`RoundBackoff`]; a call that gave
-/// up because the server's Retry-After (`asked`) was longer than it could wait holds the whole
-/// outbox until `asked` has passed: the rest of that round is not sent, and no round starts
-/// before. Each attempt's exchange is capped to the time left before the call's deadline.
+/// What each verdict does to its reading, and when the next round may start, is the core's
+/// [`Drain`] under `config.drain`: a landed reading leaves the queue, one refused as it is
+/// goes to the dead letters, and every other outcome keeps it. An endpoint's refusal, a
+/// server's asked wait the call did not wait out, or an open breaker holds the whole outbox:
+/// the rest of that round is not sent, and no round starts before the hold ends. A hold and the
+/// round pause are kept on flash, so a reset resumes them. Each attempt's exchange is capped to
+/// the time left before the call's deadline.
 #[allow(clippy::too_many_arguments)]
 pub async fn uplink<F, T, D, G, const L: usize>(
     config: &Config,
@@ -381,9 +324,20 @@ where
 {
     let boot = store.boot().await;
     let mut summary = Summary { device: config.device, boot, ..Summary::default() };
-    // The round pauses draw from their own stream, seeded from the device's generator.
+    // The round pauses and the holds draw from their own stream, seeded from the device's generator.
     let mut pause_rng = SplitMix64::new(rng.next_u64());
-    let mut pause = RoundBackoff::new(config.round_base, config.round_cap);
+    let mut drain = match Drain::<RecordId>::new(config.drain) {
+        Ok(drain) => drain,
+        Err(e) => {
+            defmt::error!("the drain's settings are refused ({}): the device's are used", e);
+            match Drain::new(DrainSettings::DEVICE) {
+                Ok(drain) => drain,
+                // The device's settings are checked by the core's tests; were they refused,
+                // nothing is sent rather than sent under no rules.
+                Err(_) => return summary,
+            }
+        }
+    };
     // The cloud's send rate and circuit breaker, when `config.pacing` asks (docs/pacing.md):
     // every attempt, first ones included, waits for the pace; an open breaker ends a call at
     // once and the outbox keeps its reading for a later round.
@@ -395,25 +349,34 @@ where
         .endpoint(Guards { pace: pace.as_mut(), breaker: breaker.as_mut() });
     let transport = Mutex::<NoopRawMutex, _>::new(transport);
     let attempt_limit = config.attempt_limit;
-    // The one source of the Retry-After rules: the policy's.
+    // The one source of the Retry-After rules and of whose fault a refusal is: the policy's.
     let rules = policy.retry_after_rules();
+    let table = policy.table();
     let unreadable = Cell::new(0u32);
-    // No send before this: a server's Retry-After that a call could not wait out. Set by the
-    // call that ends the round, taken at the next round's start.
-    let mut hold_until: Option<Instant> = None;
-    // No send before this either: the endpoint's breaker is open. Set and taken the same way.
-    let mut breaker_until: Option<Instant> = None;
-    // A reset does not start the pause over: while the reading it was kept for is pending, the
-    // first round waits the pause after the last one taken.
-    if let Some(mark) = store.backoff().await {
-        pause.resume(u32::from(mark.step));
-        let wait = pause.next(Draw::from_rng(&mut pause_rng), false);
-        defmt::info!(
-            "RESUME backoff of reading {} after {=u8} kept rounds: first round in {=u32} ms",
-            mark.id,
-            mark.step,
-            wait.as_millis()
-        );
+    // A reset does not start the pause over, nor end a hold: while the reading it was kept for
+    // is pending, the first round waits the pause after the last one taken, and an endpoint
+    // that refused goes on being probed on its backoff.
+    let mark = store.backoff().await;
+    let refused = store.hold().await.filter(|h| h.step > 0);
+    if mark.is_some() || refused.is_some() {
+        let pauses = mark.map(|m| u32::from(m.step));
+        let refusals = refused.map(|h| (u32::from(h.step), h.reason));
+        let wait = drain.resume(Instant::now().into(), pauses, refusals, Draw::from_rng(&mut pause_rng));
+        if let Some(mark) = mark {
+            defmt::info!(
+                "RESUME backoff of reading {} after {=u8} kept rounds: first round in {=u32} ms",
+                mark.id,
+                mark.step,
+                wait.as_millis()
+            );
+        }
+        if let Some(h) = refused {
+            defmt::warn!(
+                "RESUME hold: the endpoint refused {=u8} probes in a row (the last {=u16}); readings kept",
+                h.step,
+                h.reason
+            );
+        }
         Timer::after(wait.into()).await;
     }
     let mut healthy = false;
@@ -425,22 +388,33 @@ where
             store.wait().await;
             continue;
         }
-        if let Some(until) = hold_until.take().filter(|until| Instant::now() < *until) {
-            defmt::info!("outbox held for the server's Retry-After until {=u64} ms", until.as_millis());
-            Timer::at(until).await;
-        }
-        if let Some(until) = breaker_until.take().filter(|until| Instant::now() < *until) {
-            defmt::info!("outbox held while the breaker is open, until {=u64} ms", until.as_millis());
+        if let Some((hold, until)) = drain.held(Instant::now().into()) {
+            let until = Instant::from_millis(until.as_millis());
+            match hold {
+                Hold::Asked { asked } => defmt::info!(
+                    "outbox held for the server's asked wait ({=u32} ms) until {=u64} ms",
+                    asked.as_millis(),
+                    until.as_millis()
+                ),
+                Hold::Breaker => {
+                    defmt::info!("outbox held while the breaker is open, until {=u64} ms", until.as_millis())
+                }
+                Hold::Endpoint { reason, probes } => defmt::info!(
+                    "outbox held: the endpoint refused {=u32} probes in a row (the last {=u16}); next probe at {=u64} ms",
+                    probes,
+                    reason,
+                    until.as_millis()
+                ),
+            }
             Timer::at(until).await;
         }
         summary.rounds = summary.rounds.saturating_add(1);
+        drain.start_round();
         let mut kept = 0u32;
-        let mut landed = 0u32;
         let mut after = None;
-        let mut first_kept = None;
+        let mut read_failed = false;
         'round: loop {
             // The readings due now, in outbox order: up to the transport's batch at once.
-            let mut read_failed = false;
             let mut due: heapless::Vec<(RecordId, heapless::String<32>, heapless::String<64>), GATHER> =
                 heapless::Vec::new();
             let most = transport.lock().await.batch_limit().clamp(1, GATHER);
@@ -451,7 +425,6 @@ where
                     Err(e) => {
                         // Counted by the outbox; the round ends and the next one reads again.
                         defmt::error!("reading the outbox failed: {}", e);
-                        kept = kept.saturating_add(1);
                         read_failed = true;
                         break;
                     }
@@ -486,11 +459,9 @@ where
                 let key = Key::from_parts(config.device, id.boot, id.seq);
                 let record_id = *id;
                 // The drain honours the pace: the wait for the next token is spent here, between
-                // calls, not out of the call's wait budget (asked on a copy: the call takes the token).
-                // Asked again after each wait: a wait given early is a lower bound while the rate
-                // climbs (the burst's allowance counts intervals of the rate in force, which shorten).
-                while let Some(pace) = runner.endpoint_ref().pace.as_deref()
-                    && let Err(wait) = { *pace }.acquire(Instant::now().into())
+                // calls, not out of the call's wait budget (the call takes the token). Asked
+                // again after each wait: a wait given early is a lower bound while the rate climbs.
+                while let Some(wait) = pace_wait(runner.endpoint_ref().pace.as_deref(), Instant::now().into())
                 {
                     Timer::after(wait.into()).await;
                 }
@@ -523,26 +494,35 @@ where
                         outcome.into_result()
                     })
                     .await;
-                let verdict = match result {
-                    Ok(()) => Verdict::Ok,
-                    Err(stopped) => stopped.verdict,
+                let (verdict, last) = match result {
+                    Ok(()) => (Verdict::Ok, None),
+                    Err(stopped) => (stopped.verdict, stopped.last),
                 };
-                let settle = Settle::of(&verdict);
-                if let Some(how) = settle.settlement() {
-                    match store.settle(record_id, how).await {
-                        Ok(_) => {}
-                        Err(e) => {
+                let now: wary::Instant = Instant::now().into();
+                let breaker_wait = match verdict {
+                    Verdict::GaveUp(GiveUp::CircuitOpen) => {
+                        runner.endpoint_ref().breaker.as_deref().map_or(Duration::ZERO, |b| b.wait(now))
+                    }
+                    _ => Duration::ZERO,
+                };
+                let settled = drain.settle(
+                    record_id,
+                    &verdict,
+                    last.as_ref(),
+                    table,
+                    now,
+                    breaker_wait,
+                    Draw::from_rng(&mut pause_rng),
+                );
+                match settled.fate {
+                    Fate::Landed => {
+                        if let Err(e) = store.settle(record_id, Settlement::Landed).await {
                             // The reading stays pending and goes out again with the same key: the
                             // cloud answers the resend from its record, without a second effect.
                             summary.flash_errors = summary.flash_errors.saturating_add(1);
                             defmt::error!("settling reading {} failed ({}): it stays pending", record_id, e);
                         }
-                    }
-                }
-                match settle {
-                    Settle::Landed => {
                         summary.landed = summary.landed.saturating_add(1);
-                        landed = landed.saturating_add(1);
                         defmt::info!("LANDED boot={=u32:08x} seq={=u32}", record_id.boot, record_id.seq);
                         if !healthy
                             && Instant::now().as_millis() >= u64::from(config.healthy_after.as_millis())
@@ -556,39 +536,53 @@ where
                             }
                         }
                     }
-                    Settle::Failed => {
-                        summary.failed = summary.failed.saturating_add(1);
-                        defmt::error!("reading {} failed ({}): removed", record_id, verdict);
-                    }
-                    Settle::Keep => {
+                    Fate::DeadLetter { reason } => match store.dead_letter(record_id, reason).await {
+                        Ok(_) => {
+                            summary.dead_lettered = summary.dead_lettered.saturating_add(1);
+                            defmt::error!(
+                                "DEAD_LETTER boot={=u32:08x} seq={=u32} reason={=u16}: refused as it is ({}); kept on flash, not sent again",
+                                record_id.boot,
+                                record_id.seq,
+                                reason,
+                                verdict
+                            );
+                        }
+                        Err(e) => {
+                            // Still pending: the next round sends it again with the same key.
+                            summary.flash_errors = summary.flash_errors.saturating_add(1);
+                            kept = kept.saturating_add(1);
+                            defmt::error!(
+                                "dead-lettering reading {} failed ({}): it stays pending",
+                                record_id,
+                                e
+                            );
+                        }
+                    },
+                    Fate::Keep => {
                         kept = kept.saturating_add(1);
-                        first_kept = first_kept.or(Some(record_id));
                         match verdict {
                             Verdict::GaveUp(_) => summary.gave_up = summary.gave_up.saturating_add(1),
                             Verdict::Cancelled => summary.cancelled = summary.cancelled.saturating_add(1),
+                            Verdict::Failed => {}
                             _ => summary.unknown = summary.unknown.saturating_add(1),
                         }
                         defmt::warn!("reading {} {}: kept for a later round", record_id, verdict);
                     }
                 }
-                if let Verdict::GaveUp(GiveUp::RetryAfterTooLong { asked }) = verdict {
-                    let until = Instant::now().saturating_add(asked.into());
-                    hold_until = Some(until);
+                if let Some((hold, until)) = settled.hold {
                     summary.held = summary.held.saturating_add(1);
-                    // The server asked the device to stay away: the rest of this round waits too.
-                    break 'round;
+                    if let Hold::Endpoint { reason, probes } = hold {
+                        // One line a refused probe: probes are a minute to an hour apart.
+                        defmt::error!(
+                            "HELD reason={=u16} probes={=u32}: the endpoint refused the device, not the reading; every reading kept, next probe at {=u64} ms",
+                            reason,
+                            probes,
+                            until.as_millis()
+                        );
+                    }
                 }
-                if verdict == Verdict::GaveUp(GiveUp::CircuitOpen) {
-                    // Every other reading of the round would meet the same open breaker: the
-                    // round ends, and the outbox waits until the breaker may let a probe through.
-                    let now = Instant::now();
-                    let wait = runner
-                        .endpoint_ref()
-                        .breaker
-                        .as_deref()
-                        .map_or(Duration::ZERO, |b| b.wait(now.into()));
-                    let until = now.saturating_add(wait.into());
-                    breaker_until = Some(until);
+                if settled.end_round {
+                    // Every other reading of the round would meet the same: the round ends.
                     break 'round;
                 }
             }
@@ -599,34 +593,35 @@ where
         // A round that kept a reading pauses, perhaps for long: the connection ends with it. A
         // round that emptied the outbox keeps it for the next reading (the transport ends it
         // when it idles past its limit).
-        if kept > 0 {
+        if kept > 0 || read_failed {
             transport.lock().await.close().await;
         }
-        if landed > 0 {
-            pause.reset();
-        }
-        let mut mark = None;
-        let mut pause_wait = Duration::ZERO;
-        if kept > 0 {
-            let throttled = !fleet.allows_retry();
-            let wait = pause.next(Draw::from_rng(&mut pause_rng), throttled);
-            pause_wait = wait;
+        let throttled = !fleet.allows_retry();
+        let end = drain.end_round(throttled, Draw::from_rng(&mut pause_rng));
+        // A flash read that failed kept nothing the drain saw: the next round still waits.
+        let pause = if read_failed { end.pause.max(config.drain.round_base) } else { end.pause };
+        if pause > Duration::ZERO {
             defmt::info!(
                 "round {=u32} kept {=u32}: next round in {=u32} ms{=str}",
                 summary.rounds,
                 kept,
-                wait.as_millis(),
+                pause.as_millis(),
                 if throttled { " (fleet budget refuses retries)" } else { "" }
             );
-            mark =
-                first_kept.map(|id| BackoffMark { id, step: u8::try_from(pause.step()).unwrap_or(u8::MAX) });
         }
+        let mark = end.kept.map(|(id, step)| BackoffMark { id, step: u8::try_from(step).unwrap_or(u8::MAX) });
+        let hold = drain
+            .refusals()
+            .map(|(probes, reason)| HoldMark { step: u8::try_from(probes).unwrap_or(u8::MAX), reason });
         // On flash before the pause: a reset during it resumes from here.
         if let Err(e) = store.set_backoff(mark).await {
             defmt::error!("remembering the backoff failed: {}", e);
         }
-        if kept > 0 {
-            Timer::after(pause_wait.into()).await;
+        if let Err(e) = store.set_hold(hold).await {
+            defmt::error!("remembering the hold failed: {}", e);
+        }
+        if pause > Duration::ZERO {
+            Timer::after(pause.into()).await;
         }
     }
     let stats = runner.ledger_ref().stats();
@@ -636,6 +631,7 @@ where
     summary.p95 = stats.percentile(95);
     summary.max = stats.max();
     summary.left = store.len().await;
+    (summary.dead_letters, summary.dead_dropped) = store.dead_letters().await;
     summary.retry_after_unreadable = unreadable.get();
     summary
 }

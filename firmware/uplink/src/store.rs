@@ -16,7 +16,8 @@ use embassy_sync::signal::Signal;
 use embassy_time::{Duration, Timer};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use wary_outbox::{
-    BackoffMark, Counters, DialWindow, Entry, Error, Outbox, PushError, Record, RecordId, Settlement,
+    BackoffMark, Counters, DialWindow, Entry, Error, HoldMark, Outbox, PushError, Record, RecordId,
+    Settlement,
 };
 
 /// One sensor reading as it waits on flash.
@@ -103,6 +104,38 @@ impl<F: MultiwriteNorFlash> Store<F> {
     /// A flash error: the reading stays pending and is sent again with the same key.
     pub async fn settle(&self, id: RecordId, how: Settlement) -> Result<bool, Error> {
         self.outbox.lock().await.settle(id, how).await
+    }
+
+    /// Moves a pending reading the server refused as it is to the dead letters, with the
+    /// refusal's `reason` (a status, or a protocol code as one); `Ok(false)` if it was not
+    /// pending. It stays on flash, counted, until a person reads it out.
+    ///
+    /// # Errors
+    ///
+    /// A flash error: the reading stays pending (or in both places until the next call or open).
+    pub async fn dead_letter(&self, id: RecordId, reason: u16) -> Result<bool, Error> {
+        self.outbox.lock().await.dead_letter(id, reason).await
+    }
+
+    /// Dead letters held on flash (as counted since open), and dropped over the device's life to
+    /// make room.
+    pub async fn dead_letters(&self) -> (u32, u32) {
+        let outbox = self.outbox.lock().await;
+        (outbox.dead_count(), outbox.dead_dropped())
+    }
+
+    /// The endpoint hold as flash keeps it: probes in a row refused, and the last reason.
+    pub async fn hold(&self) -> Option<HoldMark> {
+        self.outbox.lock().await.hold()
+    }
+
+    /// Remembers the endpoint hold on flash (nothing written if unchanged).
+    ///
+    /// # Errors
+    ///
+    /// A flash error: flash keeps the old mark.
+    pub async fn set_hold(&self, hold: Option<HoldMark>) -> Result<(), Error> {
+        self.outbox.lock().await.set_hold(hold).await
     }
 
     /// Readings pending.

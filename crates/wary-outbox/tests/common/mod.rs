@@ -59,9 +59,10 @@ impl Entry for Reading {
 /// Small pages so that a short sequence fills, wraps and erases them.
 pub const PAGE: u32 = 256;
 pub type Flash<'m> = SimFlash<'m, 4, 256>;
-/// Two pages of boot counter, four of queue.
-pub const CONFIG: Config = Config { boot_range: 0..2 * PAGE, queue_range: 2 * PAGE..6 * PAGE };
-pub const SIZE: usize = 6 * PAGE as usize;
+/// Two pages of boot counter, four of queue, two of dead letters.
+pub const CONFIG: Config =
+    Config { boot_range: 0..2 * PAGE, queue_range: 2 * PAGE..6 * PAGE, dead_range: 6 * PAGE..8 * PAGE };
+pub const SIZE: usize = 8 * PAGE as usize;
 
 pub fn blank() -> Vec<u8> {
     vec![0xFF; SIZE]

@@ -17,7 +17,8 @@ use wary_outbox::{Config, Entry, OpenReport, Outbox, RecordId, Settlement};
 use wary_qemu::Tally;
 
 /// Boot counter in the first two pages, the queue in the next eight.
-const CONFIG: Config = Config { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
+const CONFIG: Config =
+    Config { boot_range: 0..0x2000, queue_range: 0x2000..0xA000, dead_range: 0xA000..0xC000 };
 /// Marks the surviving word as ours (the top half); the phase is the bottom half.
 const PHASE_MAGIC: u32 = 0xF1A5_0000;
 /// Phases before the final one; each ends in a reset.

@@ -1,7 +1,8 @@
 //! On-target checks of `wary-uplink` with no peer process: what each exchange result means as
-//! an outcome; the round pause; how a verdict settles a reading; and the uplink loop over the
-//! durable outbox (on the emulated flash) against a scripted transport: the same key on every
-//! attempt, a 400 settled as failed, a Retry-After too long to wait holding the outbox for that
+//! an outcome; the round pause; and the uplink loop over the durable outbox (on the emulated
+//! flash) against a scripted transport: the same key on every attempt, a 400 moved to the
+//! dead letters, a 401 keeping the reading and holding the outbox on flash until a probe lands,
+//! a Retry-After too long to wait holding the outbox for that
 //! long, each attempt's time limit capped to the time left before the call's deadline, a kept
 //! round's backoff mark on flash and the wait it makes the next run resume with; and
 //! the device credential in the request head of every attempt, in no `Debug` form, and absent
@@ -20,8 +21,8 @@ use embassy_time::{Delay, Instant, Timer};
 use heapless::Vec;
 use mps2_an386::flash;
 use wary::{
-    Class, Draw, Duration, Failure, FleetBudget, GiveUp, Operation, Outcome, Policy, Preset, Verdict,
-    ledger::Ledger, retry_after::Rules,
+    Class, Drain, DrainSettings, Draw, Duration, Failure, FleetBudget, GiveUp, Operation, Outcome, Policy,
+    Preset, Verdict, ledger::Ledger, retry_after::Rules,
 };
 use wary_outbox::{Config as OutboxConfig, Outbox};
 use wary_qemu::Tally;
@@ -29,9 +30,10 @@ use wary_qemu::Tally;
 use wary_uplink::http::{self, HttpError, Post, Response};
 use wary_uplink::identity::{Credential, parse_device_id};
 use wary_uplink::transport::{Answer, Message, answer, failure, outcome};
-use wary_uplink::{Config, POLICY, Reading, RoundBackoff, Settle, SplitMix64, Store, Transport, uplink};
+use wary_uplink::{Config, POLICY, Reading, SplitMix64, Store, Transport, uplink};
 
-const OUTBOX: OutboxConfig = OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000 };
+const OUTBOX: OutboxConfig =
+    OutboxConfig { boot_range: 0..0x2000, queue_range: 0x2000..0xA000, dead_range: 0xA000..0xC000 };
 
 /// A test credential (random, used nowhere else) and the header line it must produce.
 const TOKEN: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
@@ -372,35 +374,36 @@ async fn main(_spawner: Spawner) {
     }
     tally.check("every exchange failure maps by whether it may have landed", mapped);
 
-    // The round pause: equal jitter, doubling from 500 ms, capped at 30 s, reset.
-    let mut b = RoundBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let mut ceilings_ok = true;
+    // The round pause on this target, as the uplink takes it from the core's drain: equal
+    // jitter, doubling from 500 ms, capped at 30 s, reset by a landing.
+    let config_drain = Config::new(0).drain;
+    tally.check("the uplink drains under the device's settings", config_drain == DrainSettings::DEVICE);
+    let Ok(mut drain) = Drain::<u32>::new(config_drain) else {
+        tally.check("the device's drain settings are accepted", false);
+        tally.finish()
+    };
+    let budget = Verdict::GaveUp(GiveUp::Budget);
     let mut within_ok = true;
     for (raw, expected) in [0, u32::MAX, 0x9e37_79b9, 1, 12_345, u32::MAX / 3, 7, 0]
         .into_iter()
         .zip([500u32, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000])
     {
-        let ceiling = b.ceiling(false);
-        let pause = b.next(Draw::unit(raw), false).as_millis();
-        ceilings_ok &= ceiling == Duration::from_millis(u64::from(expected));
+        drain.start_round();
+        let _ =
+            drain.settle(1, &budget, None, POLICY.table(), wary::Instant::ZERO, Duration::ZERO, Draw::ZERO);
+        let pause = drain.end_round(false, Draw::unit(raw)).pause.as_millis();
         within_ok &= pause >= expected / 2 && pause <= expected;
     }
-    tally.check("round pause ceilings double from 500 ms to the 30 s cap", ceilings_ok);
-    tally.check("round pause within [ceiling/2, ceiling]", within_ok);
-    let mut lo = RoundBackoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let mut hi = lo;
-    let (a, z) = (lo.next(Draw::ZERO, false).as_millis(), hi.next(Draw::unit(u32::MAX), false).as_millis());
-    tally.check("round pause is jittered (draws 0 and max differ)", a == 250 && z > 250);
-    b.reset();
-    tally.check("round pause resets to 500 ms", b.ceiling(false) == Duration::from_millis(500));
-    tally.check("round pause one doubling longer while throttled", b.ceiling(true) == Duration::from_secs(1));
-
-    // How a verdict settles a reading.
-    tally.check("cancelled: kept", Settle::of(&Verdict::Cancelled) == Settle::Keep);
-    tally.check("gave_up: kept", Settle::of(&Verdict::GaveUp(GiveUp::Budget)) == Settle::Keep);
-    tally.check("unknown: kept", Settle::of(&Verdict::Unknown) == Settle::Keep);
-    tally.check("failed: removed", Settle::of(&Verdict::Failed) == Settle::Failed);
-    tally.check("ok: landed", Settle::of(&Verdict::Ok) == Settle::Landed);
+    tally.check("round pauses within [ceiling/2, ceiling], doubling from 500 ms to 30 s", within_ok);
+    drain.start_round();
+    let _ =
+        drain.settle(2, &Verdict::Ok, None, POLICY.table(), wary::Instant::ZERO, Duration::ZERO, Draw::ZERO);
+    let _ = drain.settle(1, &budget, None, POLICY.table(), wary::Instant::ZERO, Duration::ZERO, Draw::ZERO);
+    let reset = drain.end_round(true, Draw::unit(u32::MAX)).pause.as_millis();
+    tally.check(
+        "a landing resets the pause; throttled, one doubling longer (1 s)",
+        (500..=1_000).contains(&reset),
+    );
     tally.check(
         "POLICY: 20 s deadline, 1 s min_attempt",
         POLICY.deadline() == Some(Duration::from_secs(20)) && POLICY.min_attempt() == Duration::from_secs(1),
@@ -439,12 +442,47 @@ async fn main(_spawner: Spawner) {
         t.opened == 2 && t.closed == 0 && s.rounds == 1,
     );
 
-    // A 400 fails at once and leaves the outbox.
+    // A 400 fails at once: the reading leaves the queue for the dead letters, kept on flash.
     static BAD_REQUEST: [Outcome; 1] = [Outcome::status(400)];
     let mut t = Scripted::new(&BAD_REQUEST, embassy_time::Duration::from_millis(1));
     let _ = store.push(Reading { milli_celsius: 21_001 }).await;
     let s = uplink(&config, &POLICY, &fleet, Delay, SplitMix64::new(2), &mut t, &store, &mut ledger).await;
-    tally.check("400: one attempt, failed, removed", t.sent().len() == 1 && s.failed == 1 && s.left == 0);
+    tally.check(
+        "400: one attempt, the reading dead-lettered, off the queue",
+        t.sent().len() == 1 && s.dead_lettered == 1 && s.left == 0 && s.dead_letters == 1,
+    );
+
+    // A 401 is the endpoint's refusal: the reading stays, the outbox is held, and flash keeps
+    // the hold. The next run (as after a reset) goes on with the hold: its probe waits at least
+    // the hold's floor (half of 3 s), longer than any pause the round could make it wait (at
+    // most 1 s at step 2), and, landing, clears it.
+    static UNAUTHORIZED: [Outcome; 1] = [Outcome::status(401)];
+    let mut t = Scripted::new(&UNAUTHORIZED, embassy_time::Duration::from_millis(1));
+    let _ = store.push(Reading { milli_celsius: 21_005 }).await;
+    let mut held = config;
+    held.max_rounds = 1;
+    held.drain.hold_base = Duration::from_secs(3);
+    held.drain.hold_cap = Duration::from_secs(6);
+    let s = uplink(&held, &POLICY, &fleet, Delay, SplitMix64::new(7), &mut t, &store, &mut ledger).await;
+    let mark = store.hold().await;
+    tally.check(
+        "401: one attempt, the reading kept, the outbox held",
+        t.sent().len() == 1 && s.dead_lettered == 0 && s.left == 1 && s.held == 1,
+    );
+    tally.check(
+        "401: the hold is on flash (one refusal, 401)",
+        mark.is_some_and(|m| m.step == 1 && m.reason == 401),
+    );
+    static PROBE_LANDS: [Outcome; 1] = [Outcome::Ok];
+    let mut t = Scripted::new(&PROBE_LANDS, embassy_time::Duration::from_millis(1));
+    let started = Instant::now();
+    let s = uplink(&held, &POLICY, &fleet, Delay, SplitMix64::new(8), &mut t, &store, &mut ledger).await;
+    let waited = t.sent().first().map_or(0, |a| a.at.duration_since(started).as_millis());
+    tally.check("held after a reset: the probe waits the hold's floor (1.5 s)", waited >= 1_500);
+    tally.check(
+        "held after a reset: the probe landed, the hold is cleared on flash",
+        s.landed == 1 && s.left == 0 && store.hold().await.is_none(),
+    );
 
     // Retry-After longer than the call can wait (1 s against a 500 ms budget): the reading is
     // kept, and nothing is sent for 1 s; the second reading waits too.
@@ -544,7 +582,7 @@ async fn main(_spawner: Spawner) {
             && ex.get(1).is_some_and(|e| e.len() == 1 && e.first() == batch.get(1))
             && ex.get(2).is_some_and(|e| e.len() == 1 && e.first() == batch.get(3)),
     );
-    tally.check("batch: all four landed, none left", s.landed == 4 && s.left == 0 && s.failed == 0);
+    tally.check("batch: all four landed, none left", s.landed == 4 && s.left == 0 && s.dead_lettered == 0);
 
     // The answer's format: positional statuses, a Retry-After in seconds in a pair.
     let mut answers: [Answer; 2] = [Err(Failure::Reset), Err(Failure::Reset)];
