@@ -16,8 +16,8 @@
 //! | 10 | exact status rule above 599 in a table | `Table::with_status` | `TableError::BadStatus` |
 //! | 11 | a rule for every 4xx and 5xx status | `Table::with_status` | accepted: a table is never full |
 //! | 12 | fleet budget of 0 or over 1000 tokens, ratio 0 or over 1000 | `FleetBudget::new` | `FleetBudgetError::Tokens` / `Ratio` |
-//! | 13 | empty or blank Retry-After | `parse_retry_after` | `RetryAfterError::Empty` |
-//! | 14 | Retry-After neither seconds nor a date | `parse_retry_after` | `RetryAfterError::Malformed` |
+//! | 13 | empty or blank Retry-After | `retry_after::parse` | `RetryAfterError::Empty` |
+//! | 14 | Retry-After neither seconds nor a date | `retry_after::parse` | `RetryAfterError::Malformed` |
 //! | 15 | HTTP-date under integer-seconds rules | `Rules::read` | `RetryAfterError::DateNotAccepted` |
 //! | 16 | two Retry-After headers under strict rules | `Rules::read` | `RetryAfterError::Duplicate` |
 //! | 17 | HTTP-date with no Date header and no clock | `Rules::read` | `RetryAfterError::NoReference` |
@@ -40,9 +40,9 @@
 //! | 34 | a reply cut short in its header block | `wary_uplink::http::post` (`nettest` `/truncated`) | `HttpError::Truncated` → `Outcome::Reset` (may have landed) |
 //! | 35 | a connection refused | `wary_uplink::http::post` (`nettest` `/refused`) | `HttpError::Refused` → `Outcome::Refused` (never sent) |
 //! | 36 | a reply that never comes (stalled) | `wary_uplink::http::post` (`nettest` `/stall`, `/trickle`) | `HttpError::ResponseTimeout` → `Outcome::ResponseTimeout` (may have landed) |
-//! | 37 | gateway request body longer than its limit | `wary_gateway::ingress::parse` | `BadRequest::TooLarge`: 413, body not read, nothing sent upstream |
-//! | 38 | gateway request body that is not JSON, or no `Idempotency-Key` | `wary_gateway::ingress::parse` | `BadRequest::NotJson` / `MissingKey`: 400 with the reason |
-//! | 39 | gateway request cut short inside its body | `wary_gateway::ingress::parse` | `BadRequest::Broken`: nothing queued, nothing sent upstream |
+//! | 37 | gateway request body longer than its limit | `wary_gateway::ingress::serve` (`handle_as`: `key_of`, `read_body`) | `BadRequest::TooLarge`: 413, body not read, nothing sent upstream |
+//! | 38 | gateway request body that is not JSON, or no `Idempotency-Key` | `wary_gateway::ingress::serve` (`handle_as`: `key_of`, `read_body`) | `BadRequest::NotJson` / `MissingKey`: 400 with the reason |
+//! | 39 | gateway request cut short inside its body | `wary_gateway::ingress::serve` (`handle_as`: `key_of`, `read_body`) | `BadRequest::Broken`: nothing queued, nothing sent upstream |
 //! | 40 | a reply header block larger than the device's buffer | `wary_uplink::http::post` (`nettest` `/huge-headers`) | `HttpError::HeadersTooLarge` → `Outcome::Reset` (may have landed) |
 
 use wary::{

@@ -5,7 +5,8 @@
 
 use core::hint::black_box;
 
-use wary::{Draw, Operation, Outcome, Policy, plan};
+use wary::plan::plan;
+use wary::{Draw, Operation, Outcome, Policy};
 
 #[unsafe(no_mangle)]
 pub extern "C" fn _start() -> ! {

@@ -1,11 +1,12 @@
-//! [`wary::plan_into`]: the same schedule as `wary_plan`, written into a plan the caller keeps
+//! [`wary::plan::plan_into`]: the same schedule as `wary_plan`, written into a plan the caller keeps
 //! in place (a `static`-free stack slot here), so nothing is moved or copied.
 #![no_std]
 #![no_main]
 
 use core::hint::black_box;
 
-use wary::{Draw, Operation, Outcome, Plan, Policy, plan_into};
+use wary::plan::{Plan, plan_into};
+use wary::{Draw, Operation, Outcome, Policy};
 
 #[unsafe(no_mangle)]
 pub extern "C" fn _start() -> ! {

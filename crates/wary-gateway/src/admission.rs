@@ -24,6 +24,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use crate::retry_after::retry_after_secs;
+
 /// Thousandths of a token per token.
 const MILLI: u64 = 1000;
 
@@ -50,7 +52,8 @@ impl Default for Limits {
 pub enum Refused {
     /// The device is over its rate: 429, come back in `retry_after_secs`.
     Rate {
-        /// Whole seconds until a token is there, at least 1.
+        /// Whole seconds until a token is there, at least 1 and at most
+        /// [`crate::MAX_RETRY_AFTER_SECS`] ([`crate::retry_after::retry_after_secs`]).
         retry_after_secs: u64,
     },
     /// Every bucket belongs to a device that is still busy: 503.
@@ -127,7 +130,7 @@ impl Admission {
         } else {
             let missing = MILLI.saturating_sub(b.tokens);
             let ms = missing.div_ceil(u64::from(self.limits.rate_per_sec));
-            Err(Refused::Rate { retry_after_secs: ms.div_ceil(1000).max(1) })
+            Err(Refused::Rate { retry_after_secs: retry_after_secs(ms) })
         };
         self.buckets.insert(device, b);
         r

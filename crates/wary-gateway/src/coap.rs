@@ -14,7 +14,7 @@
 //! | landed, upstream 201 | 2.01 Created (the upstream's JSON body as payload, if it fits) |
 //! | landed, other 2xx | 2.04 Changed |
 //! | gave up | 5.03 Service Unavailable, Max-Age = the give-up's Retry-After |
-//! | held (the upstream refused the gateway itself: [`crate::hold`]) | 5.03, Max-Age = the hold's Retry-After (the upstream breaker's remaining open time) |
+//! | held (the upstream's answer is the endpoint's fault, not the reading's: [`crate::hold`]) | 5.03, Max-Age = the hold's Retry-After (the upstream breaker's remaining open time) |
 //! | cancelled, queue full, no room for the exchange | 5.03, Max-Age 1 |
 //! | failed (upstream 4xx) | the same 4.xx where CoAP has it (4.00, 4.03, 4.04, 4.05, 4.06, 4.09, 4.12, 4.13, 4.15, 4.22), else 4.00 |
 //! | failed (no status, or a 5xx the policy does not retry) | 4.00: a resend cannot help, and every 4.xx but 4.29 is "do not resend" to a device |

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use wary::{
     Attempt, Backoff, Draw, Duration, FleetBudget, FleetBudgetError, GiveUp, Instant, Jitter, Key, Operation,
-    Policy, Runner, Sink, Stopped, Verdict, ledger::Record,
+    Policy, Runner, Sink, Stopped, Table, Verdict, ledger::Record,
 };
 use wary_host::call::SharedEndpoint;
 use wary_host::ledger::JsonLedger;
@@ -22,6 +22,7 @@ use crate::admission::{Admission, Limits, Refused};
 use crate::credentials::{Credentials, Identity};
 use crate::hold::{EndpointFault, HoldingEndpoint, Holds};
 use crate::metrics::Metrics;
+use crate::retry_after::retry_after_secs;
 use crate::upstream::{Delivered, Forward, HttpClient, LegacyProbe, Upstream, client};
 
 /// The gateway's settings.
@@ -98,18 +99,6 @@ pub const UPSTREAM_BREAKER: wary::BreakerSettings = wary::BreakerSettings {
     max_open: wary::Duration::from_millis(30_000),
     refused_opens: false,
 };
-
-/// The longest `Retry-After` the gateway passes on to a device, seconds (one hour), whatever
-/// the upstream asked for or the breaker's open time says: a give-up's and a hold's alike. An
-/// upstream that asks for days does not park a fleet for days; the device comes back within the
-/// hour and asks again.
-pub const MAX_RETRY_AFTER_SECS: u64 = 3_600;
-
-/// Whole seconds for a wait of `ms` milliseconds as a device hears it: rounded up, at least 1,
-/// at most [`MAX_RETRY_AFTER_SECS`].
-fn retry_after_secs(ms: u64) -> u64 {
-    ms.div_ceil(1000).clamp(1, MAX_RETRY_AFTER_SECS)
-}
 
 /// Who may post readings.
 #[derive(Debug, Clone)]
@@ -190,14 +179,15 @@ pub enum Answer {
         /// When to come back, whole seconds (at least 1).
         retry_after_secs: u64,
     },
-    /// The upstream refused the gateway itself, not the reading (an endpoint fault: its
-    /// credential, its path, its proxy, TLS; [`crate::hold`]): the device keeps the reading and
-    /// sends it again, with the same key, no sooner than `retry_after_secs` (the upstream's
-    /// breaker's remaining open time).
+    /// The upstream's answer failed the call and was the endpoint's fault, not the reading's
+    /// (by the policy's table: its credential, its path, its proxy, the server, TLS;
+    /// [`crate::hold`]), or the breaker such an answer opened stopped the call: the device keeps
+    /// the reading and sends it again, with the same key, no sooner than `retry_after_secs` (the
+    /// upstream's breaker's remaining open time).
     Held {
         /// What the upstream answered.
         fault: EndpointFault,
-        /// When to come back, whole seconds (1..=[`MAX_RETRY_AFTER_SECS`]).
+        /// When to come back, whole seconds (1..=[`crate::MAX_RETRY_AFTER_SECS`]).
         retry_after_secs: u64,
     },
     /// The upstream refused it in a way a resend cannot fix.
@@ -599,24 +589,23 @@ fn answer(policy: &Policy, result: Result<Delivered, Stopped>) -> Answer {
     }
 }
 
-/// The endpoint fault a stopped call is held by, if any: its last attempt met one (a 401, say,
-/// whatever verdict the policy gave it), or the breaker was open when it asked and an endpoint
-/// fault is what holds it open (`cause`). Only a `failed` or a `gave_up` is held: an `unknown`
-/// may have landed and must never be resent, a cancel is no verdict on the upstream.
-fn held_by(s: &Stopped, cause: Option<EndpointFault>) -> Option<EndpointFault> {
-    if !matches!(s.verdict, Verdict::Failed | Verdict::GaveUp(_)) {
-        return None;
-    }
-    match (s.last.as_ref().and_then(EndpointFault::of_failure), s.verdict) {
-        (Some(fault), _) => Some(fault),
-        (None, Verdict::GaveUp(GiveUp::CircuitOpen)) => cause,
-        (None, _) => None,
+/// The endpoint fault a stopped call is held by, if any: it ended `failed` on an answer the
+/// policy's `table` blames on the endpoint (a 401, say, or a 431), or the breaker was open when
+/// it asked and an endpoint fault is what holds it open (`cause`). Any other verdict is not
+/// held: a `failed` that is the reading's fault is answered 424, another give-up is a give-up,
+/// an `unknown` may have landed and must never be resent, a cancel is no verdict on the
+/// upstream.
+fn held_by(s: &Stopped, table: &Table, cause: Option<EndpointFault>) -> Option<EndpointFault> {
+    match s.verdict {
+        Verdict::Failed => s.last.as_ref().and_then(|f| EndpointFault::blamed(table, f)),
+        Verdict::GaveUp(GiveUp::CircuitOpen) => cause,
+        _ => None,
     }
 }
 
 /// The hold for `fault`: the Retry-After is the upstream breaker's remaining open time `open`
 /// (`None` without a breaker: the policy's largest backoff ceiling, as for a give-up), whole
-/// seconds, 1..=[`MAX_RETRY_AFTER_SECS`].
+/// seconds, 1..=[`crate::MAX_RETRY_AFTER_SECS`].
 fn hold(policy: &Policy, fault: EndpointFault, open: Option<Duration>) -> Answer {
     let wait = open.unwrap_or(policy.backoff().cap);
     Answer::Held { fault, retry_after_secs: retry_after_secs(u64::from(wait.as_millis())) }
@@ -627,9 +616,12 @@ fn hold(policy: &Policy, fault: EndpointFault, open: Option<Duration>) -> Answer
 /// (the upstream's credential is one).
 fn log_fault(holds: &Holds, fault: EndpointFault, answer: &Answer) {
     let Some(calls) = holds.met(fault, std::time::Instant::now()) else { return };
-    let what = match fault.status() {
-        Some(code) => format!("answered {code} to the gateway's own request (its credential, path or proxy)"),
-        None => "failed the TLS handshake".to_owned(),
+    let what = match fault {
+        EndpointFault::Status(code) => {
+            format!("answered {code} to the gateway's own request (its credential, path, proxy or server)")
+        }
+        EndpointFault::Tls => "failed the TLS handshake".to_owned(),
+        other => format!("failed the gateway's request ({other})"),
     };
     let secs = match answer {
         Answer::Held { retry_after_secs, .. } => *retry_after_secs,
@@ -645,10 +637,13 @@ fn log_fault(holds: &Holds, fault: EndpointFault, answer: &Answer) {
 async fn worker(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>, rng: StdRng) {
     let policy = shared.policy;
     let upstream = shared.config.upstream.clone();
+    // A keyed write, or with a legacy upstream an unkeyed one whose `unknown` goes to the probe.
+    let op = if upstream.legacy { Operation::Write } else { Operation::KeyedWrite };
+    let table = *policy.table();
     let mut runner = Runner::new(&policy, TokioDelay, shared.clock, rng)
         .fleet(&shared.fleet)
         .ledger(GatewaySink(shared.clone()))
-        .endpoint(HoldingEndpoint::new(shared.endpoint.clone(), shared.holds.clone()));
+        .endpoint(HoldingEndpoint::new(shared.endpoint.clone(), shared.holds.clone(), table, op));
     loop {
         let job = rx.lock().await.recv().await;
         let Some(job) = job else { break };
@@ -661,17 +656,19 @@ async fn worker(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<J
         let result = if upstream.legacy {
             let reading_id = r.key.to_str().unwrap_or_default();
             let probe = LegacyProbe { client, upstream: &upstream, reading_id, deadline, unreadable };
-            runner.call_with_probe(Operation::Write, r.wary_key, send, probe).await
+            runner.call_with_probe(op, r.wary_key, send, probe).await
         } else {
-            runner.call(Operation::KeyedWrite, r.wary_key, send).await
+            runner.call(op, r.wary_key, send).await
         };
         let answer = match result {
-            Err(s) => match held_by(&s, shared.holds.cause()) {
+            Err(s) => match held_by(&s, &table, shared.holds.cause()) {
                 Some(fault) => {
                     let open = shared.endpoint.breaker().map(|b| b.wait(shared.clock.now()));
                     let held = hold(&policy, fault, open);
                     shared.holds.held(fault);
-                    if s.last.as_ref().and_then(EndpointFault::of_failure) == Some(fault) {
+                    // Logged for the calls that met the fault themselves, not those the open
+                    // breaker stopped.
+                    if matches!(s.verdict, Verdict::Failed) {
                         log_fault(&shared.holds, fault, &held);
                     }
                     held
@@ -697,6 +694,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+    use crate::MAX_RETRY_AFTER_SECS;
 
     #[test]
     fn accept_backoff_grows_caps_and_resets() {
@@ -768,33 +766,44 @@ mod tests {
     #[test]
     fn an_endpoint_fault_holds_the_call_and_a_readings_fault_does_not() {
         let stopped = |verdict, last| Stopped { verdict, attempts: 1, last };
+        let t = &Table::DEFAULT;
         let f401 = EndpointFault::Status(401);
-        // The call's own last attempt met it, whatever verdict the policy gave.
-        assert_eq!(held_by(&stopped(Verdict::Failed, Some(wary::Failure::status(401))), None), Some(f401));
-        let s = stopped(Verdict::GaveUp(GiveUp::CircuitOpen), Some(wary::Failure::status(421)));
-        assert_eq!(held_by(&s, None), Some(EndpointFault::Status(421)));
+        // A failed call whose last answer the table blames on the endpoint: the core's rule.
+        for code in [401, 403, 404, 406, 411, 414, 421, 426, 428, 431, 501, 505, 506, 510, 511] {
+            assert_eq!(
+                held_by(&stopped(Verdict::Failed, Some(wary::Failure::status(code))), t, None),
+                Some(EndpointFault::Status(code)),
+                "{code}"
+            );
+        }
         assert_eq!(
-            held_by(&stopped(Verdict::GaveUp(GiveUp::Budget), Some(wary::Failure::Tls)), None),
+            held_by(&stopped(Verdict::Failed, Some(wary::Failure::Tls)), t, None),
             Some(EndpointFault::Tls)
         );
         // Stopped by the open breaker before any attempt: held only if a fault holds it open.
         let open = stopped(Verdict::GaveUp(GiveUp::CircuitOpen), None);
-        assert_eq!(held_by(&open, Some(f401)), Some(f401));
-        assert_eq!(held_by(&open, None), None);
-        // Another give-up is not held by a fault some other call met.
-        assert_eq!(
-            held_by(&stopped(Verdict::GaveUp(GiveUp::Budget), Some(wary::Failure::status(503))), Some(f401)),
-            None
-        );
+        assert_eq!(held_by(&open, t, Some(f401)), Some(f401));
+        assert_eq!(held_by(&open, t, None), None);
+        // Another give-up is a give-up: not held by a fault some other call met, nor by an
+        // answer of its own that the table retried, the endpoint's (a 503) or not.
+        for last in [wary::Failure::status(503), wary::Failure::Tls, wary::Failure::status(401)] {
+            assert_eq!(held_by(&stopped(Verdict::GaveUp(GiveUp::Budget), Some(last)), t, Some(f401)), None);
+        }
         // The reading's own faults, and an unknown (it may have landed), are never held.
-        for code in [400, 413, 415, 422, 424] {
+        for code in [400, 402, 409, 413, 415, 422, 424, 451] {
             assert_eq!(
-                held_by(&stopped(Verdict::Failed, Some(wary::Failure::status(code))), Some(f401)),
+                held_by(&stopped(Verdict::Failed, Some(wary::Failure::status(code))), t, Some(f401)),
                 None,
                 "{code}"
             );
         }
-        assert_eq!(held_by(&stopped(Verdict::Unknown, Some(wary::Failure::Tls)), Some(f401)), None);
+        assert_eq!(held_by(&stopped(Verdict::Unknown, Some(wary::Failure::Tls)), t, Some(f401)), None);
+        // The policy's table decides whose fault it is.
+        let reading_401 = Table::DEFAULT.with_blame(401, wary::Blame::Reading).unwrap();
+        assert_eq!(
+            held_by(&stopped(Verdict::Failed, Some(wary::Failure::status(401))), &reading_401, None),
+            None
+        );
         // The Retry-After: the breaker's remaining open time, rounded up, 1 s at least, an hour
         // at most; without a breaker the policy's largest ceiling.
         let p = Policy::builder(wary::Preset::Default).cap(Duration::from_millis(2_500)).build().unwrap();

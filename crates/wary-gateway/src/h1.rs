@@ -1,4 +1,4 @@
-//! A small HTTP/1.1 server connection for the device listener.
+//! A small HTTP/1.1 server connection for the device listener (and the metrics listener).
 //!
 //! Why not hyper's server connection: it allocates an 8 KiB write buffer when a connection
 //! opens and reserves 8 KiB to read the first request into, keeps both for the connection's
@@ -57,17 +57,6 @@ pub enum BodyError {
 pub trait ReadWhole {
     /// The whole body, if it is at most `max` bytes.
     fn read_whole(self, max: usize) -> impl Future<Output = Result<Bytes, BodyError>> + Send;
-}
-
-impl ReadWhole for hyper::body::Incoming {
-    async fn read_whole(self, max: usize) -> Result<Bytes, BodyError> {
-        use http_body_util::BodyExt;
-        match http_body_util::Limited::new(self, max).collect().await {
-            Ok(c) => Ok(c.to_bytes()),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
-            Err(_) => Err(BodyError::Broken),
-        }
-    }
 }
 
 /// How the body still to be read is framed.

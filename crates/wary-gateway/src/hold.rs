@@ -1,15 +1,23 @@
-//! Holds: when the upstream refuses the gateway itself, the fault is the gateway's, not the
-//! reading's.
+//! Holds: when the upstream's answer is the endpoint's fault, not the reading's, the device is
+//! held rather than told its reading failed.
 //!
-//! An upstream that answers 401 or 403 to the gateway's own credential, 404, 405 or 410 to its
-//! path, 407 or 511 to the proxy it goes through, 421 to the host it dialled, 501 or 505 to what
-//! it speaks, or a TLS handshake that fails, is telling the gateway that its configuration is
-//! wrong (an expired API key, a moved endpoint). Every reading sent through it meets the same
-//! answer until an operator fixes it, and none of them is at fault: a device told "failed"
-//! would drop readings that land the moment the key is renewed. So the gateway **holds** the
-//! device instead: 503 with a Retry-After and `Wary-Verdict: held; upstream=<status>`, and the
-//! device keeps the reading and comes back with the same key. A fault of the reading itself
-//! (400, 413, 415, 422: this body under this key can never succeed) is still `failed` (424).
+//! Whose fault a failure is, the core's classification table says ([`wary::Table::blame`];
+//! docs/semantics.md, "Whose fault"), and the gateway asks the table of its own policy: an
+//! attempt whose outcome the table fails at once ([`wary::Class::Failed`], so the call ends
+//! `failed`) and blames on the endpoint ([`wary::Blame::Endpoint`]) is an endpoint fault. Under
+//! the default table that is who is asking (401, 403, 407), where (404, 405, 410, 414, 421),
+//! what the gateway speaks (406, 411, 426, 428, 431), every 5xx the table does not retry (501,
+//! 505 to 511 among them; 500, 502, 503 and 504 are retried and end in a give-up), a status
+//! outside 4xx and 5xx (a redirect), a TLS handshake that fails, or a request the gateway
+//! could not build. Each tells the gateway that its configuration or its upstream is wrong (an
+//! expired API key, a moved endpoint), whatever reading it carries: every reading sent through
+//! it meets the same answer until an operator fixes it, and none of them is at fault. A device
+//! told "failed" would drop readings that land the moment the key is renewed. So the gateway
+//! **holds** the device instead: 503 with a Retry-After and `Wary-Verdict: held;
+//! upstream=<status>`, and the device keeps the reading and comes back with the same key. A
+//! fault of the reading itself (400, 402, 409, 413, 415, 422, 424, 451 and the other 4xx: this
+//! body under this key can never succeed) is still `failed` (424). An answer the table retries
+//! is not a hold, whoever is at fault: the call goes on, and gives up under its stop rules.
 //!
 //! The upstream's breaker hears such an answer as the endpoint being down, and opens at once,
 //! whatever its threshold: the calls that follow end without a request until its open time is
@@ -22,76 +30,126 @@
 //! (`wary_gateway_upstream_endpoint_faults_total{status=…}`, `wary_gateway_held_total{status=…}`).
 //!
 //! ```
-//! use wary::{Failure, Outcome};
+//! use wary::{Failure, Operation, Outcome, Table};
 //! use wary_gateway::hold::EndpointFault;
-//! assert_eq!(EndpointFault::of(&Outcome::status(401)), Some(EndpointFault::Status(401)));
-//! assert_eq!(EndpointFault::of(&Failure::Tls.into()), Some(EndpointFault::Tls));
+//! let (t, op) = (Table::DEFAULT, Operation::KeyedWrite);
+//! assert_eq!(EndpointFault::of(&t, op, &Outcome::status(401)), Some(EndpointFault::Status(401)));
+//! assert_eq!(EndpointFault::of(&t, op, &Outcome::status(431)), Some(EndpointFault::Status(431)));
+//! assert_eq!(EndpointFault::of(&t, op, &Failure::Tls.into()), Some(EndpointFault::Tls));
 //! // The reading's own fault, and an upstream gateway's "failed" (424), are not holds.
-//! assert_eq!(EndpointFault::of(&Outcome::status(422)), None);
-//! assert_eq!(EndpointFault::of(&Outcome::status(424)), None);
+//! assert_eq!(EndpointFault::of(&t, op, &Outcome::status(422)), None);
+//! assert_eq!(EndpointFault::of(&t, op, &Outcome::status(424)), None);
+//! // Nor is a 503 the table retries, though it is the endpoint's.
+//! assert_eq!(EndpointFault::of(&t, op, &Outcome::status(503)), None);
 //! assert_eq!(EndpointFault::Status(401).to_string(), "401");
 //! ```
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use wary::{Attempts, Draw, Endpoint, Failure, Gate, Instant, Outcome, Phase, Policy};
+use wary::{
+    Attempts, Blame, Class, Draw, Endpoint, Failure, Gate, Instant, Operation, Outcome, Phase, Policy, Table,
+    Transport,
+};
 use wary_host::call::SharedEndpoint;
-
-/// The upstream statuses that say the gateway's own request is wrong, whatever reading it
-/// carries: who is asking (401, 403, 407, 511), where (404, 405, 410, 421) or in what (501,
-/// 505). 424 is not among them: from an upstream that is itself a wary gateway it means the
-/// reading failed further on.
-pub const ENDPOINT_FAULTS: [u16; 10] = [401, 403, 404, 405, 407, 410, 421, 501, 505, 511];
 
 /// At most one log line per fault in this time (with the count of those since the last line).
 pub const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// What about the upstream's answer says the gateway's request, not the reading, is wrong.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// What about the upstream's answer says the gateway's request, not the reading, is wrong: a
+/// failure the policy's table fails at once and blames on the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum EndpointFault {
-    /// The upstream answered one of [`ENDPOINT_FAULTS`].
+    /// The upstream answered this status.
     Status(u16),
     /// The TLS handshake with the upstream failed (its certificate, or the gateway's trust).
     Tls,
+    /// Another failure that is not a status: one the default table fails at once is a request
+    /// the gateway could not build ([`Transport::BadBody`]); a table that does not retry a
+    /// refused connection or a timeout makes those holds too. Never [`Transport::Tls`], which
+    /// is [`EndpointFault::Tls`].
+    Transport(Transport),
 }
 
 impl EndpointFault {
-    /// The endpoint fault an attempt's outcome shows, if any.
-    pub fn of(outcome: &Outcome) -> Option<EndpointFault> {
-        outcome.failure().and_then(Self::of_failure)
+    /// The endpoint fault an attempt's outcome shows when the call is `op` under `table`, if
+    /// any: a failure the table fails at once ([`Class::Failed`]) and blames on the endpoint
+    /// ([`Blame::Endpoint`]). A failure the table retries is none, whoever is at fault.
+    pub fn of(table: &Table, op: Operation, outcome: &Outcome) -> Option<EndpointFault> {
+        let failure = outcome.failure()?;
+        if table.classify(op, outcome) != Class::Failed {
+            return None;
+        }
+        Self::blamed(table, failure)
     }
 
-    /// The endpoint fault a failure shows, if any.
-    pub fn of_failure(failure: &Failure) -> Option<EndpointFault> {
-        match failure {
-            Failure::Status { code, .. } if ENDPOINT_FAULTS.contains(code) => {
-                Some(EndpointFault::Status(*code))
-            }
-            Failure::Tls => Some(EndpointFault::Tls),
-            _ => None,
+    /// The endpoint fault of a failure that ended a call `failed`, if `table` blames the
+    /// endpoint for it.
+    pub fn blamed(table: &Table, failure: &Failure) -> Option<EndpointFault> {
+        if table.blame(failure) != Blame::Endpoint {
+            return None;
         }
+        let transport = match failure {
+            Failure::Status { code, .. } => return Some(EndpointFault::Status(*code)),
+            Failure::Tls => return Some(EndpointFault::Tls),
+            Failure::ConnectTimeout => Transport::ConnectTimeout,
+            Failure::ResponseTimeout => Transport::ResponseTimeout,
+            Failure::Refused => Transport::Refused,
+            Failure::Reset => Transport::Reset,
+            Failure::BadBody => Transport::BadBody,
+            Failure::StreamBroken { forwarded: false } => Transport::StreamBefore,
+            // The gateway streams nothing to a device, and a cancel is no verdict on the upstream.
+            Failure::StreamBroken { forwarded: true } | Failure::Cancelled => return None,
+        };
+        Some(EndpointFault::Transport(transport))
     }
 
     /// The upstream's status, if the fault is one.
     pub fn status(&self) -> Option<u16> {
         match self {
             EndpointFault::Status(code) => Some(*code),
-            EndpointFault::Tls => None,
+            EndpointFault::Tls | EndpointFault::Transport(_) => None,
+        }
+    }
+
+    /// The order of `/metrics` rows: statuses ascending, then TLS, then the other failures in
+    /// [`Transport::ALL`]'s order.
+    fn rank(&self) -> (u8, u16) {
+        match self {
+            EndpointFault::Status(code) => (0, *code),
+            EndpointFault::Tls => (1, 0),
+            EndpointFault::Transport(t) => {
+                let i = Transport::ALL.iter().position(|k| k == t).unwrap_or(usize::MAX);
+                (2, u16::try_from(i).unwrap_or(u16::MAX))
+            }
         }
     }
 }
 
+impl PartialOrd for EndpointFault {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for EndpointFault {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
 impl fmt::Display for EndpointFault {
-    /// The status's three digits, or `tls`: the value of `upstream=` in `Wary-Verdict` and the
-    /// `status` label on `/metrics`.
+    /// The status's three digits, `tls`, or the failure's name (`bad_body`, `refused`…): the
+    /// value of `upstream=` in `Wary-Verdict` and the `status` label on `/metrics`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EndpointFault::Status(code) => write!(f, "{code}"),
             EndpointFault::Tls => f.write_str("tls"),
+            EndpointFault::Transport(t) => f.write_str(t.name()),
         }
     }
 }
@@ -177,7 +235,7 @@ impl Holds {
         };
         metric(
             "wary_gateway_upstream_endpoint_faults_total",
-            "Calls the upstream refused for the gateway's own configuration (credential, path, proxy, TLS), by status.",
+            "Calls whose upstream answer was the endpoint's fault, not the reading's (credential, path, proxy, server, TLS), by status.",
             &s.faults,
         );
         metric(
@@ -190,17 +248,20 @@ impl Holds {
 }
 
 /// The upstream endpoint every worker's runner asks and tells: the shared pace and breaker,
-/// with an endpoint fault told to the breaker as the endpoint being down (it opens at once,
-/// whatever its threshold) rather than as a served answer (which would close it).
+/// with an endpoint fault (of the worker's calls, `op` under `table`) told to the breaker as the
+/// endpoint being down (it opens at once, whatever its threshold) rather than as a served
+/// answer (which would close it).
 #[derive(Debug, Clone)]
 pub(crate) struct HoldingEndpoint {
     inner: SharedEndpoint,
     holds: Arc<Holds>,
+    table: Table,
+    op: Operation,
 }
 
 impl HoldingEndpoint {
-    pub(crate) fn new(inner: SharedEndpoint, holds: Arc<Holds>) -> Self {
-        HoldingEndpoint { inner, holds }
+    pub(crate) fn new(inner: SharedEndpoint, holds: Arc<Holds>, table: Table, op: Operation) -> Self {
+        HoldingEndpoint { inner, holds, table, op }
     }
 }
 
@@ -210,7 +271,7 @@ impl Endpoint for HoldingEndpoint {
     }
 
     fn report(&mut self, outcome: &Outcome, draw: Draw, now: Instant) {
-        let Some(fault) = EndpointFault::of(outcome) else {
+        let Some(fault) = EndpointFault::of(&self.table, self.op, outcome) else {
             self.inner.report(outcome, draw, now);
             self.holds.lock().cause = None;
             return;
@@ -236,30 +297,76 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    const KEYED: Operation = Operation::KeyedWrite;
+
     fn endpoint() -> (HoldingEndpoint, Arc<Holds>) {
         let breaker = wary::Breaker::new(crate::gateway::UPSTREAM_BREAKER).unwrap();
         let holds = Arc::new(Holds::default());
-        (HoldingEndpoint::new(SharedEndpoint::new(None, Some(breaker)), holds.clone()), holds)
+        let inner = SharedEndpoint::new(None, Some(breaker));
+        (HoldingEndpoint::new(inner, holds.clone(), Table::DEFAULT, KEYED), holds)
     }
 
     #[test]
-    fn endpoint_faults_are_the_gateways_configuration_and_reading_faults_are_not() {
-        for code in ENDPOINT_FAULTS {
-            assert_eq!(
-                EndpointFault::of(&Outcome::status(code)),
-                Some(EndpointFault::Status(code)),
-                "{code}"
-            );
+    fn an_endpoint_fault_is_what_the_core_table_fails_and_blames_on_the_endpoint() {
+        let t = Table::DEFAULT;
+        let of = |o: Outcome| EndpointFault::of(&t, KEYED, &o);
+        // Who is asking, where, what the gateway speaks, the server's side, and a redirect:
+        // docs/semantics.md, "Whose fault", for the answers the table fails at once.
+        let endpoint = [
+            401, 403, 404, 405, 406, 407, 410, 411, 414, 421, 426, 428, 431, 501, 505, 506, 507, 508, 509,
+            510, 511, 599, 302, 399,
+        ];
+        for code in endpoint {
+            assert_eq!(of(Outcome::status(code)), Some(EndpointFault::Status(code)), "{code}");
+            assert_eq!(t.blame(&Failure::status(code)), Blame::Endpoint, "{code}");
         }
-        for code in [400, 408, 409, 413, 415, 422, 424, 429, 500, 502, 503, 504] {
-            assert_eq!(EndpointFault::of(&Outcome::status(code)), None, "{code}");
+        // The reading's own faults fail (424 to the device); the retried answers, the
+        // endpoint's or not, end in a give-up instead.
+        for code in [400, 402, 409, 412, 413, 415, 418, 422, 424, 451, 499] {
+            assert_eq!(of(Outcome::status(code)), None, "{code}");
+            assert_eq!(t.blame(&Failure::status(code)), Blame::Reading, "{code}");
         }
-        assert_eq!(EndpointFault::of(&Outcome::Ok), None);
-        for f in [Failure::Reset, Failure::Refused, Failure::ResponseTimeout, Failure::BadBody] {
-            assert_eq!(EndpointFault::of_failure(&f), None, "{f:?}");
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert_eq!(of(Outcome::status(code)), None, "{code}");
         }
+        assert_eq!(of(Outcome::Ok), None);
+        assert_eq!(of(Failure::Tls.into()), Some(EndpointFault::Tls));
+        // A request the gateway could not build fails at once and is its own.
+        assert_eq!(of(Failure::BadBody.into()), Some(EndpointFault::Transport(Transport::BadBody)));
+        for f in [Failure::Reset, Failure::Refused, Failure::ResponseTimeout, Failure::ConnectTimeout] {
+            assert_eq!(of(f.into()), None, "{f:?} is retried");
+        }
+        assert_eq!(of(Failure::Cancelled.into()), None);
+        // The policy's own table decides: one that fails a refused connection holds on it, one
+        // that blames a 404 on the reading fails it.
+        let no_refused = t.with_transport(Transport::Refused, wary::Rule::Fail);
+        assert_eq!(
+            EndpointFault::of(&no_refused, KEYED, &Failure::Refused.into()),
+            Some(EndpointFault::Transport(Transport::Refused))
+        );
+        let reading_404 = t.with_blame(404, Blame::Reading).unwrap();
+        assert_eq!(EndpointFault::of(&reading_404, KEYED, &Outcome::status(404)), None);
+        // A legacy write's 500 is unknown (it may have landed, the probe decides), never a hold.
+        assert_eq!(EndpointFault::of(&t, Operation::Write, &Outcome::status(500)), None);
+        assert_eq!(EndpointFault::blamed(&t, &Failure::status(401)), Some(EndpointFault::Status(401)));
+        assert_eq!(EndpointFault::blamed(&t, &Failure::status(422)), None);
         assert_eq!(EndpointFault::Tls.to_string(), "tls");
+        assert_eq!(EndpointFault::Transport(Transport::Refused).to_string(), "refused");
         assert_eq!((EndpointFault::Status(407).status(), EndpointFault::Tls.status()), (Some(407), None));
+        assert_eq!(EndpointFault::Transport(Transport::BadBody).status(), None);
+        // Rows on /metrics: statuses ascending, then tls, then the other failures.
+        let mut rows = [
+            EndpointFault::Transport(Transport::BadBody),
+            EndpointFault::Tls,
+            EndpointFault::Status(511),
+            EndpointFault::Transport(Transport::Refused),
+            EndpointFault::Status(401),
+        ];
+        rows.sort();
+        assert_eq!(
+            rows.map(|f| f.to_string()),
+            ["401", "511", "tls", "refused", "bad_body"].map(str::to_owned)
+        );
     }
 
     #[test]
@@ -269,6 +376,10 @@ mod tests {
         let open = |e: &HoldingEndpoint| e.inner.breaker().unwrap().state().phase();
         // A 4xx the upstream served, a reading's fault, leaves the breaker closed.
         e.report(&Outcome::status(422), Draw::ZERO, at(0));
+        assert_eq!((open(&e), holds.cause()), (Phase::Closed, None));
+        // A 503 is the endpoint's, but the table retries it: one failure toward the threshold,
+        // not an open breaker.
+        e.report(&Outcome::status(503), Draw::ZERO, at(5));
         assert_eq!((open(&e), holds.cause()), (Phase::Closed, None));
         // One 401, where five failures in a row would be needed: open, for 1 s (the draw adds
         // nothing to the fixed half of 2 s).
@@ -297,7 +408,7 @@ mod tests {
     #[test]
     fn without_a_breaker_the_fault_is_still_the_cause() {
         let holds = Arc::new(Holds::default());
-        let mut e = HoldingEndpoint::new(SharedEndpoint::default(), holds.clone());
+        let mut e = HoldingEndpoint::new(SharedEndpoint::default(), holds.clone(), Table::DEFAULT, KEYED);
         e.report(&Failure::Tls.into(), Draw::ZERO, Instant::from_millis(0));
         assert_eq!(holds.cause(), Some(EndpointFault::Tls));
     }

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | landed | the upstream's 2xx, its body and `Content-Type` | `Wary-Verdict: ok`; `Wary-Body-Check: failed` if the 2xx failed the body check |
 //! | gave up (stop rules) | 503 | `Retry-After` (seconds), `Wary-Verdict: gave_up`, `Wary-Reason` |
-//! | held (the upstream refused the gateway itself: [`crate::hold`]) | 503 | `Retry-After` (the upstream breaker's remaining open time, seconds), `Wary-Verdict: held; upstream=<status or tls>`, `Wary-Upstream-Status` if there was one |
+//! | held (the upstream's answer is the endpoint's fault by the core's table: [`crate::hold`]) | 503 | `Retry-After` (the upstream breaker's remaining open time, seconds), `Wary-Verdict: held; upstream=<status, tls or the failure's name>`, `Wary-Upstream-Status` if there was one |
 //! | failed | 424 Failed Dependency | `Wary-Verdict: failed`, `Wary-Upstream-Status` if there was one |
 //! | unknown (legacy upstream) | 409 Conflict | `Wary-Verdict: unknown` |
 //! | queue full | 503 at once | `Retry-After: 1`, `Wary-Verdict: queue_full` |
@@ -35,7 +35,6 @@
 //! bodies in time and size; a device that hangs up does not cancel its reading's call (it lands
 //! or not; the device's keyed resend is deduplicated upstream).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,11 +44,6 @@ use http::header::{
     WWW_AUTHENTICATE,
 };
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use wary::Key;
 use wary_host::batch::ItemAnswer;
@@ -158,16 +152,6 @@ pub async fn read_body(
     Ok(body)
 }
 
-/// The key and body of a well-formed `POST /readings`, read within `max_body` bytes (no
-/// credential check: [`handle`] does that first).
-pub async fn parse(req: Request<impl ReadWhole>, max_body: usize) -> Result<Forward, BadRequest> {
-    let key = key_of(req.headers())?;
-    let (parts, body) = req.into_parts();
-    let content_type = parts.headers.get(CONTENT_TYPE).cloned();
-    let body = read_body(&parts, body, max_body).await?;
-    Ok(Forward { wary_key: wary_key(&key), key, body, content_type })
-}
-
 /// The device's answer for the gateway's verdict.
 pub fn respond(answer: Answer) -> Response<Bytes> {
     let status = answer.status();
@@ -193,7 +177,7 @@ pub fn respond(answer: Answer) -> Response<Bytes> {
             let mut r = reply(
                 status,
                 None,
-                "the upstream refused the gateway, not this reading; send it again later, same key",
+                "the upstream's answer is the endpoint's fault, not this reading's; send it again later, same key",
             );
             r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
             if let Some(s) = fault.status() {
@@ -235,14 +219,9 @@ fn refuse(gw: &Gateway, what: &'static str, status: StatusCode, reason: &str) ->
 
 /// Handles one request: route, credential (401), key (400) and whose it is (403), the
 /// device's rate (429), body (408, 413, 400), then the queue (503) and the verdict.
-/// Answers in hyper's body type, so that it can serve as a hyper service.
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    Ok(handle_as(gw, None, req).await.map(Full::new))
-}
-
-/// [`handle`] on a connection whose client certificate named `certified` (mutual TLS): that
-/// device is authenticated if the credentials file still lists it (deleting its line revokes
-/// the certificate too); a bearer token is then not needed.
+/// `certified` is the device the connection's client certificate named, if any (mutual TLS):
+/// that device is authenticated if the credentials file still lists it (deleting its line
+/// revokes the certificate too); a bearer token is then not needed.
 pub async fn handle_as<B: ReadWhole + Send>(
     gw: Arc<Gateway>,
     certified: Option<u64>,
@@ -562,31 +541,28 @@ pub async fn serve_tls(gw: Arc<Gateway>, listener: TcpListener, tls: Arc<Tls>) {
     accept_loop(|| listener.accept(), on_conn, accept_failed).await;
 }
 
-/// Serves `GET /metrics` (Prometheus text) on `listener`; bind it to loopback.
+/// The metrics listener's handler on an [`h1`] connection: `GET /metrics`, nothing else.
+struct MetricsRoute {
+    gw: Arc<Gateway>,
+}
+
+impl<S: Send> h1::Handler<S> for MetricsRoute {
+    async fn call<'a>(&'a self, req: Request<h1::Body<'a, S>>) -> Response<Bytes> {
+        if req.method() != Method::GET || req.uri().path() != "/metrics" {
+            return reply(StatusCode::NOT_FOUND, None, "no such route");
+        }
+        let mut r = Response::new(Bytes::from(self.gw.prometheus()));
+        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+        r
+    }
+}
+
+/// Serves `GET /metrics` (Prometheus text) on `listener` over the gateway's own HTTP/1.1
+/// connection ([`h1`], as the device side), each head within [`HEADER_TIMEOUT`]; bind it to
+/// loopback.
 pub async fn serve_metrics(gw: Arc<Gateway>, listener: TcpListener) {
     let on_conn = |(sock, _): (tokio::net::TcpStream, std::net::SocketAddr)| {
-        let gw = gw.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let gw = gw.clone();
-                async move {
-                    let r = if req.method() == Method::GET && req.uri().path() == "/metrics" {
-                        let mut r = Response::new(Full::new(Bytes::from(gw.prometheus())));
-                        r.headers_mut()
-                            .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
-                        r
-                    } else {
-                        reply(StatusCode::NOT_FOUND, None, "no such route").map(Full::new)
-                    };
-                    Ok::<_, Infallible>(r)
-                }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(sock), svc);
-            let _ = conn.await;
-        });
+        tokio::spawn(h1::serve(sock, HEADER_TIMEOUT, MetricsRoute { gw: gw.clone() }));
     };
     accept_loop(|| listener.accept(), on_conn, |_, _| {}).await;
 }

@@ -8,11 +8,14 @@
 //!   probe, never a resend; one the probe cannot resolve is answered 409 and surfaced);
 //! - one shared fleet retry budget per process; a JSON-lines ledger; attempt statistics;
 //! - a bounded queue: a full queue answers 503 + Retry-After at once;
-//! - an upstream that refuses the gateway itself (401, 403, 404, 405, 407, 410, 421, 501, 505,
-//!   511, a failed TLS handshake: its configuration, not the reading) holds the devices (503 +
-//!   Retry-After, `Wary-Verdict: held; upstream=<status>`) and opens the upstream's breaker at
-//!   once ([`hold`]); a reading's own fault (400, 413, 415, 422) is still `failed` (424);
-//! - Prometheus text on `GET /metrics` (loopback);
+//! - an upstream answer that fails the call and that the core's table blames on the endpoint,
+//!   not the reading (`wary::Table::blame`: 401, 403, 404, 406, 414, 421, 431, a 5xx it does not
+//!   retry, a failed TLS handshake…: the gateway's configuration or the upstream itself) holds
+//!   the devices (503 + Retry-After, `Wary-Verdict: held; upstream=<status>`) and opens the
+//!   upstream's breaker at once ([`hold`]); a reading's own fault (400, 413, 415, 422, 424) is
+//!   still `failed` (424);
+//! - Prometheus text on `GET /metrics` (loopback), over the same HTTP/1.1 connection code as
+//!   the devices' ([`h1`]);
 //! - every device proves who it is on every request (a bearer token kept as its SHA-256 in a
 //!   credentials file, reloaded on SIGHUP) and may touch only its own keys; TLS on the device
 //!   side (rustls); a token bucket per device so that one device cannot crowd out the rest.
@@ -37,12 +40,14 @@ pub mod hold;
 pub mod ingress;
 pub mod metrics;
 pub mod mqtt;
+pub mod retry_after;
 pub mod tls;
 pub mod upstream;
 
 pub use credentials::{Credentials, Identity};
-pub use gateway::{Answer, Auth, Config, Gateway, GatewayError, MAX_RETRY_AFTER_SECS};
+pub use gateway::{Answer, Auth, Config, Gateway, GatewayError};
 pub use hold::EndpointFault;
 pub use ingress::BadRequest;
 pub use metrics::{Event, Metrics};
+pub use retry_after::MAX_RETRY_AFTER_SECS;
 pub use upstream::{BodyCheck, Delivered, Forward, StaticHeader, Upstream};

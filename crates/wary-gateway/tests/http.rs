@@ -314,6 +314,66 @@ async fn a_wrong_upstream_path_holds_rather_than_fails() {
     .await;
 }
 
+/// Raw HTTP/1.1 requests on one connection to `addr`, and everything it answered until it
+/// closed.
+async fn raw_exchange(addr: SocketAddr, requests: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(requests.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await.unwrap().unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// Whose fault an answer is, the core's table says (`Table::blame`): 406 and 431 (what the
+/// gateway speaks does not suit the upstream) and 510 are the endpoint's, so the devices are
+/// held, the breaker opens at the first, and `/metrics`, served over the gateway's own HTTP/1.1
+/// connection, counts them by status.
+#[tokio::test]
+async fn an_answer_the_core_table_blames_on_the_endpoint_holds_and_metrics_show_it() {
+    within(async {
+        for status in [406u16, 431, 510] {
+            let (up, seen) = foreign_upstream(StatusCode::from_u16(status).unwrap(), "no").await;
+            let (gw, addr) = gateway(config(&format!("http://{up}"))).await;
+            for n in 0..3 {
+                let r = post(addr, &key(400 + n), "{}").await;
+                assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{status}");
+                assert_eq!(header(&r, "wary-verdict"), Some(format!("held; upstream={status}").as_str()));
+                assert_eq!(header(&r, "wary-upstream-status"), Some(status.to_string().as_str()));
+                assert!((1..=2).contains(&retry_after(&r)), "{status}");
+            }
+            assert_eq!(seen.lock().unwrap().len(), 1, "{status}: the breaker opened at the first");
+
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let metrics = listener.local_addr().unwrap();
+            tokio::spawn(wary_gateway::ingress::serve_metrics(gw.clone(), listener));
+            // Two requests on one connection: the scrape, then a route that is not there.
+            let text = raw_exchange(
+                metrics,
+                "GET /metrics HTTP/1.1\r\nHost: m\r\n\r\nGET /readings HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n",
+            )
+            .await;
+            assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+            assert!(text.to_ascii_lowercase().contains("\r\ncontent-type: text/plain; version=0.0.4\r\n"), "{text}");
+            let rows = [
+                format!("\nwary_gateway_upstream_endpoint_faults_total{{status=\"{status}\"}} 1\n"),
+                format!("\nwary_gateway_held_total{{status=\"{status}\"}} 3\n"),
+            ];
+            for row in rows {
+                assert!(text.contains(&row), "{row:?} in {text}");
+            }
+            let second = text.split("HTTP/1.1 ").nth(2).unwrap_or_default();
+            assert!(second.starts_with("404 Not Found\r\n"), "{text}");
+            // HTTP/1.0, as a scraper may send it: answered, then closed.
+            let old = raw_exchange(metrics, "GET /metrics HTTP/1.0\r\n\r\n").await;
+            assert!(old.starts_with("HTTP/1.1 200 OK\r\n") && old.contains("wary_gateway_held_total"), "{old}");
+            let post = raw_exchange(metrics, "POST /metrics HTTP/1.1\r\nHost: m\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+            assert!(post.starts_with("HTTP/1.1 404 Not Found\r\n"), "{post}");
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_legacy_unknown_is_409_and_a_resend_of_it_is_never_forwarded() {
     within(async {

@@ -50,8 +50,8 @@ pub enum LineError {
     #[error(
         "ledger line version {}, this wary reads version {expected}",
         found.map_or_else(
-            || format!("1 (no \"v\"; {})", wary::LineError::version_note(1)),
-            |v| format!("{v} ({})", wary::LineError::version_note(v))
+            || format!("1 (no \"v\"; {})", wary::ledger::LineError::version_note(1)),
+            |v| format!("{v} ({})", wary::ledger::LineError::version_note(v))
         )
     )]
     Version {

@@ -378,7 +378,7 @@ named_enum! {
         /// This request can never succeed as it is (a 400, a 413, a 422): the reading goes to a
         /// dead letter, counted and reported, and the others go on.
         Reading => "reading",
-        /// Who is asking, where, or through what (a 401, a 404, a 424, a TLS refusal): nothing
+        /// Who is asking, where, or through what (a 401, a 404, a 5xx, a TLS refusal): nothing
         /// about the reading. Every reading is kept and the outbox is held, probing slowly,
         /// until the endpoint is fixed: a rotated credential must not delete a fleet's data.
         Endpoint => "endpoint",
@@ -445,8 +445,8 @@ const OTHER_STATUS_BIT: u32 = 8;
 /// The 4xx statuses that say who is asking, where or through what, not what was sent: every
 /// table blames the endpoint for them (docs/semantics.md, *Whose fault*). Unauthorized,
 /// forbidden, not found, method not allowed, not acceptable, proxy authentication, gone,
-/// length required, URI too long, misdirected, failed dependency (a gateway whose own upstream
-/// refused it), upgrade required, precondition required, header fields too large.
+/// length required, URI too long, misdirected, upgrade required, precondition required, header
+/// fields too large.
 // 424 is not among them: a wary gateway answers it when the upstream refused the reading as
 // it is (a 400 or 422 there), and holds the device (503) when the upstream refused the gateway.
 const ENDPOINT_4XX: [u16; 13] = [401, 403, 404, 405, 406, 407, 410, 411, 414, 421, 426, 428, 431];

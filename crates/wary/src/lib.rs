@@ -23,7 +23,6 @@ mod breaker;
 mod classify;
 pub mod coap;
 mod decide;
-mod deprecated;
 pub mod drain;
 mod error;
 mod fingerprint;
@@ -47,10 +46,6 @@ pub use backoff::{Backoff, Draw, Jitter, Sequence};
 pub use breaker::{Breaker, BreakerSettings, BreakerState, Permit, Phase};
 pub use classify::{Blame, Class, Failure, Operation, Outcome, Rule, Table, Transport};
 pub use decide::{CallState, Decision, GiveUp, Verdict};
-// The old root names, for one release; out of the docs, where the new paths are.
-#[allow(deprecated)]
-#[doc(hidden)]
-pub use deprecated::*;
 pub use drain::{Drain, DrainSettings, Fate};
 pub use error::{BreakerError, DrainError, DrawError, FleetBudgetError, PaceError, PolicyError, TableError};
 pub use key::Key;
