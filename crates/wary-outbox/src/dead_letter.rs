@@ -33,6 +33,11 @@ pub struct DeadLetter<E> {
     pub entry: E,
 }
 
+/// The reason of a dead letter the outbox made itself rather than a server's refusal: the
+/// queue was full and [`crate::Outbox::push_shedding`] moved its oldest reading out to make room
+/// for a new one. No status or protocol code is below 100, so it never reads as a server's.
+pub const REASON_SHED: u16 = 1;
+
 const MAGIC: [u8; 2] = *b"WD";
 /// The layout above. Bump it when the layout changes.
 const DEAD_VERSION: u8 = 1;

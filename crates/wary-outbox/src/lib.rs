@@ -102,7 +102,7 @@ mod health;
 mod outbox;
 pub mod sim;
 
-pub use dead_letter::DeadLetter;
+pub use dead_letter::{DeadLetter, REASON_SHED};
 pub use entry::{Entry, MAX_ENTRY_SIZE, Record, RecordId};
 pub use error::{Error, FlashFault, PushError};
 pub use health::{BackoffMark, DialWindow, HoldMark};

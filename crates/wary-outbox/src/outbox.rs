@@ -150,8 +150,11 @@ pub struct Counters {
     pub landed: u32,
     /// Records settled as failed.
     pub failed: u32,
-    /// Records moved to the dead-letter region ([`Outbox::dead_letter`]).
+    /// Records moved to the dead-letter region ([`Outbox::dead_letter`]), those shed included.
     pub dead_lettered: u32,
+    /// Records moved to the dead letters to make room for a newer one
+    /// ([`Outbox::push_shedding`]).
+    pub shed: u32,
     /// Flash operations that returned an error.
     pub flash_errors: u32,
     /// Ranges found damaged or foreign and erased at open.
@@ -508,6 +511,45 @@ impl<F: MultiwriteNorFlash, E: Entry> Outbox<F, E> {
                     return Err(PushError::Full(entry));
                 }
                 Err(error) => return Err(PushError::Failed(entry, runtime_error(&mut self.counters, error))),
+            }
+        }
+    }
+
+    /// Pushes `entry` as [`Outbox::push`] does, but when the queue is full moves its oldest
+    /// readings to the dead letters (reason [`crate::dead_letter::REASON_SHED`], each counted in
+    /// [`Counters::dead_lettered`] and [`Counters::shed`]) until the new one fits: for a device
+    /// whose newest readings matter more than its oldest. NOR flash frees a page at a time, so
+    /// one push may shed several readings, at most the queue's whole backlog. Returns the new
+    /// record's id and how many readings it shed.
+    ///
+    /// # Errors
+    ///
+    /// As [`Outbox::push`]; [`PushError::Full`] only when nothing is left to shed and the entry
+    /// still does not fit.
+    pub async fn push_shedding(&mut self, entry: E) -> Result<(RecordId, u32), PushError<E>> {
+        let mut entry = entry;
+        let mut shed = 0u32;
+        loop {
+            match self.push(entry).await {
+                Ok(id) => return Ok((id, shed)),
+                Err(PushError::Full(back)) => {
+                    let oldest = match self.oldest().await {
+                        Ok(Some(record)) => record.id,
+                        Ok(None) => return Err(PushError::Full(back)),
+                        Err(error) => return Err(PushError::Failed(back, error)),
+                    };
+                    match self.dead_letter(oldest, crate::dead_letter::REASON_SHED).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(PushError::Failed(back, Error::Internal)),
+                        Err(error) => return Err(PushError::Failed(back, error)),
+                    }
+                    // The refusal the full push counted is undone: the entry goes in after all.
+                    self.counters.refused = self.counters.refused.saturating_sub(1);
+                    self.counters.shed = self.counters.shed.saturating_add(1);
+                    shed = shed.saturating_add(1);
+                    entry = back;
+                }
+                Err(other) => return Err(other),
             }
         }
     }

@@ -302,3 +302,52 @@ fn a_hold_survives_a_reset_until_it_is_cleared() {
     let (_, report) = open(&mut flash);
     assert_eq!(report.hold, None);
 }
+
+#[test]
+fn a_full_queue_sheds_its_oldest_to_the_dead_letters_when_asked() {
+    let mut memory = blank();
+    let mut flash = Flash::new(&mut memory);
+    let (mut outbox, _) = open(&mut flash);
+    // Fill the queue: push refuses the newest.
+    let mut ids = vec![];
+    let mut n = 0;
+    loop {
+        match block_on(outbox.push(Reading::nth(n))) {
+            Ok(id) => ids.push(id),
+            Err(wary_outbox::PushError::Full(back)) => {
+                assert_eq!(back, Reading::nth(n), "the refused reading comes back");
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+        n += 1;
+    }
+    let pending_before = outbox.len();
+    assert_eq!(outbox.counters().refused, 1);
+
+    // Shedding: the oldest readings go to the dead letters, oldest first, until the new one fits.
+    let (id, shed) = block_on(outbox.push_shedding(Reading::nth(n))).unwrap();
+    assert!(shed >= 1, "something was shed");
+    assert!(id > *ids.last().unwrap(), "the new reading is the newest");
+    let letters = dead(&mut outbox);
+    assert_eq!(ids_of(&letters), ids[..shed as usize].to_vec(), "the oldest, in order");
+    assert!(letters.iter().all(|l| l.reason == wary_outbox::REASON_SHED));
+    assert_eq!(letters[0].entry, Reading::nth(0), "the shed reading is kept whole");
+    assert_eq!(outbox.len(), pending_before - shed + 1);
+    let counters = outbox.counters();
+    assert_eq!((counters.shed, counters.dead_lettered), (shed, shed));
+    assert_eq!(counters.refused, 1, "the shedding push is not a refusal");
+    // The queue's next oldest is the first reading not shed.
+    assert_eq!(block_on(outbox.oldest()).unwrap().unwrap().id, ids[shed as usize]);
+
+    // Nothing lost across a reset: every reading is pending or a dead letter.
+    drop(outbox);
+    let (mut outbox, report) = open(&mut flash);
+    assert_eq!(report.dead_letters, shed);
+    let mut all: Vec<RecordId> = pending(&mut outbox).iter().map(|r| r.id).collect();
+    all.extend(ids_of(&dead(&mut outbox)));
+    all.sort();
+    let mut expected = ids.clone();
+    expected.push(id);
+    assert_eq!(all, expected);
+}
