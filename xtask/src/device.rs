@@ -106,28 +106,31 @@ pub const RESETS: Scenario = Scenario {
 };
 
 /// The device over TLS through the gateway, with its token, to a lightly faulted cloud (the
-/// gateway's own upstream retries meet its 503s): 15 readings, no resets. Short, so it adds
-/// little to a CI run.
+/// gateway's own upstream retries meet its 503s) that refuses one reading as it is (422, which
+/// the gateway passes on as 424): 15 readings, no resets, the refused one in the device's dead
+/// letters and reported to the gateway on the exchanges after. Short, so it adds little to a
+/// CI run.
 pub const GATEWAY_TLS: Scenario = Scenario {
     name: "gateway-tls",
-    faults: "503=0.2,429=0.05:ra=1,seed=3",
+    faults: "503=0.2,429=0.05:ra=1,poison=3,seed=3",
     readings: 15,
     plan: "",
     resets: &[],
     route: Route::GatewayTls,
 };
 
-/// A cloud that refuses the device for its first 10 s as an upstream whose credential expired
+/// A cloud that refuses the device for its first 15 s as an upstream whose credential expired
 /// (401 to everything, never applied), and that refuses the third reading as it is (422,
 /// however often it comes): the device must hold its outbox through the refusals, probing one
-/// request at a time (2 s doubling to 4 s here), then land every reading once, and move the
-/// third to its dead letters on flash without deleting it or sending it again.
+/// request at a time (2 s doubling to 4 s here), go on with the hold after a reset in the
+/// middle of it (boot 1), then land every reading once, and move the third to its dead letters
+/// on flash without deleting it or sending it again.
 pub const ENDPOINT_FAULT: Scenario = Scenario {
     name: "endpoint-fault",
-    faults: "outage=0:ms=10000:status=401,poison=3,seed=5",
+    faults: "outage=0:ms=15000:status=401,poison=3,seed=5",
     readings: 6,
-    plan: "hold_base=2000 hold_cap=4000",
-    resets: &[],
+    plan: "hold_base=2000 hold_cap=4000 reset_in_hold=1 boot_base=50",
+    resets: &[("hold", 1)],
     route: Route::Direct,
 };
 
@@ -191,12 +194,27 @@ pub fn run(root: &Path, scenario: &Scenario) -> Result<String> {
         if seen.refused() != 0 {
             bail!("{}: the gateway refused {} of the device's requests", scenario.name, seen.refused());
         }
+        // The device reports its dead letters on the exchanges after them, and the gateway
+        // shows the last report.
+        let dead = scenario.faults.matches("poison=").count() as u64;
+        let reported = seen.sum(&format!("wary_gateway_device_dead_letters{{device=\"{DEVICE:016x}\"}}"));
+        if reported != dead {
+            bail!(
+                "{}: the gateway shows {reported} dead letters for the device, it holds {dead}",
+                scenario.name
+            );
+        }
+        out.push(format!(
+            "gateway: the device reported {reported} dead letter (Wary-Dead-Letters), shown on /metrics"
+        ));
     }
     if let Some(pcap) = &pcap {
         out.push(tls_sessions(scenario, &lines, pcap)?);
     }
     if let Some(tls) = &tls {
         out.push(rotation(&bins, tls)?);
+        out.push(upstream_key_expired(&bins, tls)?);
+        out.push(untrusted_certificate(&bins, tls)?);
         out.push(tls_batches(&bins, tls)?);
     }
     out.push(format!("wall time {elapsed:.1} s"));
@@ -722,105 +740,237 @@ fn tls_sessions(scenario: &Scenario, lines: &[String], pcap: &Path) -> Result<St
     Ok(text)
 }
 
+/// One of the `gateway-tls` runs in which something a person set up wrong refuses the device
+/// for a while and is then fixed: what the device logged and how it ended, what the gateway
+/// counted, and the cloud's report.
+struct FaultRun {
+    status: Option<std::process::ExitStatus>,
+    log: Log,
+    lines: Vec<String>,
+    seen: GatewaySeen,
+    report: serde_json::Value,
+}
+
+/// Runs the TLS uplink with `token` and `readings` through a gateway to a cloud with `faults`,
+/// the hold's probes 2 s doubling to 4 s (about a minute to an hour on a fielded device); `fix`
+/// runs beside the device, and mends what was wrong once it has seen enough.
+fn fault_run(
+    bins: &HostBins,
+    tls: &TlsRun,
+    faults: &str,
+    token: &'static str,
+    readings: u32,
+    fix: impl FnOnce(&GatewayProc) -> Result<()>,
+) -> Result<FaultRun> {
+    let mut cloud = Cloud::start(&bins.cloud, faults)?;
+    let gateway = GatewayProc::start(&bins.gateway, tls, cloud.port)?;
+    let (elf, port) = (tls.elf.clone(), gateway.port);
+    let device = thread::spawn(move || {
+        let plan = "hold_base=2000 hold_cap=4000";
+        run_uplink(&elf, port, token, readings, plan, Duration::from_secs(180), &Extra::default())
+    });
+    let fixed = fix(&gateway);
+    let (status, lines) = device.join().map_err(|_| anyhow::anyhow!("the device thread panicked"))??;
+    let seen = gateway.stop()?;
+    let report = cloud.stop()?;
+    fixed?;
+    Ok(FaultRun { status, log: Log::read(&lines), lines, seen, report })
+}
+
+impl FaultRun {
+    /// What is wrong with a run that should have kept every reading through the fault and then
+    /// landed each of `readings` once, none dead-lettered.
+    fn landed_once(&self, readings: u32) -> Vec<String> {
+        let summary = self.log.summary.as_deref().unwrap_or_default();
+        let keys = self.report["keys"].as_object().cloned().unwrap_or_default();
+        let once = self
+            .log
+            .accepted
+            .iter()
+            .all(|&(b, q)| keys.get(&key_hex(b, q)).is_some_and(|k| k["effects"] == 1));
+        let mut errors = vec![];
+        if !self.status.is_some_and(|s| s.success()) {
+            errors
+                .push(format!("the uplink should land every reading once fixed, it ended {:?}", self.status));
+        }
+        if !summary.contains(&format!("landed={readings} dead_lettered=0 ")) || !summary.contains(" left=0 ")
+        {
+            errors.push(format!("expected landed={readings} dead_lettered=0 left=0: {summary}"));
+        }
+        if self.log.accepted.len() != readings as usize || !once || keys.len() != self.log.accepted.len() {
+            errors.push(format!(
+                "expected each of {readings} readings applied once: {} keys at the cloud",
+                keys.len()
+            ));
+        }
+        if let Some(line) = self.seen.stderr.iter().chain(&self.lines).find(|l| shows_token(l)) {
+            errors.push(format!("a log line shows the token: {line:?}"));
+        }
+        errors
+    }
+}
+
+/// Fails `run` named `what` with `errors`, if any.
+fn judged(what: &str, errors: Vec<String>) -> Result<()> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    bail!("device scenario `gateway-tls` ({what}) failed:\n  {}", errors.join("\n  "))
+}
+
+/// Sends SIGHUP to the gateway: it reads its credentials and certificate files again.
+fn reload(gateway: &GatewayProc) -> Result<()> {
+    let status = Command::new("kill").args(["-HUP", &gateway.child.id().to_string()]).status()?;
+    if !status.success() {
+        bail!("could not send SIGHUP to the gateway");
+    }
+    Ok(())
+}
+
 /// The same TLS uplink with a token the gateway does not know yet, as when a credential was
 /// rotated on the device before the gateway's file: every probe gets 401, which is the
 /// endpoint's refusal, not the reading's. The device must keep every reading and hold its
-/// outbox, probing one request at a time on the hold's backoff (2 s doubling to 4 s here, about
-/// a minute to an hour on a fielded device), with the cloud seeing nothing. Once the gateway
-/// has the new token (its file rewritten with both tokens, then SIGHUP), the next probe lands
-/// and so does every reading, each applied once.
+/// outbox, probing one request at a time on the hold's backoff, with the cloud seeing nothing.
+/// Once the gateway has the new token (its file rewritten with both tokens, then SIGHUP), the
+/// next probe lands and so does every reading, each applied once.
 fn rotation(bins: &HostBins, tls: &TlsRun) -> Result<String> {
     use sha2::{Digest, Sha256};
     step(&format!(
         "device scenario `gateway-tls`, second run: a rotated token the gateway learns late, {ROTATED_READINGS} readings"
     ));
-    let mut cloud = Cloud::start(&bins.cloud, "seed=1")?;
-    let gateway = GatewayProc::start(&bins.gateway, tls, cloud.port)?;
-    let elf = tls.elf.clone();
-    let port = gateway.port;
-    let device = thread::spawn(move || {
-        run_uplink(
-            &elf,
-            port,
-            ROTATED_TOKEN,
-            ROTATED_READINGS,
-            "hold_base=2000 hold_cap=4000",
-            Duration::from_secs(180),
-            &Extra::default(),
-        )
-    });
-    // Two refused probes: the device is held and probing, not spending its readings.
     let unauthenticated = "wary_gateway_refused_total{reason=\"unauthenticated\"}";
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
     let mut refused_before = 0;
-    while refused_before < 2 && std::time::Instant::now() < deadline && !device.is_finished() {
-        thread::sleep(Duration::from_millis(250));
-        let seen = GatewaySeen { port, stderr: vec![], metrics: scrape(gateway.metrics)? };
-        refused_before = seen.sum(unauthenticated);
-    }
-    let digest = |token: &str| -> String {
-        Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
-    };
-    std::fs::write(
-        &tls.credentials,
-        format!(
-            "# the QEMU device of `cargo xtask qemu`, its old token and its new one\n{DEVICE:016x} {}\n{DEVICE:016x} {}\n",
-            digest(TOKEN),
-            digest(ROTATED_TOKEN)
-        ),
-    )?;
-    let hup = Command::new("kill").args(["-HUP", &gateway.child.id().to_string()]).status();
-    let (status, lines) = device.join().map_err(|_| anyhow::anyhow!("the device thread panicked"))??;
-    let seen = gateway.stop()?;
-    let report = cloud.stop()?;
-    let log = Log::read(&lines);
-    let summary = log.summary.clone().unwrap_or_default();
-    let held: Vec<&String> = lines.iter().filter(|l| l.contains("HELD reason=401")).collect();
-    let refused = seen.sum(unauthenticated);
-    let keys = report["keys"].as_object().cloned().unwrap_or_default();
-    let applied_once =
-        log.accepted.iter().all(|&(b, q)| keys.get(&key_hex(b, q)).is_some_and(|k| k["effects"] == 1));
-    let mut errors = vec![];
-    if !hup.is_ok_and(|s| s.success()) {
-        errors.push("could not send SIGHUP to the gateway".to_owned());
-    }
+    let run = fault_run(bins, tls, "seed=1", ROTATED_TOKEN, ROTATED_READINGS, |gateway| {
+        // Two refused probes: the device is held and probing, not spending its readings.
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while refused_before < 2 && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(250));
+            let seen = GatewaySeen { port: gateway.port, stderr: vec![], metrics: scrape(gateway.metrics)? };
+            refused_before = seen.sum(unauthenticated);
+        }
+        let digest = |token: &str| -> String {
+            Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+        };
+        std::fs::write(
+            &tls.credentials,
+            format!(
+                "# the QEMU device of `cargo xtask qemu`, its old token and its new one\n{DEVICE:016x} {}\n{DEVICE:016x} {}\n",
+                digest(TOKEN),
+                digest(ROTATED_TOKEN)
+            ),
+        )?;
+        reload(gateway)
+    })?;
+    let refused = run.seen.sum(unauthenticated);
+    let mut errors = run.landed_once(ROTATED_READINGS);
     if refused_before < 2 {
         errors.push(format!(
             "the gateway refused {refused_before} probes before the rotation, expected 2 or more"
         ));
     }
-    if !status.is_some_and(|s| s.success()) {
-        errors.push(format!(
-            "the uplink should land every reading once the gateway knows its token, it ended {status:?}"
-        ));
-    }
-    if !summary.contains(&format!("landed={ROTATED_READINGS} dead_lettered=0 "))
-        || !summary.contains(" left=0 ")
-    {
-        errors.push(format!("expected landed={ROTATED_READINGS} dead_lettered=0 left=0: {summary}"));
-    }
-    if log.accepted.len() != ROTATED_READINGS as usize || !applied_once || keys.len() != log.accepted.len() {
-        errors.push(format!(
-            "expected each of {ROTATED_READINGS} readings applied once: {} keys at the cloud",
-            keys.len()
-        ));
-    }
-    if held.len() as u64 != refused || refused < 2 {
+    if u64::from(run.log.held) != refused || refused < 2 {
         errors.push(format!(
             "expected one HELD line per refused probe: {} lines, the gateway refused {refused}",
-            held.len()
+            run.log.held
         ));
     }
-    if let Some(line) =
-        seen.stderr.iter().chain(&lines).find(|l| l.contains(&ROTATED_TOKEN[48..]) || shows_token(l))
-    {
-        errors.push(format!("a log line shows a token: {line:?}"));
+    if let Some(line) = run.lines.iter().chain(&run.seen.stderr).find(|l| l.contains(&ROTATED_TOKEN[48..])) {
+        errors.push(format!("a log line shows the new token: {line:?}"));
     }
-    if !errors.is_empty() {
-        bail!("device scenario `gateway-tls` (rotation) failed:\n  {}", errors.join("\n  "));
-    }
+    judged("rotation", errors)?;
     Ok(format!(
-        "rotation: {refused} probes refused 401 while the gateway had only the old token (one request each, the outbox held and every reading kept), then all {ROTATED_READINGS} landed once: {summary}"
+        "rotation: {refused} probes refused 401 while the gateway had only the old token (one request each, the outbox held and every reading kept), then all {ROTATED_READINGS} landed once: {}",
+        run.log.summary.unwrap_or_default()
+    ))
+}
+
+/// Readings of the untrusted-certificate run.
+const UNTRUSTED_READINGS: u32 = 2;
+/// How long the gateway serves a certificate from a CA the device does not pin.
+const UNTRUSTED_FOR: Duration = Duration::from_secs(8);
+
+/// The same TLS uplink while the gateway serves, for [`UNTRUSTED_FOR`], a certificate for the
+/// right name from a CA the device does not pin (a deploy that shipped the wrong chain), then
+/// its own again (files swapped, SIGHUP). Each refused handshake is the endpoint's fault: the
+/// device must keep its readings and hold, sending no request, and land each once after.
+fn untrusted_certificate(bins: &HostBins, tls: &TlsRun) -> Result<String> {
+    step(&format!(
+        "device scenario `gateway-tls`, fourth run: a certificate the device does not trust for {} s, {UNTRUSTED_READINGS} readings",
+        UNTRUSTED_FOR.as_secs()
+    ));
+    let (good_cert, good_key) = (std::fs::read(&tls.cert)?, std::fs::read(&tls.key)?);
+    let rogue = wary_fixtures::tls::TestChain::new()?;
+    let (cert, key) = rogue.leaf_pem(SERVER_NAME)?;
+    std::fs::write(&tls.cert, cert)?;
+    std::fs::write(&tls.key, key)?;
+    let run = fault_run(bins, tls, "seed=2", TOKEN, UNTRUSTED_READINGS, |gateway| {
+        thread::sleep(UNTRUSTED_FOR);
+        std::fs::write(&tls.cert, &good_cert)?;
+        std::fs::write(&tls.key, &good_key)?;
+        reload(gateway)
+    });
+    // The good chain is back for the runs after this one, whatever happened.
+    std::fs::write(&tls.cert, &good_cert)?;
+    std::fs::write(&tls.key, &good_key)?;
+    let run = run?;
+    let mut errors = run.landed_once(UNTRUSTED_READINGS);
+    if run.log.held == 0 {
+        errors.push("the refused handshakes never held the outbox".to_owned());
+    }
+    let ok = run.seen.sum("wary_gateway_calls_total{verdict=\"ok\"}");
+    if ok != u64::from(UNTRUSTED_READINGS) {
+        errors.push(format!(
+            "the gateway made {ok} calls that landed, expected {UNTRUSTED_READINGS}: {}",
+            run.seen.metrics_line()
+        ));
+    }
+    judged("untrusted certificate", errors)?;
+    Ok(format!(
+        "untrusted certificate: {} refused handshakes in {} s held the outbox (no request sent, every reading kept), then all {UNTRUSTED_READINGS} landed once: {}",
+        run.log.held,
+        UNTRUSTED_FOR.as_secs(),
+        run.log.summary.unwrap_or_default()
+    ))
+}
+
+/// How long the cloud refuses the gateway's own credential in the `gateway-tls` run of an
+/// expired upstream key.
+const UPSTREAM_KEY_EXPIRED: Duration = Duration::from_secs(12);
+/// Readings of that run.
+const UPSTREAM_KEY_READINGS: u32 = 3;
+
+/// The same TLS uplink, its token good, through a gateway whose own upstream credential has
+/// expired: the cloud answers the gateway 401 to everything for [`UPSTREAM_KEY_EXPIRED`], then
+/// is fixed. That 401 is the gateway's misconfiguration, not the reading: the gateway must hold
+/// the device (503 with a Retry-After from its upstream breaker, never 424), the device must keep
+/// every reading, none dead-lettered, and each must be applied once after the fix.
+fn upstream_key_expired(bins: &HostBins, tls: &TlsRun) -> Result<String> {
+    step(&format!(
+        "device scenario `gateway-tls`, third run: the gateway's upstream key refused 401 for {} s, {UPSTREAM_KEY_READINGS} readings",
+        UPSTREAM_KEY_EXPIRED.as_secs()
+    ));
+    let faults = format!("outage=0:ms={}:status=401,seed=4", UPSTREAM_KEY_EXPIRED.as_millis());
+    let run = fault_run(bins, tls, &faults, TOKEN, UPSTREAM_KEY_READINGS, |_| Ok(()))?;
+    // The gateway's own calls upstream end `failed` (its calls_total says so); what it answers
+    // the device must be a hold, never 424.
+    let held = run.seen.sum("wary_gateway_held_total");
+    let answered_424 = run
+        .lines
+        .iter()
+        .filter(|l| l.contains(wary::ledger::DEVICE_TAG) && l.contains(" status 424 "))
+        .count();
+    let mut errors = run.landed_once(UPSTREAM_KEY_READINGS);
+    if held == 0 || answered_424 != 0 {
+        errors.push(format!(
+            "expected the gateway to hold the device, never answer 424: held {held}, 424s {answered_424}; {}",
+            run.seen.metrics_line()
+        ));
+    }
+    judged("upstream key expired", errors)?;
+    Ok(format!(
+        "upstream key expired: the cloud refused the gateway 401 for {} s; the gateway held the device {held} times (503 + Retry-After, no 424), the device kept its readings and all {UPSTREAM_KEY_READINGS} landed once: {}",
+        UPSTREAM_KEY_EXPIRED.as_secs(),
+        run.log.summary.unwrap_or_default()
     ))
 }
 
@@ -982,6 +1132,8 @@ pub(crate) struct Log {
     pub(crate) dead: BTreeSet<(u32, u32)>,
     /// `HELD` lines: probes the endpoint refused, each holding the outbox.
     pub(crate) held: u32,
+    /// Boots that went on with an endpoint hold from flash (`RESUME hold`).
+    pub(crate) resumed_holds: Vec<u32>,
     /// Attempts of each call that reached a verdict, and calls cut off by a reset.
     calls: Vec<u32>,
     interrupted: u32,
@@ -1014,6 +1166,8 @@ impl Log {
                 }
             } else if line.contains("HELD reason=") {
                 log.held += 1;
+            } else if line.contains("RESUME hold") {
+                log.resumed_holds.push(log.boots.last().copied().unwrap_or(0));
             } else if let Some(rest) = after(line, "RESET ") {
                 let kind = rest.split(':').next().unwrap_or_default().to_owned();
                 log.resets.push((kind, log.boots.last().copied().unwrap_or(0), rest.to_owned()));
@@ -1140,6 +1294,12 @@ pub(crate) fn check(scenario: &Scenario, log: &Log, report: &serde_json::Value) 
                 ));
             }
             line.push_str(&format!(" → at the cloud: {effects} effect, {replays} replays of its resends"));
+        }
+        if kind == "hold" && !log.resumed_holds.contains(&(boot + 1)) {
+            errors.push(format!(
+                "the reset during the hold in boot {boot}: boot {} did not go on with it",
+                boot + 1
+            ));
         }
         reset_lines.push(line);
     }

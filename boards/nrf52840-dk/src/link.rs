@@ -323,4 +323,8 @@ impl<T: Transport> Transport for LinkAware<T> {
     async fn close(&mut self) {
         self.inner.close().await;
     }
+
+    fn report_dead_letters(&mut self, held: u32, dropped: u32) {
+        self.inner.report_dead_letters(held, dropped);
+    }
 }

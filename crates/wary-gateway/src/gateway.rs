@@ -20,6 +20,7 @@ use wary_host::time::{MonotonicClock, TokioDelay};
 
 use crate::admission::{Admission, Limits, Refused};
 use crate::credentials::{Credentials, Identity};
+use crate::dead_letters::{self, DeadLetters};
 use crate::hold::{EndpointFault, HoldingEndpoint, Holds};
 use crate::metrics::Metrics;
 use crate::retry_after::retry_after_secs;
@@ -258,6 +259,8 @@ struct Shared {
     coap: Mutex<Option<Arc<crate::coap::CoapCounts>>>,
     /// The upstream's endpoint faults: what holds its breaker open, their counts and log times.
     holds: Arc<Holds>,
+    /// Each authenticated device's last dead-letter report, bounded ([`crate::dead_letters`]).
+    dead_letters: Mutex<DeadLetters>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -327,6 +330,7 @@ impl Gateway {
             mqtt: Mutex::new(None),
             coap: Mutex::new(None),
             holds: Arc::new(Holds::default()),
+            dead_letters: Mutex::new(DeadLetters::default()),
             config,
         });
         let workers = (0..shared.config.workers.max(1))
@@ -372,8 +376,30 @@ impl Gateway {
     pub fn set_credentials(&self, credentials: Credentials) {
         let mut slot = self.shared.credentials.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if slot.is_some() {
+            // A device no longer listed no longer shows its dead letters: the map stays within
+            // the file.
+            lock(&self.shared.dead_letters).retain(|d| credentials.contains(d));
             *slot = Some(Arc::new(credentials));
         }
+    }
+
+    /// Notes the `Wary-Dead-Letters` report in `headers`, if any, as `device`'s: the device the
+    /// request authenticated as, never one it names. A malformed field is counted, never logged,
+    /// and changes nothing else.
+    pub(crate) fn note_dead_letters(&self, device: u64, headers: &http::HeaderMap) {
+        if let Some(report) = dead_letters::Report::from_headers(headers) {
+            lock(&self.shared.dead_letters).note(device, report);
+        }
+    }
+
+    /// `device`'s last dead-letter report, if one was kept.
+    pub fn dead_letters(&self, device: u64) -> Option<dead_letters::Report> {
+        lock(&self.shared.dead_letters).get(device)
+    }
+
+    /// A snapshot of the dead-letter reports and their counters.
+    pub fn dead_letter_reports(&self) -> DeadLetters {
+        lock(&self.shared.dead_letters).clone()
     }
 
     /// True if the credentials in force list `device` (false if open).
@@ -448,6 +474,7 @@ impl Gateway {
             text.push_str(&c.prometheus());
         }
         text.push_str(&self.shared.holds.prometheus());
+        text.push_str(&lock(&self.shared.dead_letters).prometheus());
         text
     }
 

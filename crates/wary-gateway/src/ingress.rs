@@ -18,6 +18,12 @@
 //! | every admission bucket busy | 503 | `Retry-After: 1` |
 //! | body not in within the body timeout | 408 | `Connection: close` |
 //!
+//! A request from an authenticated device may carry `Wary-Dead-Letters: held=<u32>,
+//! dropped=<u32>` ([`crate::dead_letters`]): noted as that device's once its credential is
+//! checked (before its key, rate and body, so a refused reading's report counts too), shown on
+//! `/metrics`. It changes no answer: a malformed one is ignored, one from an unauthenticated
+//! request (or any request to an open gateway) is not read.
+//!
 //! 424 and 409 are in the "never resend" class of every device table (other 4xx): a failed
 //! reading cannot be fixed by sending it again, and an unknown one may already have landed.
 //! A key the gateway answered `unknown` is answered `unknown` again on a resend, never sent on.
@@ -270,6 +276,10 @@ pub async fn handle_as<B: ReadWhole + Send>(
             return r;
         }
     };
+    if let Some(d) = device {
+        // The authenticated device's own report, whatever becomes of the reading.
+        gw.note_dead_letters(d, &parts.headers);
+    }
     let mut key = match key_of(&parts.headers) {
         Ok(k) => k,
         Err(e) => return refuse(&gw, "bad_request", e.status(), &e.to_string()),
@@ -365,6 +375,10 @@ async fn handle_batch(
             return r;
         }
     };
+    if let Some(d) = device {
+        // The authenticated device's own report, whatever becomes of the reading.
+        gw.note_dead_letters(d, &parts.headers);
+    }
     let limits = gw.config().batch;
     let announced = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if announced.is_some_and(|n| n > limits.max_bytes as u64) {

@@ -19,7 +19,9 @@
 //! - every device proves who it is on every request (a bearer token kept as its SHA-256 in a
 //!   credentials file, reloaded on SIGHUP) and may touch only its own keys; TLS on the device
 //!   side (rustls); a token bucket per device so that one device cannot crowd out the rest.
-//!   `docs/security.md` is the threat model.
+//!   `docs/security.md` is the threat model;
+//! - each authenticated device's last `Wary-Dead-Letters` report (the readings its server
+//!   refused, kept on its flash) on `/metrics`, per device ([`dead_letters`]).
 //!
 //! With `--mqtt` the readings come from an MQTT 5 broker instead, as one replica of a shared
 //! subscription, each acknowledged after its verdict ([`mqtt`]).
@@ -34,6 +36,7 @@
 pub mod admission;
 pub mod coap;
 pub mod credentials;
+pub mod dead_letters;
 pub mod gateway;
 pub mod h1;
 pub mod hold;

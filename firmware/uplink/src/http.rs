@@ -41,6 +41,7 @@
 //!     idempotency_key: &key_hex,
 //!     body: payload.as_bytes(),
 //!     credential: Some(&CREDENTIAL),
+//!     dead_letters: None,
 //! };
 //! match http::post(stack, server, &post, time_left, BUFFERS.take()).await {
 //!     Ok(reply) => { /* reply.status, reply.retry_after, reply.date */ }
@@ -93,6 +94,24 @@ pub struct Post<'a> {
     /// The device's credential, sent as `Authorization: Bearer <token>`; `None` sends no
     /// `Authorization` header. Its `Debug` shows no part of the token.
     pub credential: Option<&'a Credential>,
+    /// The [`DEAD_LETTERS`] header's value (`held=<n>, dropped=<n>`), sent while the device has
+    /// dead letters to report; `None` sends no such header.
+    pub dead_letters: Option<&'a str>,
+}
+
+/// The header a device reports its dead letters in while it has any: an RFC 8941 dictionary
+/// of two integers, `held` (letters on its flash now) and `dropped` (letters dropped over its
+/// life to make room), such as `Wary-Dead-Letters: held=2, dropped=0`. A wary gateway exports
+/// it per device (docs/deployment.md); any other server ignores a header it does not know
+/// (RFC 9110, 5.1).
+pub const DEAD_LETTERS: &str = "Wary-Dead-Letters";
+
+/// The [`DEAD_LETTERS`] value for `held` letters and `dropped` ones.
+pub fn dead_letters_value(held: u32, dropped: u32) -> heapless::String<40> {
+    let mut value = heapless::String::new();
+    // 2 × 10 digits and 17 bytes of names: always fits.
+    let _ = core::fmt::Write::write_fmt(&mut value, format_args!("held={held}, dropped={dropped}"));
+    value
 }
 
 /// The memory of one exchange: the TCP socket's receive and send buffers, and `HEAD` bytes
@@ -416,19 +435,12 @@ pub async fn encode_head_for(
     {
         return Err(HttpError::BadRequest);
     }
-    let mut all =
-        [("Authorization", ""), ("Idempotency-Key", request.idempotency_key), ("Connection", "close")];
-    let mut from = 1;
-    if let (Some(credential), Some(slot)) = (request.credential, all.first_mut()) {
-        slot.1 = credential.header_value();
-        from = 0;
-    }
-    let to = if close { all.len() } else { all.len().saturating_sub(1) };
-    let headers: &[(&str, &str)] = all.get(from..to).unwrap_or(&[]);
+    let headers =
+        extra_headers(request.credential, Some(request.idempotency_key), request.dead_letters, close)?;
     let head = Request::post(request.path)
         .host(host)
         .content_type(ContentType::ApplicationJson)
-        .headers(headers)
+        .headers(&headers)
         .body(request.body)
         .build();
     let capacity = buf.len();
@@ -447,6 +459,7 @@ pub async fn encode_head_for(
 pub async fn encode_batch_head(
     path: &str,
     credential: Option<&Credential>,
+    dead_letters: Option<&str>,
     host: &str,
     content_length: usize,
     close: bool,
@@ -455,24 +468,39 @@ pub async fn encode_batch_head(
     if !path.starts_with('/') || !visible_ascii(path) || !visible_ascii(host) {
         return Err(HttpError::BadRequest);
     }
-    let mut all = [("Authorization", ""), ("Connection", "close")];
-    let mut from = 1;
-    if let (Some(credential), Some(slot)) = (credential, all.first_mut()) {
-        slot.1 = credential.header_value();
-        from = 0;
-    }
-    let to = if close { all.len() } else { all.len().saturating_sub(1) };
-    let headers: &[(&str, &str)] = all.get(from..to).unwrap_or(&[]);
+    let headers = extra_headers(credential, None, dead_letters, close)?;
     let head = Request::post(path)
         .host(host)
         .content_type(ContentType::ApplicationJson)
-        .headers(headers)
+        .headers(&headers)
         .body(Length(content_length))
         .build();
     let capacity = buf.len();
     let mut rest: &mut [u8] = buf;
     head.write_header(&mut rest).await.map_err(|_| HttpError::BadRequest)?;
     Ok(capacity.saturating_sub(rest.len()))
+}
+
+/// The headers after `Host`, `Content-Type` and `Content-Length`: the credential's, the key,
+/// the dead letters' report, and `Connection: close` when `close`.
+fn extra_headers<'h>(
+    credential: Option<&'h Credential>,
+    key: Option<&'h str>,
+    dead_letters: Option<&'h str>,
+    close: bool,
+) -> Result<heapless::Vec<(&'h str, &'h str), 4>, HttpError> {
+    let mut headers = heapless::Vec::new();
+    let all = [
+        credential.map(|c| ("Authorization", c.header_value())),
+        key.map(|k| ("Idempotency-Key", k)),
+        // A field value may hold spaces, never a control byte (RFC 9110, 5.5).
+        dead_letters.filter(|v| v.bytes().all(|b| (0x20..=0x7e).contains(&b))).map(|v| (DEAD_LETTERS, v)),
+        close.then_some(("Connection", "close")),
+    ];
+    for header in all.into_iter().flatten() {
+        headers.push(header).map_err(|_| HttpError::BadRequest)?;
+    }
+    Ok(headers)
 }
 
 /// A body known by its length only, for writing a head.

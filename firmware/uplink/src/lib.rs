@@ -28,7 +28,10 @@
 //! - **Deadline**: [`POLICY`] bounds each call to 20 s; each attempt's exchange is limited to
 //!   the time left before it, and to [`Config::attempt_limit`].
 //! - **A full outbox refuses the new reading and counts the refusal**; the sensor keeps its
-//!   reading and offers it again, so nothing is dropped silently.
+//!   reading and offers it again, so nothing is dropped silently. With
+//!   [`WhenFull::ShedOldest`] it moves its oldest readings to the dead letters instead.
+//! - **Dead letters are reported** on every HTTP exchange while there are any
+//!   ([`http::DEAD_LETTERS`]: `Wary-Dead-Letters: held=<n>, dropped=<n>`).
 //! - **One request per attempt**: the transport never retries; the runner decides.
 //! - **HTTPS** (feature `tls`): [`tls::TlsTransport`] is the same exchange over TLS 1.3, the
 //!   server authenticated by a CA pinned in the firmware, one session kept across attempts and
@@ -74,7 +77,7 @@ pub use identity::{Credential, parse_device_id};
 
 use crate::transport::Message;
 
-pub use store::{Reading, Store, offer, payload, sense};
+pub use store::{Reading, Store, WhenFull, offer, payload, sense};
 pub use transport::{Answer, HttpTransport, Reply, Transport};
 
 /// The path readings are posted to.
@@ -410,6 +413,9 @@ where
         }
         summary.rounds = summary.rounds.saturating_add(1);
         drain.start_round();
+        // A full outbox may have shed readings to the dead letters since the last round.
+        let (held, dropped) = store.dead_letters().await;
+        transport.lock().await.report_dead_letters(held, dropped);
         let mut kept = 0u32;
         let mut after = None;
         let mut read_failed = false;
@@ -539,6 +545,9 @@ where
                     Fate::DeadLetter { reason } => match store.dead_letter(record_id, reason).await {
                         Ok(_) => {
                             summary.dead_lettered = summary.dead_lettered.saturating_add(1);
+                            // Reported on every exchange from the next one on, while there are any.
+                            let (held, dropped) = store.dead_letters().await;
+                            transport.lock().await.report_dead_letters(held, dropped);
                             defmt::error!(
                                 "DEAD_LETTER boot={=u32:08x} seq={=u32} reason={=u16}: refused as it is ({}); kept on flash, not sent again",
                                 record_id.boot,

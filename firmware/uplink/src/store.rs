@@ -61,9 +61,22 @@ pub fn payload(record: &Record<Reading>) -> heapless::String<64> {
     s
 }
 
+/// What a push does when the outbox's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, defmt::Format)]
+pub enum WhenFull {
+    /// Refuse the new reading and count the refusal: the sensor keeps it and offers it again
+    /// ([`offer`]). The default: nothing already on flash moves.
+    #[default]
+    RefuseNewest,
+    /// Move the oldest readings to the dead letters (reason [`wary_outbox::REASON_SHED`],
+    /// counted, logged) until the new one fits: for a device whose newest readings matter more.
+    ShedOldest,
+}
+
 /// The outbox, shared: a sensor pushes, the uplink walks and settles.
 pub struct Store<F: MultiwriteNorFlash> {
     outbox: Mutex<CriticalSectionRawMutex, Outbox<F, Reading>>,
+    when_full: WhenFull,
     ready: Signal<CriticalSectionRawMutex, ()>,
     sensor_done: AtomicBool,
 }
@@ -71,17 +84,40 @@ pub struct Store<F: MultiwriteNorFlash> {
 impl<F: MultiwriteNorFlash> Store<F> {
     /// Shares an opened outbox.
     pub fn new(outbox: Outbox<F, Reading>) -> Self {
-        Store { outbox: Mutex::new(outbox), ready: Signal::new(), sensor_done: AtomicBool::new(false) }
+        Store {
+            outbox: Mutex::new(outbox),
+            when_full: WhenFull::RefuseNewest,
+            ready: Signal::new(),
+            sensor_done: AtomicBool::new(false),
+        }
+    }
+
+    /// What a push does when the queue is full ([`WhenFull::RefuseNewest`] unless set).
+    #[must_use]
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
     }
 
     /// Pushes a reading; on success it is on flash (and survives a reset) with the id returned.
     ///
     /// # Errors
     ///
-    /// [`PushError::Full`] (counted as a refusal) or [`PushError::Failed`] (a flash error,
-    /// counted): the reading is handed back, never dropped.
+    /// [`PushError::Full`] (counted as a refusal; under [`WhenFull::ShedOldest`] only when
+    /// nothing is left to shed) or [`PushError::Failed`] (a flash error, counted): the reading
+    /// is handed back, never dropped.
     pub async fn push(&self, reading: Reading) -> Result<RecordId, PushError<Reading>> {
-        let pushed = self.outbox.lock().await.push(reading).await;
+        let pushed = match self.when_full {
+            WhenFull::RefuseNewest => self.outbox.lock().await.push(reading).await,
+            WhenFull::ShedOldest => match self.outbox.lock().await.push_shedding(reading).await {
+                Ok((id, 0)) => Ok(id),
+                Ok((id, shed)) => {
+                    defmt::warn!("outbox full: {=u32} oldest readings moved to the dead letters", shed);
+                    Ok(id)
+                }
+                Err(e) => Err(e),
+            },
+        };
         if pushed.is_ok() {
             self.ready.signal(());
         }

@@ -251,6 +251,13 @@ pub trait Transport {
     /// Ends the connection or session: after every round, and whenever the transport itself
     /// finds it unusable.
     async fn close(&mut self) {}
+
+    /// The device holds `held` dead letters and has dropped `dropped` over its life: a transport
+    /// that can carry the count sends it on every exchange from now on while either is above
+    /// zero (HTTP: the [`http::DEAD_LETTERS`] header). The others ignore it.
+    fn report_dead_letters(&mut self, held: u32, dropped: u32) {
+        let _ = (held, dropped);
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -270,6 +277,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     async fn close(&mut self) {
         (**self).close().await;
+    }
+
+    fn report_dead_letters(&mut self, held: u32, dropped: u32) {
+        (**self).report_dead_letters(held, dropped);
     }
 }
 
@@ -352,6 +363,8 @@ pub struct Http<'a, 's, C> {
     path: &'a str,
     head: &'a mut [u8],
     credential: Option<&'a Credential>,
+    /// The dead letters' report, sent on every request while the device has any.
+    dead_letters: Option<heapless::String<40>>,
     counts: Counts,
     /// The kept connection's bookkeeping.
     keep: KeepAlive,
@@ -673,6 +686,7 @@ impl<'a, 's, C: Carrier> Http<'a, 's, C> {
             path,
             head,
             credential: None,
+            dead_letters: None,
             counts: Counts::default(),
             keep: KeepAlive::new(Some(IDLE_LIMIT)),
             deadline: None,
@@ -763,6 +777,7 @@ impl<'a, 's, C: Carrier> Http<'a, 's, C> {
             idempotency_key: message.key,
             body: message.body,
             credential: self.credential,
+            dead_letters: self.dead_letters.as_deref(),
         };
         let host = self.carrier.host();
         // Nothing was written if encoding fails: the connection stays as it was.
@@ -785,9 +800,16 @@ impl<'a, 's, C: Carrier> Http<'a, 's, C> {
         self.ensure_open(deadline).await?;
         let host = self.carrier.host();
         let close = !self.keep.keeps();
-        let head_len =
-            http::encode_batch_head(path, self.credential, host, body.content_length(), close, self.head)
-                .await?;
+        let head_len = http::encode_batch_head(
+            path,
+            self.credential,
+            self.dead_letters.as_deref(),
+            host,
+            body.content_length(),
+            close,
+            self.head,
+        )
+        .await?;
         self.round_trip(head_len, &body, true, deadline).await
     }
 
@@ -928,5 +950,9 @@ impl<C: Carrier> Transport for Http<'_, '_, C> {
         if self.keep.is_open() {
             self.end(true).await;
         }
+    }
+
+    fn report_dead_letters(&mut self, held: u32, dropped: u32) {
+        self.dead_letters = (held > 0 || dropped > 0).then(|| http::dead_letters_value(held, dropped));
     }
 }

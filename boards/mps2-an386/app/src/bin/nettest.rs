@@ -185,8 +185,13 @@ async fn run(
 ) -> (Result<Response, HttpError>, Duration) {
     let key = key(index);
     let reading = body(index);
-    let post =
-        Post { path, idempotency_key: &key, body: big.unwrap_or(reading.as_bytes()), credential: None };
+    let post = Post {
+        path,
+        idempotency_key: &key,
+        body: big.unwrap_or(reading.as_bytes()),
+        credential: None,
+        dead_letters: None,
+    };
     let started = Instant::now();
     let result = http::post(stack, server, &post, limit, buffers).await;
     (result, started.elapsed())
@@ -263,7 +268,7 @@ async fn main(spawner: Spawner) {
     for (index, (path, key)) in
         [("/bad path", "k"), ("/ok", "bad\r\nkey"), ("no-slash", "k")].into_iter().enumerate()
     {
-        let post = Post { path, idempotency_key: key, body: b"{}", credential: None };
+        let post = Post { path, idempotency_key: key, body: b"{}", credential: None, dead_letters: None };
         let result = http::post(stack, server, &post, LIMIT, buffers).await;
         defmt::info!("unencodable request {=usize}: {}", index, result.as_ref().err());
         tally.check("unencodable request: BadRequest", result == Err(HttpError::BadRequest));

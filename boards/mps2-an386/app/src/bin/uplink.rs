@@ -16,8 +16,8 @@
 //! The semihosting command line (QEMU `-append`) says who the device is, where the cloud
 //! listens and how to run: `device=<id> port=<p> seed=<n> [token=<64 hex digits>]
 //! [readings=<per boot>] [cut_write=<boot>:<n>] [reset_in_reply=<boot>]
-//! [reset_in_backoff=<boot>] [crash_loop=<boots>] [boot_base=<ms>] [boot_cap=<ms>]
-//! [hold_base=<ms>] [hold_cap=<ms>] [rounds=<n>] [pacing=off]` (and the transport's settings
+//! [reset_in_backoff=<boot>] [reset_in_hold=<boot>] [crash_loop=<boots>] [boot_base=<ms>] [boot_cap=<ms>]
+//! [hold_base=<ms>] [hold_cap=<ms>] [rounds=<n>] [when_full=shed] [pacing=off]` (and the transport's settings
 //! below, on [`Args`]).
 //!
 //! - `device`: the 64-bit device id in every key, 16 hex digits or a decimal number
@@ -32,8 +32,10 @@
 //!   doubling to an hour otherwise, [`wary::DrainSettings::DEVICE`]), so that a scenario sees a
 //!   refusing endpoint probed several times in a short run; `rounds`: the most rounds over the
 //!   outbox ([`Config::max_rounds`]), after which the firmware stops with its readings kept.
+//! - `when_full=shed`: a full outbox moves its oldest readings to the dead letters to make room
+//!   ([`wary_uplink::WhenFull::ShedOldest`]) instead of refusing the newest.
 //!
-//! The last three plan resets (`SYSRESETREQ`) in the given boot, to
+//! The last four plan resets (`SYSRESETREQ`) in the given boot, to
 //! show that a reset loses no reading and applies none twice; QEMU restarts the program and the
 //! emulated flash survives:
 //!
@@ -43,7 +45,9 @@
 //!   [`REPLY_RESET_AFTER`] (the cloud holds replies after applying the write) resets the device:
 //!   the write landed, its reply never arrives;
 //! - `reset_in_backoff`: the first retry wait of at least [`BACKOFF_RESET_MIN`] resets the
-//!   device half-way through.
+//!   device half-way through;
+//! - `reset_in_hold`: once the endpoint's refusal holds the outbox (the hold on flash), the
+//!   device resets [`HOLD_RESET_AFTER`] into the hold: the next boot must go on with it.
 //!
 //! - `crash_loop`: in each of the first `boots` boots, the device resets as soon as the boot's
 //!   first exchange has its answer (before the reading is settled), as a device whose firmware
@@ -82,7 +86,9 @@ use wary_uplink::health::BootWait;
 #[cfg(not(any(feature = "coap", feature = "mqtt")))]
 use wary_uplink::http::Buffers;
 use wary_uplink::transport::{Answer, Counts, Message};
-use wary_uplink::{Config, Credential, FLEET, SplitMix64, Store, Transport, parse_device_id, sense, uplink};
+use wary_uplink::{
+    Config, Credential, FLEET, SplitMix64, Store, Transport, WhenFull, parse_device_id, sense, uplink,
+};
 
 /// The host as seen from QEMU's user-mode network.
 const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
@@ -100,6 +106,9 @@ const REPLY_RESET_AFTER: Duration = Duration::from_millis(800);
 /// The shortest retry wait a planned `reset_in_backoff` cuts: below the policy's shortest
 /// first wait (half its 100 ms base), so the boot's first retry is cut, whatever the draws.
 const BACKOFF_RESET_MIN: Duration = Duration::from_millis(40);
+/// How far into an endpoint hold a planned `reset_in_hold` fires: under the shortest first
+/// probe wait a scenario sets (half its `hold_base`), so the reset falls inside the hold.
+const HOLD_RESET_AFTER: Duration = Duration::from_millis(400);
 
 type Flash = CutFlash<PsramFlash>;
 /// A 2 KiB send buffer: a batch of 16 readings (about 1.4 KB with its head) leaves in one segment.
@@ -145,6 +154,25 @@ static TLS_WRITE: ConstStaticCell<[u8; 1024]> = ConstStaticCell::new([0; 1024]);
 static TLS_SOCKET: StaticCell<embassy_net::tcp::TcpSocket<'static>> = StaticCell::new();
 static STORE: StaticCell<Store<Flash>> = StaticCell::new();
 
+/// A planned `reset_in_hold`: waits until the outbox is held on flash for an endpoint's
+/// refusal, then resets the device [`HOLD_RESET_AFTER`] later, inside the hold.
+#[embassy_executor::task]
+async fn reset_in_hold(store: &'static Store<Flash>) {
+    loop {
+        if let Some(hold) = store.hold().await {
+            Timer::after(HOLD_RESET_AFTER).await;
+            defmt::info!(
+                "RESET hold: {=u64} ms into the hold after {=u8} refused probes (the last {=u16})",
+                HOLD_RESET_AFTER.as_millis(),
+                hold.step,
+                hold.reason
+            );
+            flash::reset()
+        }
+        Timer::after(Duration::from_millis(20)).await;
+    }
+}
+
 #[embassy_executor::task]
 async fn sensor(store: &'static Store<Flash>, boot: u32, count: u32) {
     let mut n = 0u32;
@@ -167,12 +195,14 @@ struct Args {
     cut_write: Option<(u32, u32)>,
     reset_in_reply: Option<u32>,
     reset_in_backoff: Option<u32>,
+    reset_in_hold: Option<u32>,
     crash_loop: u32,
     boot_base: Option<u64>,
     boot_cap: Option<u64>,
     hold_base: Option<u64>,
     hold_cap: Option<u64>,
     rounds: Option<u32>,
+    when_full: WhenFull,
     /// `keepalive=off`: one connection per request (`Connection: close`), for comparisons;
     /// over TLS also one handshake per request. Not read by the CoAP and MQTT transports.
     #[cfg_attr(any(feature = "tls", feature = "coap", feature = "mqtt"), allow(dead_code))]
@@ -202,12 +232,14 @@ fn args() -> Result<Args, &'static str> {
         cut_write: None,
         reset_in_reply: None,
         reset_in_backoff: None,
+        reset_in_hold: None,
         crash_loop: 0,
         boot_base: None,
         boot_cap: None,
         hold_base: None,
         hold_cap: None,
         rounds: None,
+        when_full: WhenFull::RefuseNewest,
         keepalive: true,
         idle_ms: None,
         batch: 1,
@@ -244,6 +276,9 @@ fn args() -> Result<Args, &'static str> {
                 a.reset_in_backoff =
                     Some(value.parse().map_err(|_| "reset_in_backoff= is not a boot number")?);
             }
+            "reset_in_hold" => {
+                a.reset_in_hold = Some(value.parse().map_err(|_| "reset_in_hold= is not a boot number")?);
+            }
             "crash_loop" => {
                 a.crash_loop = value.parse().map_err(|_| "crash_loop= is not a number of boots")?
             }
@@ -251,6 +286,13 @@ fn args() -> Result<Args, &'static str> {
             "boot_cap" => a.boot_cap = Some(value.parse().map_err(|_| "boot_cap= is not milliseconds")?),
             "hold_base" => a.hold_base = Some(value.parse().map_err(|_| "hold_base= is not milliseconds")?),
             "hold_cap" => a.hold_cap = Some(value.parse().map_err(|_| "hold_cap= is not milliseconds")?),
+            "when_full" => {
+                a.when_full = match value {
+                    "refuse" => WhenFull::RefuseNewest,
+                    "shed" => WhenFull::ShedOldest,
+                    _ => return Err("when_full= is not refuse or shed"),
+                }
+            }
             "rounds" => a.rounds = Some(value.parse().map_err(|_| "rounds= is not a number")?),
             "keepalive" => a.keepalive = value != "off",
             "idle_ms" => a.idle_ms = Some(value.parse().map_err(|_| "idle_ms= is not a number")?),
@@ -320,10 +362,14 @@ async fn main(spawner: Spawner) {
     {
         CUT_AT.store(n, Ordering::Relaxed);
     }
-    let store = STORE.init(Store::new(outbox));
+    let store = STORE.init(Store::new(outbox).when_full(args.when_full));
 
     let seed = SplitMix64::new(args.seed ^ u64::from(boot).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64();
     if sensor(store, boot, args.readings).map(|t| spawner.spawn(t)).is_err() {
+        defmt::error!("could not spawn a task");
+        exit(exit_code::FAIL)
+    }
+    if args.reset_in_hold == Some(boot) && reset_in_hold(store).map(|t| spawner.spawn(t)).is_err() {
         defmt::error!("could not spawn a task");
         exit(exit_code::FAIL)
     }
@@ -537,6 +583,10 @@ impl<T: Transport> Transport for ResetInReply<T> {
     async fn close(&mut self) {
         self.inner.close().await;
     }
+
+    fn report_dead_letters(&mut self, held: u32, dropped: u32) {
+        self.inner.report_dead_letters(held, dropped);
+    }
 }
 
 /// A planned crash as soon as the boot's first exchange has its answer; otherwise the inner
@@ -580,6 +630,10 @@ impl<T: Transport> Transport for CrashAfterExchange<T> {
 
     async fn close(&mut self) {
         self.inner.close().await;
+    }
+
+    fn report_dead_letters(&mut self, held: u32, dropped: u32) {
+        self.inner.report_dead_letters(held, dropped);
     }
 }
 

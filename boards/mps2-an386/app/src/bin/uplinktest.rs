@@ -50,6 +50,8 @@ struct Scripted {
     /// Calls of `open` and `close`.
     opened: usize,
     closed: usize,
+    /// The last dead letters' report the uplink gave the transport.
+    reported: Option<(u32, u32)>,
 }
 
 #[derive(Clone, Copy)]
@@ -61,7 +63,7 @@ struct Sent {
 
 impl Scripted {
     fn new(script: &'static [Outcome], takes: embassy_time::Duration) -> Self {
-        Scripted { script, takes, sent: RefCell::new(Vec::new()), opened: 0, closed: 0 }
+        Scripted { script, takes, sent: RefCell::new(Vec::new()), opened: 0, closed: 0, reported: None }
     }
 
     fn sent(&self) -> Vec<Sent, 16> {
@@ -94,6 +96,10 @@ impl Transport for Scripted {
 
     async fn close(&mut self) {
         self.closed += 1;
+    }
+
+    fn report_dead_letters(&mut self, held: u32, dropped: u32) {
+        self.reported = Some((held, dropped));
     }
 }
 
@@ -219,7 +225,8 @@ async fn keep_alive_checks(tally: &mut Tally) {
         "keep-alive: a write that failed before the whole request left was never sent",
         !HttpError::SendFailed.may_have_landed(),
     );
-    let post = Post { path: "/readings", idempotency_key: "k", body: b"{}", credential: None };
+    let post =
+        Post { path: "/readings", idempotency_key: "k", body: b"{}", credential: None, dead_letters: None };
     let mut head = [0u8; 256];
     let kept = match http::encode_head_for(&post, "10.0.2.2:8080", false, &mut head).await {
         Ok(n) => {
@@ -275,6 +282,7 @@ async fn main(_spawner: Spawner) {
         idempotency_key: "574152590a3860010000000100000000",
         body: b"{}",
         credential: credential.as_ref(),
+        dead_letters: None,
     };
     let mut every_attempt = true;
     for _attempt in 0..3 {
@@ -307,6 +315,30 @@ async fn main(_spawner: Spawner) {
     tally.check(
         "no credential: no Authorization header, the rest unchanged",
         !text.is_empty() && !text.contains("Authorization") && text.contains("\r\nIdempotency-Key: "),
+    );
+    // The dead letters' report: one header, the value as made, beside the rest; none without.
+    let value = http::dead_letters_value(2, 1);
+    let reporting = Post { dead_letters: Some(&value), ..post };
+    let mut head = [0u8; 512];
+    let text = match http::encode_head(&reporting, "10.0.2.2:8080", &mut head).await {
+        Ok(n) => head.get(..n).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or(""),
+        Err(_) => "",
+    };
+    tally.check(
+        "dead letters: one Wary-Dead-Letters: held=2, dropped=1 line, with the credential and the key",
+        text.matches("Wary-Dead-Letters").count() == 1
+            && text.contains("\r\nWary-Dead-Letters: held=2, dropped=1\r\n")
+            && text.contains(AUTHORIZATION_LINE)
+            && text.contains("\r\nIdempotency-Key: "),
+    );
+    let mut head = [0u8; 512];
+    let text = match http::encode_head(&post, "10.0.2.2:8080", &mut head).await {
+        Ok(n) => head.get(..n).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or(""),
+        Err(_) => "",
+    };
+    tally.check(
+        "no dead letters: no Wary-Dead-Letters header",
+        !text.is_empty() && !text.contains("Wary-Dead"),
     );
     keep_alive_checks(&mut tally).await;
     tally.check(
@@ -451,6 +483,7 @@ async fn main(_spawner: Spawner) {
         "400: one attempt, the reading dead-lettered, off the queue",
         t.sent().len() == 1 && s.dead_lettered == 1 && s.left == 0 && s.dead_letters == 1,
     );
+    tally.check("400: the transport reports the dead letter (held 1, dropped 0)", t.reported == Some((1, 0)));
 
     // A 401 is the endpoint's refusal: the reading stays, the outbox is held, and flash keeps
     // the hold. The next run (as after a reset) goes on with the hold: its probe waits at least

@@ -51,8 +51,13 @@ async fn main(spawner: Spawner) {
     defmt::info!("DHCP lease: {}", stack.config_v4());
 
     let key = "0a386001000000000000000000000100";
-    let post =
-        Post { path: "/readings", idempotency_key: key, body: br#"{"seq":0,"mC":21000}"#, credential: None };
+    let post = Post {
+        path: "/readings",
+        idempotency_key: key,
+        body: br#"{"seq":0,"mC":21000}"#,
+        credential: None,
+        dead_letters: None,
+    };
     let server = SocketAddrV4::new(HOST, port);
     let (result, timing) = http::post_timed(stack, server, SERVER_NAME, &post, LIMIT, BUFFERS.take()).await;
     match &result {

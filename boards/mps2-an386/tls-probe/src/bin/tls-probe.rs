@@ -185,8 +185,13 @@ async fn main(spawner: Spawner) {
         };
         let key = key(index);
         let reading = body(index);
-        let post =
-            Post { path: "/readings", idempotency_key: &key, body: reading.as_bytes(), credential: None };
+        let post = Post {
+            path: "/readings",
+            idempotency_key: &key,
+            body: reading.as_bytes(),
+            credential: None,
+            dead_letters: None,
+        };
         let Some(read) = read_record.get_mut(..case.read) else { exit(exit_code::FAIL) };
         let records = Records { read, write: &mut write_record[..], max_fragment: case.max_fragment };
         let server = SocketAddrV4::new(HOST, port);
