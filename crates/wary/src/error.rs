@@ -119,7 +119,7 @@ pub enum LineError {
     #[error("not a ledger line")]
     NotALedgerLine,
     /// The line was written by another version of the ledger format; the message says what
-    /// that version meant ([`crate::LEDGER_VERSION`] lists them).
+    /// that version meant ([`crate::ledger::LEDGER_VERSION`] lists them).
     #[error("ledger line version {found} ({}), this wary reads version {expected}", LineError::version_note(*found))]
     Version {
         /// The version the line carries.
